@@ -1,0 +1,40 @@
+package redact
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+func TestString(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"postgres://ferry:s3cret@db:5432/app?sslmode=require", "postgres://ferry:xxxxx@db:5432/app?sslmode=require"},
+		{"dial amqp://guest:guest@127.0.0.1:5672/: refused", "dial amqp://guest:xxxxx@127.0.0.1:5672/: refused"},
+		{"host=db user=ferry password=s3cret dbname=app", "host=db user=ferry password=xxxxx dbname=app"},
+		{"host=db password='s3 cret' dbname=app", "host=db password=xxxxx dbname=app"},
+		{"nats://t0ken@nats:4222", "nats://xxxxx@nats:4222"},
+		{"postgres://ferry@db/app", "postgres://ferry@db/app"},
+		{"no secrets here", "no secrets here"},
+	}
+	for _, c := range cases {
+		if got := String(c.in); got != c.want {
+			t.Errorf("String(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+func TestErrorAndHandler(t *testing.T) {
+	base := errors.New("connect postgres://u:hunter2@h/db failed")
+	err := Error(base)
+	if strings.Contains(err.Error(), "hunter2") || !errors.Is(err, base) {
+		t.Fatalf("Error: %q (Is=%v)", err, errors.Is(err, base))
+	}
+	var buf bytes.Buffer
+	log := slog.New(Handler(slog.NewTextHandler(&buf, nil))).With("dsn", "postgres://u:hunter2@h/db")
+	log.Error("connect password=hunter2", "err", base, slog.Group("g", "url", "amqp://a:hunter2@h"))
+	if strings.Contains(buf.String(), "hunter2") {
+		t.Fatalf("secret in log: %s", buf.String())
+	}
+}

@@ -1,0 +1,113 @@
+package testenv
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Received is one message read back from the broker.
+type Received struct {
+	Subject string
+	Header  nats.Header
+	Data    []byte
+	At      time.Time
+}
+
+// Collector reads every message of a JetStream stream, from the start, in
+// stream order. Tests assert on what it holds: what really reached the broker.
+type Collector struct {
+	mu   sync.Mutex
+	msgs []Received
+	cc   jetstream.ConsumeContext
+	nc   *nats.Conn
+}
+
+// CollectStream creates the stream (if missing) over subjects and starts
+// reading it. Creating it first means nothing a pipeline publishes is missed.
+// dupWindow is the stream's duplicate window (0: JetStream's default, 2m).
+func CollectStream(t testing.TB, url, stream string, dupWindow time.Duration, subjects ...string) *Collector {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatalf("connect nats: %v", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: subjects, Storage: jetstream.FileStorage, Duplicates: dupWindow})
+	if err != nil {
+		t.Fatalf("create stream %s: %v", stream, err)
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Collector{nc: nc}
+	c.cc, err = cons.Consume(func(m jetstream.Msg) {
+		c.mu.Lock()
+		c.msgs = append(c.msgs, Received{Subject: m.Subject(), Header: m.Headers(), Data: m.Data(), At: time.Now()})
+		c.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.cc.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, stream)
+		nc.Close()
+	})
+	return c
+}
+
+// All returns a copy of what was received so far, in stream order.
+func (c *Collector) All() []Received {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Received(nil), c.msgs...)
+}
+
+// Len is the number of messages received so far.
+func (c *Collector) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.msgs)
+}
+
+// WaitFor polls until cond holds over what was received, or fails the test
+// after timeout.
+func (c *Collector) WaitFor(t testing.TB, timeout time.Duration, what string, cond func([]Received) bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond(c.All()) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (received %d)", timeout, what, c.Len())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Eventually polls cond every 10ms until it holds or fails the test after
+// timeout.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,269 @@
+package pipelines
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+var (
+	nodeType     = reflect.TypeOf(yaml.Node{})
+	durationType = reflect.TypeOf(time.Duration(0))
+)
+
+// decode checks n for keys out's type does not have, then decodes n over out
+// (whose current values are the defaults). Problems are recorded, not returned.
+func (d *decoder) decode(n *yaml.Node, path string, out any) {
+	before := len(d.errs)
+	d.checkKeys(n, path, reflect.TypeOf(out))
+	if len(d.errs) > before {
+		return
+	}
+	if err := n.Decode(out); err != nil {
+		d.typeErrors(err, path)
+	}
+}
+
+// checkKeys reports every mapping key under n that the Go type t does not
+// declare. yaml.v3 only does this for whole documents, and we decode component
+// sections separately, keeping their line numbers.
+func (d *decoder) checkKeys(n *yaml.Node, path string, t reflect.Type) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nodeType || n.Kind == yaml.AliasNode {
+		return
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			return // a type error; Decode reports it with the line
+		}
+		fields := yamlFields(t)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			ft, ok := fields[key]
+			if !ok {
+				known := make([]string, 0, len(fields))
+				for k := range fields {
+					known = append(known, k)
+				}
+				slices.Sort(known)
+				d.errs = append(d.errs, &Error{File: d.file, Line: n.Content[i].Line, Path: join(path, key),
+					Msg: fmt.Sprintf("unknown key (valid keys: %s)", strings.Join(known, ", "))})
+				continue
+			}
+			d.checkKeys(n.Content[i+1], join(path, key), ft)
+		}
+	case reflect.Slice, reflect.Array:
+		if n.Kind == yaml.SequenceNode {
+			for i, c := range n.Content {
+				d.checkKeys(c, fmt.Sprintf("%s[%d]", path, i), t.Elem())
+			}
+		}
+	case reflect.Map:
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				d.checkKeys(n.Content[i+1], join(path, n.Content[i].Value), t.Elem())
+			}
+		}
+	}
+}
+
+// yamlFields maps the YAML keys of struct t (following ,inline) to field types.
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		tag := f.Tag.Get("yaml")
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "-" {
+			continue
+		}
+		if strings.Contains(opts, "inline") {
+			ft := f.Type
+			for ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				for k, v := range yamlFields(ft) {
+					out[k] = v
+				}
+			}
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+var (
+	typeErrLine = regexp.MustCompile(`^line (\d+): (.*)$`)
+	cannotUse   = regexp.MustCompile("^cannot unmarshal !!(\\w+) (?:`(.*)` )?into (.+)$")
+)
+
+// typeErrors turns yaml.v3's "line N: cannot unmarshal !!str `x` into int"
+// into located errors with the key's path.
+func (d *decoder) typeErrors(err error, path string) {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		d.fail(path, "%v", err)
+		return
+	}
+	for _, msg := range te.Errors {
+		line := 0
+		if m := typeErrLine.FindStringSubmatch(msg); m != nil {
+			line, _ = strconv.Atoi(m[1])
+			msg = m[2]
+		}
+		if m := cannotUse.FindStringSubmatch(msg); m != nil {
+			msg = fmt.Sprintf("want %s, got %s", friendlyType(m[3]), friendlyKind(m[1], m[2]))
+		}
+		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: d.pathAt(line, path), Msg: msg})
+	}
+}
+
+// pathAt finds the deepest indexed path under prefix written on line.
+func (d *decoder) pathAt(line int, prefix string) string {
+	best := prefix
+	for p, l := range d.lines {
+		if l == line && (prefix == "" || p == prefix || strings.HasPrefix(p, prefix+".") || strings.HasPrefix(p, prefix+"[")) && len(p) > len(best) {
+			best = p
+		}
+	}
+	return best
+}
+
+func friendlyType(goType string) string {
+	switch {
+	case goType == "time.Duration":
+		return "a duration such as 500ms, 10s or 1m"
+	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"):
+		return "a whole number"
+	case strings.HasPrefix(goType, "float"):
+		return "a number"
+	case goType == "bool":
+		return "true or false"
+	case goType == "string":
+		return "a string"
+	case strings.HasPrefix(goType, "[]"):
+		return "a list"
+	case strings.HasPrefix(goType, "map["):
+		return "a mapping"
+	}
+	if i := strings.LastIndex(goType, "."); i >= 0 {
+		goType = goType[i+1:]
+	}
+	return strings.ToLower(goType) + " settings (a mapping)"
+}
+
+func friendlyKind(tag, value string) string {
+	switch tag {
+	case "map":
+		return "a mapping"
+	case "seq":
+		return "a list"
+	case "null":
+		return "nothing"
+	}
+	return strconv.Quote(value)
+}
+
+// interpolate replaces ${VAR} and ${VAR:-default} in every scalar value under
+// n; $$ is a literal $. It works on parsed nodes, so a variable's value is
+// always data: it cannot add keys or change the document's structure.
+func (d *decoder) interpolate(n *yaml.Node, path string, lookup func(string) (string, bool)) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if !strings.Contains(n.Value, "$") {
+			return
+		}
+		v, err := expandVars(n.Value, lookup)
+		if err != nil {
+			d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Path: path, Msg: err.Error()})
+			return
+		}
+		n.Value = v
+		if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) == 0 {
+			n.Tag = "" // re-resolve: "${PORT}" may now be a number
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			d.interpolate(n.Content[i+1], join(path, n.Content[i].Value), lookup)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			d.interpolate(c, fmt.Sprintf("%s[%d]", path, i), lookup)
+		}
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			d.interpolate(c, path, lookup)
+		}
+	}
+}
+
+var varName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func expandVars(s string, lookup func(string) (string, bool)) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+1 < len(s) && s[i+1] == '$' {
+			b.WriteByte('$')
+			i++
+			continue
+		}
+		if i+1 >= len(s) || s[i+1] != '{' {
+			b.WriteByte('$')
+			continue
+		}
+		end := strings.IndexByte(s[i:], '}')
+		if end < 0 {
+			return "", fmt.Errorf("unterminated ${ in %q (write $$ for a literal $)", s)
+		}
+		expr := s[i+2 : i+end]
+		name, def, hasDef := strings.Cut(expr, ":-")
+		if !varName.MatchString(name) {
+			return "", fmt.Errorf("${%s}: %q is not a variable name", expr, name)
+		}
+		v, ok := lookup(name)
+		switch {
+		case ok && v != "":
+			b.WriteString(v)
+		case hasDef:
+			b.WriteString(def)
+		case ok:
+			// Set but empty, no default: the user chose empty.
+		default:
+			return "", fmt.Errorf("environment variable %s is not set (use ${%s:-default} for a default)", name, name)
+		}
+		i += end
+	}
+	return b.String(), nil
+}
+
+func syntaxError(file string, err error) *Error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if m := typeErrLine.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	}
+	return &Error{File: file, Line: line, Msg: "invalid YAML: " + msg}
+}

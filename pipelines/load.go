@@ -1,0 +1,341 @@
+package pipelines
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Error is one problem in a pipeline file, located by file, line and YAML
+// path. Its message never contains a secret.
+type Error struct {
+	File string
+	Line int    // 0 when unknown
+	Path string // "sink.url"; empty for the whole document
+	Msg  string
+}
+
+// Error formats "file:line: path: msg".
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d", e.Line)
+	}
+	b.WriteString(": ")
+	if e.Path != "" {
+		b.WriteString(e.Path)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return redact.String(b.String())
+}
+
+// Loader reads pipeline files. The zero value uses plugins.Default and the
+// process environment.
+type Loader struct {
+	// Registry resolves `type:` names; nil means plugins.Default.
+	Registry *plugins.Registry
+	// LookupEnv resolves ${VAR}; nil means os.LookupEnv.
+	LookupEnv func(string) (string, bool)
+}
+
+// Load reads pipelines from files and directories (every *.yaml and *.yml
+// directly inside, in name order). A file may hold several pipelines as YAML
+// documents separated by ---. It returns every problem found, each an *Error,
+// joined; specs are returned only when there is none.
+func Load(paths ...string) ([]*Spec, error) { return Loader{}.Load(paths...) }
+
+// Load is the package-level Load with this loader's registry and environment.
+func (l Loader) Load(paths ...string) ([]*Spec, error) {
+	files, err := expand(paths)
+	if err != nil {
+		return nil, err
+	}
+	var specs []*Spec
+	var errs []*Error
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			errs = append(errs, &Error{File: f, Msg: err.Error()})
+			continue
+		}
+		s, e := l.parse(f, data)
+		specs = append(specs, s...)
+		errs = append(errs, e...)
+	}
+	errs = append(errs, uniqueNames(specs)...)
+	if len(errs) > 0 {
+		slices.SortStableFunc(errs, func(a, b *Error) int {
+			return cmp.Or(cmp.Compare(a.File, b.File), cmp.Compare(a.Line, b.Line))
+		})
+		joined := make([]error, len(errs))
+		for i, e := range errs {
+			joined[i] = e
+		}
+		return nil, errors.Join(joined...)
+	}
+	return specs, nil
+}
+
+// LoadBytes parses pipelines from data as if read from file name.
+func (l Loader) LoadBytes(name string, data []byte) ([]*Spec, error) {
+	specs, errs := l.parse(name, data)
+	errs = append(errs, uniqueNames(specs)...)
+	if len(errs) > 0 {
+		joined := make([]error, len(errs))
+		for i, e := range errs {
+			joined[i] = e
+		}
+		return nil, errors.Join(joined...)
+	}
+	return specs, nil
+}
+
+func expand(paths []string) ([]string, error) {
+	if len(paths) == 0 {
+		return nil, errors.New("no pipeline files given")
+	}
+	var files []string
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			files = append(files, p)
+			continue
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for _, e := range entries {
+			ext := filepath.Ext(e.Name())
+			if e.Type().IsRegular() && (ext == ".yaml" || ext == ".yml") {
+				files = append(files, filepath.Join(p, e.Name()))
+				n++
+			}
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("%s: no *.yaml pipeline files in directory", p)
+		}
+	}
+	return files, nil
+}
+
+func uniqueNames(specs []*Spec) []*Error {
+	seen := map[string]*Spec{}
+	var errs []*Error
+	for _, s := range specs {
+		if first, dup := seen[s.Name]; dup {
+			errs = append(errs, &Error{File: s.File, Line: s.Line, Path: "name",
+				Msg: fmt.Sprintf("pipeline name %q is already used at %s:%d", s.Name, first.File, first.Line)})
+			continue
+		}
+		seen[s.Name] = s
+	}
+	return errs
+}
+
+// document is the top level of a pipeline file. Component sections stay as
+// nodes: their schema depends on their `type`.
+type document struct {
+	Name       string      `yaml:"name"`
+	Tenant     string      `yaml:"tenant"`
+	Source     yaml.Node   `yaml:"source"`
+	Transforms []yaml.Node `yaml:"transforms"`
+	Sink       yaml.Node   `yaml:"sink"`
+	Limits     Limits      `yaml:"limits"`
+}
+
+func (l Loader) parse(file string, data []byte) ([]*Spec, []*Error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var specs []*Spec
+	var errs []*Error
+	for {
+		var root yaml.Node
+		err := dec.Decode(&root)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return specs, append(errs, syntaxError(file, err))
+		}
+		if len(root.Content) == 0 {
+			continue
+		}
+		s, e := l.parseDocument(file, root.Content[0])
+		if s != nil {
+			specs = append(specs, s)
+		}
+		errs = append(errs, e...)
+	}
+	if len(specs) == 0 && len(errs) == 0 {
+		errs = append(errs, &Error{File: file, Msg: "no pipeline in file"})
+	}
+	return specs, errs
+}
+
+func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
+	d := &decoder{file: file, lines: map[string]int{}}
+	if root.Kind != yaml.MappingNode {
+		return nil, []*Error{{File: file, Line: root.Line, Msg: "a pipeline must be a mapping with name, source, sink"}}
+	}
+	lookup := l.LookupEnv
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	d.interpolate(root, "", lookup)
+	d.index(root, "")
+
+	var doc document
+	doc.Limits = DefaultLimits()
+	d.decode(root, "", &doc)
+	spec := &Spec{Name: doc.Name, Tenant: doc.Tenant, File: file, Line: root.Line, Limits: doc.Limits}
+
+	switch {
+	case doc.Name == "":
+		d.fail("name", "must not be empty")
+	case !pipelineName.MatchString(doc.Name):
+		d.fail("name", "%q must be lowercase letters, digits, _ or -, starting with a letter, at most 48 long", doc.Name)
+	}
+	if doc.Tenant != "" && !pipelineName.MatchString(doc.Tenant) {
+		d.fail("tenant", "%q must be lowercase letters, digits, _ or -, starting with a letter, at most 48 long", doc.Tenant)
+	}
+	d.validate("limits", doc.Limits.Validate())
+
+	reg := l.Registry
+	if reg == nil {
+		reg = plugins.Default
+	}
+	spec.Source, _ = d.component(reg, plugins.KindSource, &doc.Source, "source", true)
+	for i := range doc.Transforms {
+		if c, ok := d.component(reg, plugins.KindTransform, &doc.Transforms[i], fmt.Sprintf("transforms[%d]", i), true); ok {
+			spec.Transforms = append(spec.Transforms, c)
+		}
+	}
+	spec.Sink, _ = d.component(reg, plugins.KindSink, &doc.Sink, "sink", true)
+	if len(d.errs) > 0 {
+		return nil, d.errs
+	}
+	return spec, nil
+}
+
+// decoder accumulates the errors of one document, with a path → line index.
+type decoder struct {
+	file  string
+	lines map[string]int
+	errs  []*Error
+}
+
+func (d *decoder) fail(path, format string, args ...any) {
+	d.errs = append(d.errs, &Error{File: d.file, Line: d.lineOf(path), Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+// lineOf finds the line of path, or of its nearest ancestor written in the file.
+func (d *decoder) lineOf(path string) int {
+	for p := path; ; {
+		if l, ok := d.lines[p]; ok {
+			return l
+		}
+		i := strings.LastIndexAny(p, ".[")
+		if i < 0 {
+			return d.lines[""]
+		}
+		p = p[:i]
+	}
+}
+
+// index records the line of every key and sequence item under n.
+func (d *decoder) index(n *yaml.Node, path string) {
+	if _, ok := d.lines[path]; !ok {
+		d.lines[path] = n.Line
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := join(path, n.Content[i].Value)
+			d.lines[p] = n.Content[i].Line
+			d.index(n.Content[i+1], p)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			d.index(c, fmt.Sprintf("%s[%d]", path, i))
+		}
+	}
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// component decodes one `{type: …, …}` section over its factory's defaults.
+func (d *decoder) component(reg *plugins.Registry, kind plugins.Kind, n *yaml.Node, path string, required bool) (Component, bool) {
+	if n.Kind == 0 {
+		if required {
+			d.fail(path, "missing: every pipeline needs a %s", kind)
+		}
+		return Component{}, false
+	}
+	if n.Kind != yaml.MappingNode {
+		d.fail(path, "must be a mapping with a type key")
+		return Component{}, false
+	}
+	typ := ""
+	rest := &yaml.Node{Kind: yaml.MappingNode, Line: n.Line, Column: n.Column}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == "type" {
+			typ = n.Content[i+1].Value
+			continue
+		}
+		rest.Content = append(rest.Content, n.Content[i], n.Content[i+1])
+	}
+	if typ == "" {
+		d.fail(join(path, "type"), "missing: one of %s", strings.Join(reg.Names(kind), ", "))
+		return Component{}, false
+	}
+	f, ok := reg.Lookup(kind, typ)
+	if !ok {
+		d.fail(join(path, "type"), "unknown %s type %q (known: %s)", kind, typ, strings.Join(reg.Names(kind), ", "))
+		return Component{}, false
+	}
+	cfg := f.NewConfig()
+	before := len(d.errs)
+	d.decode(rest, path, cfg)
+	if len(d.errs) == before {
+		d.validate(path, cfg.Validate())
+	}
+	return Component{Type: typ, Path: path, Factory: f, Config: cfg}, len(d.errs) == before
+}
+
+// validate turns a Validate error into located errors under prefix.
+func (d *decoder) validate(prefix string, err error) {
+	for _, e := range plugins.Flatten(err) {
+		var fe *plugins.FieldError
+		if errors.As(e, &fe) {
+			p := prefix
+			if fe.Path != "" {
+				p = join(prefix, fe.Path)
+			}
+			d.fail(p, "%s", fe.Msg)
+			continue
+		}
+		d.fail(prefix, "%s", e.Error())
+	}
+}

@@ -1,0 +1,71 @@
+// Package pipelines is Ferry's pipeline model: the YAML schema and its loader
+// (strict decoding, ${VAR} interpolation, errors that name file, line and
+// path), the builder that turns a loaded spec into a source, transforms and a
+// sink, and the supervisor that runs every pipeline of the process as a handler
+// in one Watermill router.
+package pipelines
+
+import (
+	"fmt"
+	"regexp"
+
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Spec is one pipeline as loaded: decoded over defaults and validated.
+type Spec struct {
+	// Name is unique across all loaded files.
+	Name string
+	// Tenant is the team owning the pipeline; optional.
+	Tenant string
+	// File and Line locate the pipeline's document.
+	File string
+	Line int
+
+	Source     Component
+	Transforms []Component
+	Sink       Component
+	Limits     Limits
+}
+
+// Component is one configured stage.
+type Component struct {
+	// Type is the registered name, e.g. "xid8".
+	Type string
+	// Path is where it sits in the YAML: "source", "transforms[1]", "sink".
+	Path    string
+	Factory plugins.Factory
+	Config  plugins.Config
+}
+
+// Limits bound what one pipeline may hold or use.
+type Limits struct {
+	// MaxInFlight is the most events read but not yet confirmed by the broker.
+	// Default 1000.
+	MaxInFlight int `yaml:"max_in_flight"`
+}
+
+// DefaultLimits are the limits of a pipeline that sets none.
+func DefaultLimits() Limits { return Limits{MaxInFlight: 1000} }
+
+// Validate reports every bad limit.
+func (l Limits) Validate() error {
+	var p plugins.Problems
+	if l.MaxInFlight < 1 {
+		p.Add("max_in_flight", "must be at least 1, got %d", l.MaxInFlight)
+	}
+	return p.Err()
+}
+
+// Describe is a one-line summary without secrets: "orders (xid8 → nats)".
+func (s *Spec) Describe() string {
+	stages := s.Source.Type
+	for _, t := range s.Transforms {
+		stages += " → " + t.Type
+	}
+	return fmt.Sprintf("%s (%s → %s)", s.Name, stages, s.Sink.Type)
+}
+
+// pipelineName is what a pipeline or tenant may be called: it becomes part of
+// replication slot, publication and metric names.
+var pipelineName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,47}$`)

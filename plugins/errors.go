@@ -1,0 +1,86 @@
+package plugins
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// FieldError is a problem with one configuration key. Path is the key's YAML
+// path relative to the component ("columns.id"); the loader prefixes the
+// component's own path and the file and line.
+type FieldError struct {
+	Path string
+	Msg  string
+}
+
+// Error returns "path: msg".
+func (e *FieldError) Error() string {
+	if e.Path == "" {
+		return e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+// FieldErrorf returns a *FieldError for path.
+func FieldErrorf(path, format string, args ...any) error {
+	return &FieldError{Path: path, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Problems collects validation errors; Err joins them (nil when empty).
+// It keeps Validate methods short:
+//
+//	var p plugins.Problems
+//	if c.URL == "" { p.Add("url", "must not be empty") }
+//	return p.Err()
+type Problems []error
+
+// Add records a problem with the key at path.
+func (p *Problems) Add(path, format string, args ...any) {
+	*p = append(*p, FieldErrorf(path, format, args...))
+}
+
+// Nest records the problems of a nested config under prefix.
+func (p *Problems) Nest(prefix string, err error) {
+	for _, e := range Flatten(err) {
+		var fe *FieldError
+		if errors.As(e, &fe) {
+			path := prefix
+			if fe.Path != "" {
+				path += "." + fe.Path
+			}
+			*p = append(*p, &FieldError{Path: path, Msg: fe.Msg})
+			continue
+		}
+		*p = append(*p, &FieldError{Path: prefix, Msg: e.Error()})
+	}
+}
+
+// Err joins the problems, or returns nil.
+func (p Problems) Err() error { return errors.Join(p...) }
+
+// Flatten unwraps errors.Join trees into their leaves.
+func Flatten(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, Flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+// FormatTime renders t the way Ferry's time metadata is written: RFC 3339 in
+// UTC with microseconds, the precision of a PostgreSQL timestamptz.
+func FormatTime(t time.Time) string {
+	return t.UTC().Format("2006-01-02T15:04:05.000000Z07:00")
+}
+
+// ParseTime parses a time written by FormatTime (any RFC 3339 time).
+func ParseTime(s string) (time.Time, error) {
+	return time.Parse(time.RFC3339Nano, s)
+}

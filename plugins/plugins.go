@@ -1,0 +1,116 @@
+// Package plugins is Ferry's extension API: the component interfaces a source,
+// transform or sink implements, the registry that maps the `type:` names written
+// in pipeline YAML to factories, and the metadata keys every component agrees on.
+//
+// A component is a package with a typed Config (yaml tags, defaults, Validate),
+// a constructor that does no I/O, and a Register function that adds its factory
+// to a Registry. Ferry's own components and custom ones use the same API.
+package plugins
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metadata keys that sources set on every message and later stages read.
+// Values are strings; times are RFC 3339 with microseconds (see FormatTime).
+const (
+	// MetaAggregateType is the outbox row's aggregate type, e.g. "order".
+	MetaAggregateType = "aggregate_type"
+	// MetaAggregateID is the outbox row's aggregate id. Ferry never has two
+	// messages of one aggregate (type and id) in flight at once.
+	MetaAggregateID = "aggregate_id"
+	// MetaEventType is the outbox row's event type, e.g. "OrderPlaced".
+	MetaEventType = "event_type"
+	// MetaCreatedAt is when the row was written, on the database clock.
+	MetaCreatedAt = "created_at"
+	// MetaReadAt is when the relay read the row, on the relay clock.
+	MetaReadAt = "read_at"
+	// MetaPosition is the row's position in its source: "xact_id/id" for xid8.
+	MetaPosition = "position"
+	// MetaOutboxID is the outbox row's primary key.
+	MetaOutboxID = "outbox_id"
+	// MetaTopic, when set by a transform, is where the sink publishes the message
+	// (Kafka topic, RabbitMQ routing key, NATS subject). Sinks do not send it as
+	// a header.
+	MetaTopic = "ferry_topic"
+)
+
+// Source reads committed outbox rows and emits them as Watermill messages.
+//
+// Subscribe is called once by the router; it must not block on I/O: connection
+// failures are retried inside the source with backoff, so an unreachable
+// database never stops other pipelines. The source closes the returned channel
+// when ctx is cancelled or Close is called, after in-flight messages were acked,
+// nacked or the drain deadline passed.
+//
+// Ack means the message reached the broker; only then may the source record
+// progress past it. Nack means it did not; the source redelivers it after a
+// backoff and holds back later messages of the same aggregate meanwhile.
+// Close is safe to call twice and without Subscribe.
+type Source interface {
+	message.Subscriber
+}
+
+// Sink publishes messages to a broker. Publish returns only after the broker
+// confirmed every message, and is safe for concurrent use. An empty topic means
+// the sink's configured default destination.
+//
+// Start connects; it is called once before the first Publish and may be
+// retried by the supervisor with backoff if it fails. Close is safe to call
+// twice and without Start.
+type Sink interface {
+	message.Publisher
+	Start(ctx context.Context) error
+}
+
+// Transform is one stage between source and sink. Process returns the
+// messages to pass on: none drops the event (it is acked), one passes it,
+// several fan it out. An error fails the event; the pipeline's retry policy
+// decides what happens next. Process is called concurrently for messages of
+// different aggregates and must be safe for that.
+type Transform interface {
+	Process(msg *message.Message) ([]*message.Message, error)
+}
+
+// TransformFunc adapts a function to the Transform interface.
+type TransformFunc func(msg *message.Message) ([]*message.Message, error)
+
+// Process calls f(msg).
+func (f TransformFunc) Process(msg *message.Message) ([]*message.Message, error) { return f(msg) }
+
+// Starter is implemented by components that need to connect or start
+// background work before messages flow (a sink, a canary generator).
+type Starter interface {
+	Start(ctx context.Context) error
+}
+
+// Env is what a factory gets besides its own config: the pipeline it belongs
+// to and the process-wide facilities it may use.
+type Env struct {
+	// Pipeline is the pipeline's unique name.
+	Pipeline string
+	// Tenant is the team that owns the pipeline; may be empty.
+	Tenant string
+	// MaxInFlight is the pipeline's limits.max_in_flight.
+	MaxInFlight int
+	// DrainTimeout bounds how long a stopping source waits for in-flight
+	// messages before it records progress and closes.
+	DrainTimeout time.Duration
+	// Logger already carries the pipeline and tenant attributes.
+	Logger *slog.Logger
+	// Metrics is where components register their Prometheus collectors.
+	// Register with prometheus.WrapRegistererWith if labels are constant.
+	Metrics prometheus.Registerer
+}
+
+// Config is a component's typed configuration. Validate reports every problem
+// at once (errors.Join), each a *FieldError naming the key as written in YAML
+// relative to the component, so the loader can point at file and line.
+type Config interface {
+	Validate() error
+}

@@ -1,0 +1,108 @@
+package nats
+
+import (
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Config is the `sink:` section of a NATS JetStream pipeline.
+type Config struct {
+	// URL of the NATS server(s), comma-separated. Default nats://127.0.0.1:4222.
+	URL string `yaml:"url"`
+	// Subject is where a message goes when no transform chose a topic. Required.
+	Subject string `yaml:"subject"`
+	// PublishTimeout bounds the wait for a JetStream PubAck. Default 5s.
+	PublishTimeout time.Duration `yaml:"publish_timeout"`
+	// CreateStream, when set, creates (or updates) a stream at start.
+	CreateStream *StreamConfig `yaml:"create_stream"`
+}
+
+// StreamConfig describes the stream Ferry creates for its subjects.
+type StreamConfig struct {
+	// Name of the stream. Required.
+	Name string `yaml:"name"`
+	// Subjects the stream captures. Default: the sink's subject.
+	Subjects []string `yaml:"subjects"`
+	// Storage is file or memory. Default file.
+	Storage string `yaml:"storage"`
+	// Replicas is the stream's replication factor. Default 1.
+	Replicas int `yaml:"replicas"`
+	// MaxAge drops messages older than this; 0 keeps them. Default 0.
+	MaxAge time.Duration `yaml:"max_age"`
+	// DuplicateWindow is how long JetStream remembers event ids to drop
+	// re-sends. Default 2m.
+	DuplicateWindow time.Duration `yaml:"duplicate_window"`
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() *Config {
+	return &Config{URL: "nats://127.0.0.1:4222", PublishTimeout: 5 * time.Second}
+}
+
+var streamName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// Validate reports every problem, named by YAML key.
+func (c *Config) Validate() error {
+	var p plugins.Problems
+	if c.URL == "" {
+		p.Add("url", "must not be empty")
+	}
+	for _, u := range strings.Split(c.URL, ",") {
+		if pu, err := url.Parse(strings.TrimSpace(u)); err != nil || pu.Host == "" {
+			p.Add("url", "%q is not a NATS URL like nats://host:4222", u)
+		}
+	}
+	if c.Subject == "" {
+		p.Add("subject", "must not be empty")
+	} else if !validSubject(c.Subject, false) {
+		p.Add("subject", "%q is not a NATS subject (dot-separated tokens, no spaces or wildcards)", c.Subject)
+	}
+	if c.PublishTimeout <= 0 {
+		p.Add("publish_timeout", "must be positive")
+	}
+	if s := c.CreateStream; s != nil {
+		if !streamName.MatchString(s.Name) {
+			p.Add("create_stream.name", "%q is not a stream name (letters, digits, _ and -)", s.Name)
+		}
+		for i, subj := range s.Subjects {
+			if !validSubject(subj, true) {
+				p.Add("create_stream.subjects", "item %d: %q is not a subject", i, subj)
+			}
+		}
+		if s.Storage != "" && s.Storage != "file" && s.Storage != "memory" {
+			p.Add("create_stream.storage", "must be file or memory, got %q", s.Storage)
+		}
+		if s.Replicas < 0 || s.Replicas > 5 {
+			p.Add("create_stream.replicas", "must be between 1 and 5")
+		}
+		if s.MaxAge < 0 || s.DuplicateWindow < 0 {
+			p.Add("create_stream", "durations must not be negative")
+		}
+	}
+	return p.Err()
+}
+
+// validSubject checks NATS subject syntax; wildcards only where allowed.
+func validSubject(s string, wildcards bool) bool {
+	if s == "" || strings.ContainsAny(s, " \t\r\n") {
+		return false
+	}
+	toks := strings.Split(s, ".")
+	for i, t := range toks {
+		switch {
+		case t == "":
+			return false
+		case t == "*" || (t == ">" && i == len(toks)-1):
+			if !wildcards {
+				return false
+			}
+		case strings.ContainsAny(t, "*>"):
+			return false
+		}
+	}
+	return true
+}

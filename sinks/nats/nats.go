@@ -1,0 +1,179 @@
+// Package nats is the NATS JetStream sink. A publish returns only after the
+// stream's PubAck, so an event counts as delivered only once JetStream stored
+// it. Each message carries Nats-Msg-Id = event id, and JetStream drops re-sends
+// of an id within the stream's duplicate window (default 2m) — the re-sends an
+// at-least-once relay makes after a crash.
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Name is the sink's registered type.
+const Name = "nats"
+
+// Register adds the NATS sink to r.
+func Register(r *plugins.Registry) {
+	plugins.RegisterSink(r, Name, DefaultConfig, func(c *Config, env plugins.Env) (plugins.Sink, error) {
+		return New(c, env), nil
+	})
+}
+
+func init() { Register(plugins.Default) }
+
+// Sink publishes to NATS JetStream. Create with New.
+type Sink struct {
+	cfg *Config
+	env plugins.Env
+	log *slog.Logger
+
+	mu     sync.Mutex
+	conn   *nats.Conn
+	pub    *wmnats.Publisher
+	closed bool
+}
+
+// New returns a sink; it does no I/O until Start.
+func New(cfg *Config, env plugins.Env) *Sink {
+	if env.Logger == nil {
+		env.Logger = slog.Default()
+	}
+	return &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name)}
+}
+
+// Start connects and, if configured, creates the stream. The connection
+// keeps reconnecting on its own; Start may be called again after an error.
+func (s *Sink) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("nats sink: closed")
+	}
+	if s.conn == nil {
+		conn, err := nats.Connect(s.cfg.URL,
+			nats.Name("ferry:"+s.env.Pipeline),
+			nats.RetryOnFailedConnect(true),
+			nats.MaxReconnects(-1),
+			nats.ReconnectWait(500*time.Millisecond),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil {
+					s.log.Warn("nats disconnected", "err", redact.Error(err))
+				}
+			}),
+			nats.ReconnectHandler(func(*nats.Conn) { s.log.Info("nats reconnected") }),
+		)
+		if err != nil {
+			return redact.Error(fmt.Errorf("connect nats: %w", err))
+		}
+		pub, err := wmnats.NewPublisherWithNatsConn(conn, wmnats.PublisherPublishConfig{
+			Marshaler:         marshaler{},
+			SubjectCalculator: wmnats.DefaultSubjectCalculator,
+			JetStream: wmnats.JetStreamConfig{
+				TrackMsgId:     true,
+				PublishOptions: []nats.PubOpt{nats.AckWait(s.cfg.PublishTimeout)},
+			},
+		}, nil)
+		if err != nil {
+			conn.Close()
+			return fmt.Errorf("nats publisher: %w", err)
+		}
+		s.conn, s.pub = conn, pub
+	}
+	if s.cfg.CreateStream != nil {
+		return s.ensureStream(ctx)
+	}
+	return nil
+}
+
+func (s *Sink) ensureStream(ctx context.Context) error {
+	js, err := jetstream.New(s.conn)
+	if err != nil {
+		return err
+	}
+	sc := s.cfg.CreateStream
+	cfg := jetstream.StreamConfig{
+		Name:       sc.Name,
+		Subjects:   sc.Subjects,
+		Replicas:   max(sc.Replicas, 1),
+		MaxAge:     sc.MaxAge,
+		Duplicates: sc.DuplicateWindow,
+		Storage:    jetstream.FileStorage,
+	}
+	if len(cfg.Subjects) == 0 {
+		cfg.Subjects = []string{s.cfg.Subject}
+	}
+	if sc.Storage == "memory" {
+		cfg.Storage = jetstream.MemoryStorage
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("create stream %s: %w", sc.Name, err)
+	}
+	return nil
+}
+
+// Publish sends messages to topic (the sink's subject when empty) and returns
+// after JetStream acknowledged each. Safe for concurrent use: concurrent
+// publishes share one connection and their acks are awaited in parallel.
+func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
+	s.mu.Lock()
+	pub := s.pub
+	s.mu.Unlock()
+	if pub == nil {
+		return errors.New("nats sink: not started")
+	}
+	if topic == "" {
+		topic = s.cfg.Subject
+	}
+	if err := pub.Publish(topic, msgs...); err != nil {
+		return fmt.Errorf("publish to %s: %w", topic, err)
+	}
+	return nil
+}
+
+// Close closes the connection. Idempotent.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.conn != nil {
+		s.conn.Close()
+	}
+	return nil
+}
+
+// marshaler writes the payload as the body and metadata as headers, leaving
+// out Ferry's routing keys; the event id travels in watermill's uuid header,
+// from which the publisher sets Nats-Msg-Id.
+type marshaler struct{}
+
+func (marshaler) Marshal(topic string, msg *message.Message) (*nats.Msg, error) {
+	h := make(nats.Header, len(msg.Metadata)+1)
+	h.Set(wmnats.WatermillUUIDHdr, msg.UUID)
+	for k, v := range msg.Metadata {
+		if k == plugins.MetaTopic {
+			continue
+		}
+		h.Set(k, v)
+	}
+	return &nats.Msg{Subject: topic, Data: msg.Payload, Header: h}, nil
+}
+
+var _ plugins.Sink = (*Sink)(nil)

@@ -1,0 +1,203 @@
+// Package outbox is what every source knows about the outbox table: its
+// columns (renamable in YAML), how a row is read, and how a row becomes a
+// Watermill message with a stable event id and Ferry's metadata.
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Columns names the outbox columns a source reads. Defaults match the DDL
+// printed by `ferry schema`.
+type Columns struct {
+	// ID is the bigint primary key. Default "id".
+	ID string `yaml:"id"`
+	// AggregateType names the aggregate kind, e.g. "order". Default "aggregate_type".
+	AggregateType string `yaml:"aggregate_type"`
+	// AggregateID identifies one aggregate; events of one aggregate keep their order. Default "aggregate_id".
+	AggregateID string `yaml:"aggregate_id"`
+	// Type is the event type, e.g. "OrderPlaced". Default "type".
+	Type string `yaml:"type"`
+	// Payload is the event body (jsonb, json, text or bytea). Default "payload".
+	Payload string `yaml:"payload"`
+	// Headers is an optional jsonb object passed on as message headers
+	// (e.g. traceparent). Default "headers"; "" if the table has none.
+	Headers string `yaml:"headers"`
+	// CreatedAt is when the row was written, on the database clock. Default "created_at".
+	CreatedAt string `yaml:"created_at"`
+	// EventID, if set, is a column holding the event's id (uuid or text). When
+	// empty, Ferry derives a stable UUID from database, table and row id.
+	EventID string `yaml:"event_id"`
+}
+
+// DefaultColumns returns the column names of Ferry's DDL.
+func DefaultColumns() Columns {
+	return Columns{ID: "id", AggregateType: "aggregate_type", AggregateID: "aggregate_id", Type: "type",
+		Payload: "payload", Headers: "headers", CreatedAt: "created_at"}
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+
+// ValidIdentifier reports whether s is a plain SQL identifier. Ferry quotes
+// every identifier it sends, but still refuses anything else in YAML so that a
+// typo or an injection attempt is caught by `ferry validate`.
+func ValidIdentifier(s string) bool { return identifier.MatchString(s) }
+
+// Validate checks every column name.
+func (c Columns) Validate() error {
+	var p plugins.Problems
+	required := []struct{ key, val string }{{"id", c.ID}, {"aggregate_type", c.AggregateType},
+		{"aggregate_id", c.AggregateID}, {"type", c.Type}, {"payload", c.Payload}, {"created_at", c.CreatedAt}}
+	for _, r := range required {
+		if !ValidIdentifier(r.val) {
+			p.Add(r.key, "%q is not a valid column name (letters, digits, _; at most 63)", r.val)
+		}
+	}
+	for _, o := range []struct{ key, val string }{{"headers", c.Headers}, {"event_id", c.EventID}} {
+		if o.val != "" && !ValidIdentifier(o.val) {
+			p.Add(o.key, "%q is not a valid column name (letters, digits, _; at most 63)", o.val)
+		}
+	}
+	return p.Err()
+}
+
+// ParseTable splits "schema.table" or "table" and checks both parts.
+func ParseTable(s string) (schema, table string, err error) {
+	parts := strings.Split(s, ".")
+	switch {
+	case len(parts) == 1 && ValidIdentifier(parts[0]):
+		return "", parts[0], nil
+	case len(parts) == 2 && ValidIdentifier(parts[0]) && ValidIdentifier(parts[1]):
+		return parts[0], parts[1], nil
+	}
+	return "", "", fmt.Errorf("%q is not a table name: want name or schema.name, letters, digits and _", s)
+}
+
+// Quote returns "schema"."table" (or "table") safely quoted.
+func Quote(s string) string {
+	schema, table, err := ParseTable(s)
+	if err != nil {
+		// Validate rejects these before a source starts; quote whatever we got.
+		return pgx.Identifier{s}.Sanitize()
+	}
+	if schema == "" {
+		return pgx.Identifier{table}.Sanitize()
+	}
+	return pgx.Identifier{schema, table}.Sanitize()
+}
+
+// Select returns the quoted select list: extra expressions first, then the
+// outbox columns in the order Row.Dest scans them.
+func (c Columns) Select(extra ...string) string {
+	cols := append([]string(nil), extra...)
+	q := func(n string) string { return pgx.Identifier{n}.Sanitize() }
+	cols = append(cols, q(c.ID), q(c.AggregateType)+"::text", q(c.AggregateID)+"::text", q(c.Type)+"::text", q(c.Payload))
+	if c.Headers != "" {
+		cols = append(cols, q(c.Headers)+"::text")
+	} else {
+		cols = append(cols, "NULL::text")
+	}
+	cols = append(cols, q(c.CreatedAt))
+	if c.EventID != "" {
+		cols = append(cols, q(c.EventID)+"::text")
+	} else {
+		cols = append(cols, "NULL::text")
+	}
+	return strings.Join(cols, ", ")
+}
+
+// Row is one outbox row as read.
+type Row struct {
+	ID            int64
+	AggregateType pgtype.Text
+	AggregateID   pgtype.Text
+	Type          pgtype.Text
+	Payload       []byte
+	Headers       pgtype.Text
+	CreatedAt     time.Time
+	EventID       pgtype.Text
+}
+
+// Dest returns scan targets in Select's order, after the extra expressions.
+func (r *Row) Dest(extra ...any) []any {
+	return append(extra, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.Headers, &r.CreatedAt, &r.EventID)
+}
+
+// Key is the ordering key of the row's aggregate: events with equal keys are
+// never in flight together. Rows without an aggregate id have no order.
+func (r *Row) Key() string {
+	if !r.AggregateID.Valid || r.AggregateID.String == "" {
+		return ""
+	}
+	return r.AggregateType.String + "\x00" + r.AggregateID.String
+}
+
+// Table identifies an outbox table for stable event ids.
+type Table struct {
+	Database, Schema, Name string
+}
+
+// ferryNamespace scopes derived event ids (UUIDv5) to Ferry.
+var ferryNamespace = uuid.MustParse("0b5c1f9e-6a44-5d0e-9c61-3f7a2d8e4b10")
+
+// EventID returns the row's stable event id: the event_id column when mapped,
+// else a UUIDv5 of database, schema, table and row id. Every source derives
+// the same id for the same row, so switching sources keeps deduplication.
+func (t Table) EventID(r *Row) string {
+	if r.EventID.Valid && r.EventID.String != "" {
+		return r.EventID.String
+	}
+	return uuid.NewSHA1(ferryNamespace, []byte(t.Database+"/"+t.Schema+"."+t.Name+"/"+strconv.FormatInt(r.ID, 10))).String()
+}
+
+// MetaHeadersError is set instead of the row's headers when its headers
+// column is not a JSON object; the event still flows.
+const MetaHeadersError = "ferry_headers_error"
+
+// Message turns r into a Watermill message. position is the source-specific
+// position rendered as text; readAt is the relay clock at read.
+func (t Table) Message(r *Row, position string, readAt time.Time) *message.Message {
+	m := message.NewMessage(t.EventID(r), r.Payload)
+	md := m.Metadata
+	if r.Headers.Valid && r.Headers.String != "" && r.Headers.String != "null" {
+		addHeaders(md, r.Headers.String)
+	}
+	md[plugins.MetaAggregateType] = r.AggregateType.String
+	md[plugins.MetaAggregateID] = r.AggregateID.String
+	md[plugins.MetaEventType] = r.Type.String
+	md[plugins.MetaCreatedAt] = plugins.FormatTime(r.CreatedAt)
+	md[plugins.MetaReadAt] = plugins.FormatTime(readAt)
+	md[plugins.MetaOutboxID] = strconv.FormatInt(r.ID, 10)
+	md[plugins.MetaPosition] = position
+	return m
+}
+
+// addHeaders copies a JSON object's entries into md; non-string values are
+// kept as their JSON text.
+func addHeaders(md message.Metadata, raw string) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &obj); err != nil {
+		md[MetaHeadersError] = "headers column is not a JSON object: " + err.Error()
+		return
+	}
+	for k, v := range obj {
+		var s string
+		if json.Unmarshal(v, &s) == nil {
+			md[k] = s
+		} else {
+			md[k] = string(v)
+		}
+	}
+}

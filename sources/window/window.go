@@ -1,0 +1,394 @@
+// Package window is the in-flight window every Ferry source shares: it keeps up
+// to MaxInFlight read-but-unconfirmed messages, never dispatches two messages of
+// one aggregate at once, redelivers nacked messages after a backoff, and tells
+// the source how far it may record progress — only over the contiguous prefix
+// of acked messages, in read order, so a crash can re-send but never skip.
+//
+// A source reads rows in its own order (xid8 cursor, WAL commit order, claimed
+// ids) and calls Admit for each. Messages of different aggregates flow to the
+// router in parallel; those of one aggregate queue in a lane behind the one in
+// flight. Admit blocks while MaxInFlight messages are held, which bounds memory
+// whatever the backlog.
+//
+// A message stays counted until the source has durably recorded progress past
+// it (Recorded), not merely until it is acked: so after a crash at most
+// MaxInFlight messages are sent again.
+package window
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Config tunes a window.
+type Config struct {
+	// MaxInFlight is the most messages held at once: dispatched and not yet
+	// acked, queued behind their aggregate, acked but behind an un-acked one,
+	// or acked in order but not yet recorded by the source.
+	MaxInFlight int
+	// RedeliveryMin and RedeliveryMax bound the exponential backoff before a
+	// nacked message is dispatched again. Defaults 100ms and 30s.
+	RedeliveryMin, RedeliveryMax time.Duration
+	// TrackAcked makes the window remember every acked position for TakeAcked
+	// (the poll source marks rows individually). Off, only the prefix is kept.
+	TrackAcked bool
+}
+
+// Stats is a snapshot of the window's counters.
+type Stats struct {
+	Held         int    // messages held (≤ MaxInFlight)
+	Unrecorded   int    // acked in order, progress not yet recorded
+	Dispatched   int    // sent to the router and not yet acked or nacked
+	Redeliveries uint64 // nacked messages dispatched again, since creation
+	Acked        uint64 // messages acked, since creation
+}
+
+// Window is safe for concurrent use. P is the source's position type.
+type Window[P any] struct {
+	cfg Config
+	out chan *message.Message
+
+	mu         sync.Mutex
+	entries    []*entry[P] // read order; entries[head:] are held
+	head       int
+	lanes      map[string]*lane[P]
+	dispatched int
+	draining   bool
+	prefix     P
+	hasPrefix  bool
+	popped     Mark // messages that left the acked prefix, ever
+	recorded   Mark // of those, how many the source recorded
+	acked      []P
+	stats      Stats
+
+	space      chan struct{} // signalled when held entries leave
+	progressed chan struct{} // signalled when the prefix moves
+	resolved   chan struct{} // signalled when a dispatched message resolves
+	done       chan struct{} // closed by Close
+	closeOnce  sync.Once
+	senders    sync.WaitGroup
+}
+
+type entry[P any] struct {
+	key      string
+	pos      P
+	msg      *message.Message // as read; each dispatch sends a copy
+	acked    bool
+	attempts int
+}
+
+// lane holds the messages of one aggregate waiting behind the one in flight.
+type lane[P any] struct {
+	waiting []*entry[P]
+}
+
+// New returns a window that delivers on its Messages channel.
+func New[P any](cfg Config) *Window[P] {
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 1000
+	}
+	if cfg.RedeliveryMin <= 0 {
+		cfg.RedeliveryMin = 100 * time.Millisecond
+	}
+	if cfg.RedeliveryMax < cfg.RedeliveryMin {
+		cfg.RedeliveryMax = max(30*time.Second, cfg.RedeliveryMin)
+	}
+	return &Window[P]{
+		cfg:        cfg,
+		out:        make(chan *message.Message),
+		entries:    make([]*entry[P], 0, cfg.MaxInFlight),
+		lanes:      map[string]*lane[P]{},
+		space:      make(chan struct{}, 1),
+		progressed: make(chan struct{}, 1),
+		resolved:   make(chan struct{}, 1),
+		done:       make(chan struct{}),
+	}
+}
+
+// Messages is the channel the router consumes. It is closed by Close.
+func (w *Window[P]) Messages() <-chan *message.Message { return w.out }
+
+// Progressed is signalled (coalesced) whenever the acked prefix moves.
+func (w *Window[P]) Progressed() <-chan struct{} { return w.progressed }
+
+// Admit adds a message read at pos. Messages with the same non-empty key are
+// dispatched one at a time in Admit order; an empty key has no ordering
+// constraint. Admit blocks while the window is full and returns ctx.Err() if
+// ctx ends first, or ErrClosed after Close.
+func (w *Window[P]) Admit(ctx context.Context, key string, pos P, msg *message.Message) error {
+	w.mu.Lock()
+	for w.heldLocked() >= w.cfg.MaxInFlight {
+		w.mu.Unlock()
+		select {
+		case <-w.space:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.done:
+			return ErrClosed
+		}
+		w.mu.Lock()
+	}
+	defer w.mu.Unlock()
+	if w.draining {
+		return ErrClosed
+	}
+	e := &entry[P]{key: key, pos: pos, msg: msg}
+	w.entries = append(w.entries, e)
+	if key != "" {
+		if l, busy := w.lanes[key]; busy {
+			l.waiting = append(l.waiting, e)
+			return nil
+		}
+		w.lanes[key] = &lane[P]{}
+	}
+	w.dispatchLocked(e)
+	return nil
+}
+
+// Room reports how many more messages Admit would take without blocking.
+func (w *Window[P]) Room() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cfg.MaxInFlight - w.heldLocked()
+}
+
+func (w *Window[P]) heldLocked() int { return len(w.entries) - w.head + int(w.popped-w.recorded) }
+
+// WaitRoom blocks until Admit would take at least one message.
+func (w *Window[P]) WaitRoom(ctx context.Context) error {
+	for w.Room() <= 0 {
+		select {
+		case <-w.space:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.done:
+			return ErrClosed
+		}
+	}
+	return nil
+}
+
+// Mark identifies a point of the acked prefix, for Recorded.
+type Mark uint64
+
+// Prefix returns the position of the last message of the contiguous acked
+// prefix: every message admitted up to and including it was acked. ok is false
+// until the first message is acked in order. Once the source has durably
+// recorded pos, it calls Recorded(mark) to free the messages' room.
+func (w *Window[P]) Prefix() (pos P, mark Mark, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.prefix, w.popped, w.hasPrefix
+}
+
+// Recorded tells the window that progress up to mark is durable: messages
+// up to it will not be sent again after a crash, so they stop counting.
+func (w *Window[P]) Recorded(mark Mark) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if mark > w.recorded && mark <= w.popped {
+		w.recorded = mark
+		signal(w.space)
+	}
+}
+
+// Unrecorded is how many acked-in-order messages wait for Recorded. Sources
+// record early when it reaches half of MaxInFlight, so Admit never stalls on it.
+func (w *Window[P]) Unrecorded() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return int(w.popped - w.recorded)
+}
+
+// TakeAcked appends the positions acked since the last call to buf and returns
+// it. Only with Config.TrackAcked.
+func (w *Window[P]) TakeAcked(buf []P) []P {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	buf = append(buf, w.acked...)
+	w.acked = w.acked[:0]
+	return buf
+}
+
+// Stats returns a snapshot of the counters.
+func (w *Window[P]) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.stats
+	s.Held = w.heldLocked()
+	s.Unrecorded = int(w.popped - w.recorded)
+	s.Dispatched = w.dispatched
+	return s
+}
+
+// Drain stops dispatching (no queued or redelivered message goes out any more)
+// and waits until every dispatched message was acked or nacked, or ctx ends.
+// Progress recorded after Drain covers everything that reached the broker.
+func (w *Window[P]) Drain(ctx context.Context) error {
+	w.mu.Lock()
+	w.draining = true
+	w.mu.Unlock()
+	for {
+		w.mu.Lock()
+		n := w.dispatched
+		w.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-w.resolved:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.done:
+			return ErrClosed
+		}
+	}
+}
+
+// Close stops all delivery and closes the Messages channel. Messages still
+// held are forgotten: they lie past the recorded progress and are read again
+// on restart. Close is idempotent.
+func (w *Window[P]) Close() {
+	w.closeOnce.Do(func() {
+		w.mu.Lock()
+		w.draining = true
+		w.mu.Unlock()
+		close(w.done)
+		w.senders.Wait()
+		close(w.out)
+	})
+}
+
+// dispatchLocked sends a copy of e to the router and watches its outcome.
+// A copy, because transforms may change the message they get, and a
+// redelivery must start again from the row as read.
+func (w *Window[P]) dispatchLocked(e *entry[P]) {
+	w.dispatched++
+	w.senders.Add(1)
+	go w.deliver(e, e.msg.Copy())
+}
+
+func (w *Window[P]) deliver(e *entry[P], m *message.Message) {
+	defer w.senders.Done()
+	select {
+	case w.out <- m:
+	case <-w.done:
+		return
+	}
+	select {
+	case <-m.Acked():
+		w.ack(e)
+	case <-m.Nacked():
+		w.nack(e)
+	case <-w.done:
+	}
+}
+
+func (w *Window[P]) ack(e *entry[P]) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e.acked = true
+	w.stats.Acked++
+	w.resolveLocked()
+	if w.cfg.TrackAcked {
+		w.acked = append(w.acked, e.pos)
+	}
+	w.nextInLaneLocked(e.key)
+
+	moved := false
+	for w.head < len(w.entries) && w.entries[w.head].acked {
+		w.prefix, w.hasPrefix = w.entries[w.head].pos, true
+		w.entries[w.head] = nil
+		w.head++
+		w.popped++
+		moved = true
+	}
+	if !moved {
+		return
+	}
+	if w.head > cap(w.entries)/2 {
+		// Compact so the backing array stays at MaxInFlight.
+		n := copy(w.entries, w.entries[w.head:])
+		clear(w.entries[n:])
+		w.entries = w.entries[:n]
+		w.head = 0
+	}
+	signal(w.progressed)
+}
+
+func (w *Window[P]) nack(e *entry[P]) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.resolveLocked()
+	if w.draining {
+		return
+	}
+	e.attempts++
+	delay := w.redeliveryDelay(e.attempts)
+	w.dispatched++ // reserved now so Drain waits for the timer's decision
+	time.AfterFunc(delay, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.dispatched--
+		if w.draining {
+			signal(w.resolved)
+			return
+		}
+		w.stats.Redeliveries++
+		w.dispatchLocked(e)
+	})
+}
+
+func (w *Window[P]) resolveLocked() {
+	w.dispatched--
+	signal(w.resolved)
+}
+
+// nextInLaneLocked dispatches the next waiting message of key, or frees the lane.
+func (w *Window[P]) nextInLaneLocked(key string) {
+	if key == "" {
+		return
+	}
+	l := w.lanes[key]
+	if l == nil {
+		return
+	}
+	if len(l.waiting) == 0 || w.draining {
+		if len(l.waiting) == 0 {
+			delete(w.lanes, key)
+		}
+		return
+	}
+	next := l.waiting[0]
+	l.waiting[0] = nil
+	l.waiting = l.waiting[1:]
+	w.dispatchLocked(next)
+}
+
+// redeliveryDelay is exponential in attempts with ±25% jitter, so nacked
+// messages of many aggregates do not come back in one burst.
+func (w *Window[P]) redeliveryDelay(attempts int) time.Duration {
+	d := w.cfg.RedeliveryMin
+	for i := 1; i < attempts && d < w.cfg.RedeliveryMax; i++ {
+		d *= 2
+	}
+	d = min(d, w.cfg.RedeliveryMax)
+	jitter := time.Duration(rand.Int64N(int64(d)/2+1)) - d/4
+	return d + jitter
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// ErrClosed is returned by Admit, WaitRoom and Drain once the window is
+// draining or closed.
+var ErrClosed = errors.New("window closed")

@@ -1,0 +1,102 @@
+package xid8
+
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Config is the `source:` section of an xid8 pipeline.
+type Config struct {
+	// DSN is the PostgreSQL connection string (URL or key=value). Required.
+	DSN string `yaml:"dsn"`
+	// Table is the outbox table, "name" or "schema.name". Default "outbox".
+	Table string `yaml:"table"`
+	// Columns renames the outbox columns.
+	Columns outbox.Columns `yaml:"columns"`
+	// XactIDColumn is the xid8 column filled by pg_current_xact_id(). Default "xact_id".
+	XactIDColumn string `yaml:"xact_id_column"`
+	// BatchSize is the most rows one read returns. Default 500.
+	BatchSize int `yaml:"batch_size"`
+	// PollInterval is how often the table is read when no notification
+	// arrives. Default 100ms.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// Listen subscribes to NotifyChannel so a commit wakes the reader at once
+	// (needs the optional trigger from `ferry schema xid8`). Default true.
+	Listen bool `yaml:"listen"`
+	// NotifyChannel is the LISTEN channel. Default "ferry_<table>".
+	NotifyChannel string `yaml:"notify_channel"`
+	// OffsetsTable stores each pipeline's cursor on the source database;
+	// created if missing. Default "ferry_offsets".
+	OffsetsTable string `yaml:"offsets_table"`
+	// CommitInterval is how often the acked cursor is written. Default 200ms.
+	CommitInterval time.Duration `yaml:"commit_interval"`
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() *Config {
+	return &Config{
+		Table:          "outbox",
+		Columns:        outbox.DefaultColumns(),
+		XactIDColumn:   "xact_id",
+		BatchSize:      500,
+		PollInterval:   100 * time.Millisecond,
+		Listen:         true,
+		OffsetsTable:   "ferry_offsets",
+		CommitInterval: 200 * time.Millisecond,
+	}
+}
+
+// Validate reports every problem, named by YAML key.
+func (c *Config) Validate() error {
+	var p plugins.Problems
+	if c.DSN == "" {
+		p.Add("dsn", "must not be empty")
+	} else if _, err := pgx.ParseConfig(c.DSN); err != nil {
+		p.Add("dsn", "not a PostgreSQL connection string: %v", err)
+	}
+	if _, _, err := outbox.ParseTable(c.Table); err != nil {
+		p.Add("table", "%v", err)
+	}
+	if _, _, err := outbox.ParseTable(c.OffsetsTable); err != nil {
+		p.Add("offsets_table", "%v", err)
+	}
+	p.Nest("columns", c.Columns.Validate())
+	if !outbox.ValidIdentifier(c.XactIDColumn) {
+		p.Add("xact_id_column", "%q is not a valid column name", c.XactIDColumn)
+	}
+	if c.BatchSize < 1 || c.BatchSize > 100000 {
+		p.Add("batch_size", "must be between 1 and 100000, got %d", c.BatchSize)
+	}
+	if c.PollInterval < time.Millisecond {
+		p.Add("poll_interval", "must be at least 1ms, got %s", c.PollInterval)
+	}
+	if c.CommitInterval < time.Millisecond {
+		p.Add("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
+	}
+	if len(c.NotifyChannel) > 63 {
+		p.Add("notify_channel", "must be at most 63 bytes")
+	}
+	return p.Err()
+}
+
+// channel is the LISTEN channel: configured, or ferry_<table>.
+func (c *Config) channel() string {
+	if c.NotifyChannel != "" {
+		return c.NotifyChannel
+	}
+	return NotifyChannel(c.Table)
+}
+
+// NotifyChannel is the default notification channel for an outbox table.
+func NotifyChannel(table string) string {
+	_, name, _ := outbox.ParseTable(table)
+	ch := "ferry_" + name
+	if len(ch) > 63 {
+		ch = ch[:63]
+	}
+	return ch
+}

@@ -1,0 +1,427 @@
+// Package xid8 is the xid8 visibility-cursor source: it reads outbox rows in
+// (xact_id, id) order, only from transactions older than every transaction
+// still running, so a row can never commit behind the cursor.
+//
+// Why not `id > last_id`: ids are handed out at insert, rows become visible at
+// commit, and a transaction that took id 10 can commit after the one that took
+// id 11 was read — a plain id cursor then skips 10 forever. Every xact_id below
+// pg_snapshot_xmin(pg_current_snapshot()) belongs to a finished transaction, so
+// reading only those rows, in xact_id order, makes the cursor safe. The price:
+// an open transaction (even one that never touches the outbox) holds the
+// cursor back until it ends.
+package xid8
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/sources/window"
+)
+
+// Name is the source's registered type.
+const Name = "xid8"
+
+// Register adds the xid8 source to r.
+func Register(r *plugins.Registry) {
+	plugins.RegisterSource(r, Name, DefaultConfig, func(c *Config, env plugins.Env) (plugins.Source, error) {
+		return New(c, env), nil
+	})
+}
+
+func init() { Register(plugins.Default) }
+
+// Position is a place in the outbox: the writing transaction and the row id.
+type Position struct {
+	XactID uint64
+	ID     int64
+}
+
+// String renders "xact_id/id", the form in the position metadata.
+func (p Position) String() string {
+	return strconv.FormatUint(p.XactID, 10) + "/" + strconv.FormatInt(p.ID, 10)
+}
+
+// Source is the xid8 outbox reader. Create with New.
+type Source struct {
+	cfg *Config
+	env plugins.Env
+	log *slog.Logger
+	win *window.Window[Position]
+
+	mu         sync.Mutex
+	subscribed bool
+	closing    chan struct{}
+	closeOnce  sync.Once
+	done       chan struct{}
+
+	// read is where the next read starts (in memory); committed is what the
+	// offsets table holds.
+	read, committed Position
+	table           outbox.Table
+	readSQL         string
+}
+
+// New returns a source; it does no I/O until Subscribe.
+func New(cfg *Config, env plugins.Env) *Source {
+	if env.Logger == nil {
+		env.Logger = slog.Default()
+	}
+	return &Source{
+		cfg:     cfg,
+		env:     env,
+		log:     env.Logger.With("source", Name),
+		win:     window.New[Position](window.Config{MaxInFlight: env.MaxInFlight}),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+}
+
+// Subscribe starts reading; topic is ignored (the table is configured). It
+// never fails on I/O: an unreachable database is retried with backoff.
+func (s *Source) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.subscribed {
+		return nil, errors.New("xid8 source: already subscribed")
+	}
+	s.subscribed = true
+	go s.run(ctx)
+	return s.win.Messages(), nil
+}
+
+// Close stops reading, waits up to the drain timeout for in-flight messages,
+// records progress and closes the message channel. Idempotent.
+func (s *Source) Close() error {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.mu.Lock()
+	subscribed := s.subscribed
+	s.mu.Unlock()
+	if subscribed {
+		<-s.done
+	} else {
+		s.win.Close()
+	}
+	return nil
+}
+
+// Window exposes the in-flight window's counters (for status and tests).
+func (s *Source) Window() window.Stats { return s.win.Stats() }
+
+func (s *Source) run(ctx context.Context) {
+	defer close(s.done)
+	readCtx, stopReading := context.WithCancel(context.Background())
+	defer stopReading()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.closing:
+		case <-readCtx.Done():
+		}
+		stopReading()
+	}()
+
+	pool := s.connect(readCtx)
+	if pool != nil {
+		var wg sync.WaitGroup
+		wake := make(chan struct{}, 1)
+		if s.cfg.Listen {
+			wg.Add(1)
+			go func() { defer wg.Done(); s.listen(readCtx, pool, wake) }()
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); s.commitLoop(readCtx, pool) }()
+		s.readLoop(readCtx, pool, wake)
+		wg.Wait()
+
+		// Shutdown: let dispatched messages finish, then record what was acked.
+		drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout())
+		if err := s.win.Drain(drainCtx); err != nil {
+			s.log.Warn("drain timed out; unacked messages will be sent again on restart", "held", s.win.Stats().Held)
+		}
+		cancel()
+		commitCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := s.commit(commitCtx, pool); err != nil {
+			s.log.Error("record progress at shutdown", "err", redact.Error(err))
+		}
+		cancel()
+		pool.Close()
+	}
+	s.win.Close()
+}
+
+func (s *Source) drainTimeout() time.Duration {
+	if s.env.DrainTimeout > 0 {
+		return s.env.DrainTimeout
+	}
+	return 10 * time.Second
+}
+
+// connect opens the pool, prepares the offsets table and loads the cursor,
+// retrying with backoff until it works or ctx ends (then it returns nil).
+func (s *Source) connect(ctx context.Context) *pgxpool.Pool {
+	bo := newBackoff()
+	for {
+		pool, err := s.open(ctx)
+		if err == nil {
+			return pool
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		d := bo.NextBackOff()
+		s.log.Error("xid8 source cannot start; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(d):
+		}
+	}
+}
+
+func newBackoff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 200 * time.Millisecond
+	bo.MaxInterval = 30 * time.Second
+	return bo
+}
+
+func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(s.cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("source.dsn: %w", err)
+	}
+	pc.MaxConns = 3 // reader, committer, listener
+	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.prepare(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
+	var t outbox.Table
+	err := pool.QueryRow(ctx, `SELECT current_database(), n.nspname, c.relname
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`,
+		outbox.Quote(s.cfg.Table)).Scan(&t.Database, &t.Schema, &t.Name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("outbox table %s does not exist (create it with `ferry schema xid8 --table %s`)", s.cfg.Table, s.cfg.Table)
+	}
+	if err != nil {
+		return err
+	}
+	s.table = t
+	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
+	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	// The xmin bound is what makes the cursor safe; see the package comment.
+	s.readSQL = fmt.Sprintf(`SELECT %s FROM %s
+		WHERE (%s, %s) > ($1::text::xid8, $2)
+		  AND %s < pg_snapshot_xmin(pg_current_snapshot())
+		ORDER BY %s, %s LIMIT $3`,
+		s.cfg.Columns.Select(xact+"::text"), outbox.Quote(s.cfg.Table), xact, id, xact, xact, id)
+	// Fail now, with the column names, rather than on every read.
+	if _, err := pool.Exec(ctx, s.readSQL, "0", 0, 0); err != nil {
+		return fmt.Errorf("read outbox %s (check source.columns): %w", s.cfg.Table, err)
+	}
+
+	offsets := outbox.Quote(s.cfg.OffsetsTable)
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+offsets+` (
+		pipeline   text PRIMARY KEY,
+		xact_id    xid8 NOT NULL,
+		id         bigint NOT NULL,
+		updated_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("create offsets table %s: %w", s.cfg.OffsetsTable, err)
+	}
+	var xactText string
+	var pos Position
+	err = pool.QueryRow(ctx, `SELECT xact_id::text, id FROM `+offsets+` WHERE pipeline = $1`, s.env.Pipeline).Scan(&xactText, &pos.ID)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		pos = Position{}
+	case err != nil:
+		return fmt.Errorf("load cursor: %w", err)
+	default:
+		if pos.XactID, err = strconv.ParseUint(xactText, 10, 64); err != nil {
+			return fmt.Errorf("load cursor: bad xact_id %q", xactText)
+		}
+	}
+	s.read, s.committed = pos, pos
+	s.log.Info("xid8 source started", "table", t.Schema+"."+t.Name, "cursor", pos.String())
+	return nil
+}
+
+// readLoop reads batches past the read cursor and admits them to the window.
+// A full batch is followed at once by the next; otherwise it waits for the
+// poll interval or a notification.
+func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}) {
+	bo := newBackoff()
+	rows := make([]row, 0, s.cfg.BatchSize)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-wake:
+		}
+		if err := s.win.WaitRoom(ctx); err != nil {
+			return
+		}
+		var err error
+		rows, err = s.readBatch(ctx, pool, rows[:0])
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d := bo.NextBackOff()
+			s.log.Error("read outbox", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+			timer.Reset(d)
+			continue
+		}
+		bo.Reset()
+		readAt := time.Now()
+		for i := range rows {
+			r := &rows[i]
+			pos := Position{XactID: r.xact, ID: r.ID}
+			if err := s.win.Admit(ctx, r.Key(), pos, s.table.Message(&r.Row, pos.String(), readAt)); err != nil {
+				return
+			}
+			s.read = pos
+		}
+		if len(rows) == s.cfg.BatchSize {
+			timer.Reset(0)
+		} else {
+			timer.Reset(s.cfg.PollInterval)
+		}
+	}
+}
+
+type row struct {
+	outbox.Row
+	xact uint64
+}
+
+func (s *Source) readBatch(ctx context.Context, pool *pgxpool.Pool, out []row) ([]row, error) {
+	rows, err := pool.Query(ctx, s.readSQL, strconv.FormatUint(s.read.XactID, 10), s.read.ID, s.cfg.BatchSize)
+	if err != nil {
+		return out, err
+	}
+	defer rows.Close()
+	var xactText string
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(r.Dest(&xactText)...); err != nil {
+			return out, err
+		}
+		if r.xact, err = strconv.ParseUint(xactText, 10, 64); err != nil {
+			return out, fmt.Errorf("bad xact_id %q", xactText)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// commitLoop writes the acked prefix to the offsets table every
+// CommitInterval, and at once when half the window waits on it: the window
+// counts acked-but-unrecorded messages as held, which bounds re-sends after a
+// crash by max_in_flight.
+func (s *Source) commitLoop(ctx context.Context, pool *pgxpool.Pool) {
+	t := time.NewTicker(s.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.win.Progressed():
+			if s.win.Unrecorded() < s.env.MaxInFlight/2 {
+				continue
+			}
+		}
+		if err := s.commit(ctx, pool); err != nil && ctx.Err() == nil {
+			s.log.Warn("record progress; will retry", "err", redact.Error(err))
+		}
+	}
+}
+
+func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
+	pos, mark, ok := s.win.Prefix()
+	if !ok {
+		return nil
+	}
+	if pos == s.committed {
+		s.win.Recorded(mark)
+		return nil
+	}
+	_, err := pool.Exec(ctx, `INSERT INTO `+outbox.Quote(s.cfg.OffsetsTable)+` (pipeline, xact_id, id, updated_at)
+		VALUES ($1, $2::text::xid8, $3, now())
+		ON CONFLICT (pipeline) DO UPDATE SET xact_id = EXCLUDED.xact_id, id = EXCLUDED.id, updated_at = now()`,
+		s.env.Pipeline, strconv.FormatUint(pos.XactID, 10), pos.ID)
+	if err != nil {
+		return err
+	}
+	s.committed = pos
+	s.win.Recorded(mark)
+	return nil
+}
+
+// listen wakes the reader on each notification. Notifications are hints:
+// they are lost while disconnected, which is why polling never stops.
+func (s *Source) listen(ctx context.Context, pool *pgxpool.Pool, wake chan<- struct{}) {
+	bo := newBackoff()
+	for ctx.Err() == nil {
+		err := s.listenOnce(ctx, pool, wake, bo)
+		if ctx.Err() != nil {
+			return
+		}
+		d := bo.NextBackOff()
+		s.log.Warn("listen for notifications; polling meanwhile", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+}
+
+func (s *Source) listenOnce(ctx context.Context, pool *pgxpool.Pool, wake chan<- struct{}, bo *backoff.ExponentialBackOff) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A connection that LISTENed must not go back to the pool.
+	c := conn.Hijack()
+	defer c.Close(context.Background())
+	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{s.cfg.channel()}.Sanitize()); err != nil {
+		return err
+	}
+	bo.Reset()
+	for {
+		if _, err := c.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+var _ plugins.Source = (*Source)(nil)
