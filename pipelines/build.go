@@ -18,7 +18,10 @@ type Pipeline struct {
 	Source plugins.Source
 	Stages []Stage
 	Sink   plugins.Sink
-	Log    *slog.Logger
+	// Publisher is what Handle publishes through: the sink, possibly wrapped
+	// (the supervisor adds Watermill's publish metrics).
+	Publisher message.Publisher
+	Log       *slog.Logger
 }
 
 // Stage is one transform with the name used in logs and metrics.
@@ -55,6 +58,7 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 		return nil, fmt.Errorf("pipeline %s: build sink: %w", spec.Name, err)
 	}
 	p.Sink = snk.(plugins.Sink)
+	p.Publisher = p.Sink
 	return p, nil
 }
 
@@ -91,7 +95,7 @@ func (p *Pipeline) Handle(msg *message.Message) error {
 		msgs = next
 	}
 	for _, m := range msgs {
-		if err := p.Sink.Publish(m.Metadata.Get(plugins.MetaTopic), m); err != nil {
+		if err := p.Publisher.Publish(m.Metadata.Get(plugins.MetaTopic), m); err != nil {
 			return err
 		}
 	}

@@ -136,13 +136,19 @@ func (d *decoder) typeErrors(err error, path string) {
 	}
 }
 
-// pathAt finds the deepest indexed path under prefix written on line.
+// pathAt finds the key under prefix written on line; when several are (a
+// flow mapping such as `table: {a: b}`), the outermost, which is the value
+// that failed to decode.
 func (d *decoder) pathAt(line int, prefix string) string {
-	best := prefix
+	best := ""
 	for p, l := range d.lines {
-		if l == line && (prefix == "" || p == prefix || strings.HasPrefix(p, prefix+".") || strings.HasPrefix(p, prefix+"[")) && len(p) > len(best) {
+		under := prefix == "" || strings.HasPrefix(p, prefix+".") || strings.HasPrefix(p, prefix+"[")
+		if l == line && under && p != prefix && (best == "" || len(p) < len(best)) {
 			best = p
 		}
+	}
+	if best == "" {
+		return prefix
 	}
 	return best
 }

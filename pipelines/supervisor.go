@@ -64,9 +64,10 @@ type Options struct {
 // Watermill router. Each pipeline starts on its own: one whose broker or
 // database is unreachable backs off and retries without holding up the rest.
 type Supervisor struct {
-	opts   Options
-	log    *slog.Logger
-	router *message.Router
+	opts    Options
+	log     *slog.Logger
+	router  *message.Router
+	metrics *metrics.PrometheusMetricsBuilder
 
 	// addMu serialises adding a handler, its middleware and RunHandlers: the
 	// router snapshots middleware when a handler starts.
@@ -100,10 +101,12 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.Metrics != nil {
-		metrics.NewPrometheusMetricsBuilder(opts.Metrics, "ferry", "router").AddPrometheusRouterMetrics(router)
-	}
 	s := &Supervisor{opts: opts, log: opts.Logger, router: router, pipelines: map[string]*entry{}}
+	if opts.Metrics != nil {
+		b := metrics.NewPrometheusMetricsBuilder(opts.Metrics, "ferry", "router")
+		b.AddPrometheusRouterMetrics(router)
+		s.metrics = &b
+	}
 	// The router closes itself when its last handler stops; pipelines come and
 	// go at run time, so one idle handler keeps it open.
 	router.AddConsumerHandler("ferry.keepalive", "", &idleSubscriber{}, func(*message.Message) error { return nil })
@@ -159,6 +162,13 @@ func (s *Supervisor) add(spec *Spec) error {
 	p, err := Build(spec, plugins.Env{Logger: s.log, Metrics: s.metricsFor(spec), DrainTimeout: s.opts.DrainTimeout})
 	if err != nil {
 		return err
+	}
+	if s.metrics != nil {
+		// The router only decorates the publisher it publishes handler output
+		// with; a pipeline publishes inside its handler, so decorate the sink.
+		if p.Publisher, err = s.metrics.DecoratePublisher(p.Sink); err != nil {
+			return fmt.Errorf("pipeline %s: publish metrics: %w", spec.Name, err)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,0 +1,147 @@
+// Package cli is the ferry command line: run, validate, schema, demo,
+// version. It is thin — each command parses flags and calls the packages
+// that do the work — and importable, so a custom ferry binary is main.go
+// plus blank imports of extra components.
+package cli
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+
+	"github.com/ferryhq/ferry/internal/redact"
+
+	// Ferry's built-in components.
+	_ "github.com/ferryhq/ferry/sinks/nats"
+	_ "github.com/ferryhq/ferry/sources/xid8"
+)
+
+// Version is set at build time with -ldflags "-X github.com/ferryhq/ferry/cmd/ferry/cli.Version=v1.2.3".
+var Version = ""
+
+type command struct {
+	name  string
+	usage string
+	run   func(args []string, stdout, stderr io.Writer) int
+}
+
+func commands() []command {
+	return []command{
+		{"run", "run pipelines until SIGINT/SIGTERM", runCmd},
+		{"validate", "check pipeline files without connecting", validateCmd},
+		{"schema", "print the outbox DDL for a source", schemaCmd},
+		{"demo", "run an end-to-end demo on embedded PostgreSQL and NATS", demoCmd},
+		{"version", "print the version", versionCmd},
+	}
+}
+
+// Main runs the command in args and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "ferry: unknown command %q\n\n", args[0])
+	usage(stderr)
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "Ferry moves events from PostgreSQL outbox tables to Kafka, RabbitMQ or NATS.")
+	fmt.Fprintln(w, "\nUsage: ferry <command> [flags]   (ferry <command> --help for its flags)")
+	fmt.Fprintln(w, "\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.usage)
+	}
+}
+
+// newFlags returns a flag set whose --help prints the command's usage.
+func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("ferry "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: ferry %s %s\n\nFlags:\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args; it returns (exit code, false) when the command should
+// stop (--help: 0, bad flags: 2).
+func parse(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0, false
+		}
+		return 2, false
+	}
+	return 0, true
+}
+
+// paths collects repeated -c flags.
+type paths []string
+
+func (p *paths) String() string     { return strings.Join(*p, ",") }
+func (p *paths) Set(v string) error { *p = append(*p, v); return nil }
+
+// logFlags adds --log-level and --log-format and builds the logger.
+type logFlags struct{ level, format string }
+
+func (l *logFlags) register(fs *flag.FlagSet, defaultLevel string) {
+	fs.StringVar(&l.level, "log-level", defaultLevel, "debug, info, warn or error")
+	fs.StringVar(&l.format, "log-format", "text", "text or json")
+}
+
+func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(l.level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler
+	switch l.format {
+	case "text":
+		h = slog.NewTextHandler(w, opts)
+	case "json":
+		h = slog.NewJSONHandler(w, opts)
+	default:
+		return nil, fmt.Errorf("--log-format: want text or json, got %q", l.format)
+	}
+	return slog.New(redact.Handler(h)), nil
+}
+
+func versionCmd(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("version", "", stderr)
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	fmt.Fprintln(stdout, "ferry", version())
+	return 0
+}
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v := bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " (" + s.Value[:12] + ")"
+			}
+		}
+		return v
+	}
+	return "(devel)"
+}

@@ -1,0 +1,41 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/ferryhq/ferry/sources/xid8"
+)
+
+// schemas are the DDL generators by source type.
+var schemas = map[string]func(table string) (string, error){
+	xid8.Name: xid8.Schema,
+}
+
+func schemaCmd(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("schema", "SOURCE [--table NAME]   (SOURCE: xid8)", stderr)
+	table := fs.String("table", "outbox", "outbox table name, optionally schema-qualified")
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		fs.Usage()
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	source := args[0]
+	if code, ok := parse(fs, args[1:]); !ok {
+		return code
+	}
+	gen, ok := schemas[source]
+	if !ok {
+		fmt.Fprintf(stderr, "ferry schema: unknown source %q (known: xid8)\n", source)
+		return 2
+	}
+	ddl, err := gen(*table)
+	if err != nil {
+		fmt.Fprintf(stderr, "ferry schema: --table: %v\n", err)
+		return 2
+	}
+	fmt.Fprint(stdout, ddl)
+	return 0
+}
