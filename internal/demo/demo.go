@@ -29,6 +29,7 @@ import (
 	"github.com/ferryhq/ferry/internal/pgcluster"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/pipelines/examples"
+	_ "github.com/ferryhq/ferry/sinks/nats" // demo.yaml publishes to NATS
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 

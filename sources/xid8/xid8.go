@@ -228,14 +228,17 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	s.table = t
-	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
-	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	// Columns are qualified by the alias o: an unqualified ORDER BY name would
+	// bind to the select list's xact_id::text and sort transaction ids as
+	// text ("1000" before "969").
+	xact := "o." + pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
+	id := "o." + pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
 	// The xmin bound is what makes the cursor safe; see the package comment.
-	s.readSQL = fmt.Sprintf(`SELECT %s FROM %s
+	s.readSQL = fmt.Sprintf(`SELECT %s FROM %s AS o
 		WHERE (%s, %s) > ($1::text::xid8, $2)
 		  AND %s < pg_snapshot_xmin(pg_current_snapshot())
 		ORDER BY %s, %s LIMIT $3`,
-		s.cfg.Columns.Select(xact+"::text"), outbox.Quote(s.cfg.Table), xact, id, xact, xact, id)
+		s.cfg.Columns.Select(xact+"::text AS ferry_xact_id"), outbox.Quote(s.cfg.Table), xact, id, xact, xact, id)
 	// Fail now, with the column names, rather than on every read.
 	if _, err := pool.Exec(ctx, s.readSQL, "0", 0, 0); err != nil {
 		return fmt.Errorf("read outbox %s (check source.columns): %w", s.cfg.Table, err)

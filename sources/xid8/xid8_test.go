@@ -2,6 +2,7 @@ package xid8_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -153,4 +154,36 @@ func TestSchemaRejectsBadTable(t *testing.T) {
 	if err != nil || !strings.Contains(ddl, `CREATE TABLE IF NOT EXISTS "app"."outbox"`) || !strings.Contains(ddl, `pg_notify('ferry_outbox'`) {
 		t.Fatalf("ddl %q, %v", ddl, err)
 	}
+}
+
+// Transaction ids are ordered as numbers, also across a power of ten (a
+// text comparison would put 100 before 99). The rows carry explicit xact_id
+// values straddling a boundary below the server's current xid, so they are
+// all visible and the test needs no burnt transactions.
+func TestOrderAcrossXidDigitBoundary(t *testing.T) {
+	e := sourcetest.Setup(t, harness)
+	ctx := context.Background()
+	var cur uint64
+	if err := e.Pool.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&cur); err != nil {
+		t.Fatal(err)
+	}
+	boundary := uint64(10)
+	for boundary*10 < cur-5 {
+		boundary *= 10
+	}
+	var written []sourcetest.Written
+	for i, x := range []uint64{boundary + 2, boundary - 2, boundary + 1, boundary - 1, boundary} {
+		// ids are allocated in this scrambled order; seq follows the xid order.
+		seq := int(x-boundary) + 3
+		var id int64
+		if err := e.Pool.QueryRow(ctx, `INSERT INTO outbox (xact_id, aggregate_type, aggregate_id, type, payload)
+			VALUES ($1::text::xid8, 'order', 'agg-x', 'T', jsonb_build_object('agg', 'agg-x', 'seq', $2::int)) RETURNING id`,
+			strconv.FormatUint(x, 10), seq).Scan(&id); err != nil {
+			t.Fatalf("row %d: %v", i, err)
+		}
+		written = append(written, sourcetest.Written{OutboxID: id, Aggregate: "agg-x", Seq: seq})
+	}
+	e.Start(t, e.YAML("digits", 100))
+	e.Coll.WaitFor(t, 10*time.Second, "5 events", func(m []testenv.Received) bool { return len(m) >= 5 })
+	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 }
