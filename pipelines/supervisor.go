@@ -221,7 +221,7 @@ func (s *Supervisor) start(ctx, handlersCtx context.Context, name string) {
 	}
 	h := s.router.AddConsumerHandler(name, e.spec.Source.Type, p.Source, p.Handle)
 	retry := *s.opts.Retry
-	h.AddMiddleware(middleware.Recoverer, retry.Middleware)
+	h.AddMiddleware(recordError, middleware.Recoverer, retry.Middleware)
 	if err := s.router.RunHandlers(handlersCtx); err != nil {
 		s.setState(name, StateFailed, err)
 		p.Log.Error("pipeline failed to start", "err", redact.Error(err))
@@ -256,6 +256,19 @@ func (s *Supervisor) Statuses() []Status {
 	}
 	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// recordError puts the final error of a failed message in its metadata
+// (plugins.MetaError) before the router nacks it, so the source can record
+// why — the nack itself carries no reason. It runs outside the retries.
+func recordError(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err != nil {
+			msg.Metadata.Set(plugins.MetaError, redact.String(err.Error()))
+		}
+		return out, err
+	}
 }
 
 // idleSubscriber never delivers; its channel closes on Close or when the

@@ -38,6 +38,9 @@ const (
 	// (Kafka topic, RabbitMQ routing key, NATS subject). Sinks do not send it as
 	// a header.
 	MetaTopic = "ferry_topic"
+	// MetaError is set on a message the pipeline failed to deliver, after its
+	// retries, just before it is nacked: the source may record why.
+	MetaError = "ferry_error"
 )
 
 // Source reads committed outbox rows and emits them as Watermill messages.

@@ -39,6 +39,21 @@ type Config struct {
 	TrackAcked bool
 }
 
+// Decision is what to do with a nacked message.
+type Decision int
+
+const (
+	// Redeliver sends the message again after a backoff; its aggregate waits.
+	Redeliver Decision = iota
+	// GiveUp stops delivering the message: it no longer holds back its
+	// aggregate or progress, as if acked, but TakeAcked does not report it.
+	// The source must already have recorded what became of it.
+	GiveUp
+	// GiveUpLane gives up the message and every message of its aggregate
+	// queued behind it, which are then never dispatched.
+	GiveUpLane
+)
+
 // Stats is a snapshot of the window's counters.
 type Stats struct {
 	Held         int    // messages held (≤ MaxInFlight)
@@ -46,6 +61,7 @@ type Stats struct {
 	Dispatched   int    // sent to the router and not yet acked or nacked
 	Redeliveries uint64 // nacked messages dispatched again, since creation
 	Acked        uint64 // messages acked, since creation
+	GivenUp      uint64 // messages given up after a nack, since creation
 }
 
 // Window is safe for concurrent use. P is the source's position type.
@@ -65,6 +81,7 @@ type Window[P any] struct {
 	recorded   Mark // of those, how many the source recorded
 	acked      []P
 	stats      Stats
+	nacked     func(P, int, *message.Message) Decision
 
 	space      chan struct{} // signalled when held entries leave
 	progressed chan struct{} // signalled when the prefix moves
@@ -74,11 +91,22 @@ type Window[P any] struct {
 	senders    sync.WaitGroup
 }
 
+// OnNack sets what decides the fate of a nacked message; call it before the
+// first Admit. f gets the attempt number (1 for the first failure) and the
+// nacked message, whose metadata may say why (plugins.MetaError); it runs
+// outside the window's lock and may do I/O. Without it, every nacked message
+// is redelivered.
+func (w *Window[P]) OnNack(f func(pos P, attempt int, msg *message.Message) Decision) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.nacked = f
+}
+
 type entry[P any] struct {
 	key      string
 	pos      P
 	msg      *message.Message // as read; each dispatch sends a copy
-	acked    bool
+	done     bool             // acked or given up
 	attempts int
 }
 
@@ -284,7 +312,7 @@ func (w *Window[P]) deliver(e *entry[P], m *message.Message) {
 	case <-m.Acked():
 		w.ack(e)
 	case <-m.Nacked():
-		w.nack(e)
+		w.nack(e, m)
 	case <-w.done:
 	}
 }
@@ -292,16 +320,21 @@ func (w *Window[P]) deliver(e *entry[P], m *message.Message) {
 func (w *Window[P]) ack(e *entry[P]) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	e.acked = true
 	w.stats.Acked++
 	w.resolveLocked()
 	if w.cfg.TrackAcked {
 		w.acked = append(w.acked, e.pos)
 	}
 	w.nextInLaneLocked(e.key)
+	w.settleLocked(e)
+}
 
+// settleLocked marks e done and moves the prefix over every done message at
+// its head.
+func (w *Window[P]) settleLocked(e *entry[P]) {
+	e.done = true
 	moved := false
-	for w.head < len(w.entries) && w.entries[w.head].acked {
+	for w.head < len(w.entries) && w.entries[w.head].done {
 		w.prefix, w.hasPrefix = w.entries[w.head].pos, true
 		w.entries[w.head] = nil
 		w.head++
@@ -321,15 +354,27 @@ func (w *Window[P]) ack(e *entry[P]) {
 	signal(w.progressed)
 }
 
-func (w *Window[P]) nack(e *entry[P]) {
+func (w *Window[P]) nack(e *entry[P], m *message.Message) {
+	w.mu.Lock()
+	e.attempts++
+	attempt, decide := e.attempts, w.nacked
+	w.mu.Unlock()
+	decision := Redeliver
+	if decide != nil {
+		decision = decide(e.pos, attempt, m)
+	}
+
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.resolveLocked()
+	if decision != Redeliver {
+		w.giveUpLocked(e, decision == GiveUpLane)
+		return
+	}
 	if w.draining {
 		return
 	}
-	e.attempts++
-	delay := w.redeliveryDelay(e.attempts)
+	delay := w.redeliveryDelay(attempt)
 	w.dispatched++ // reserved now so Drain waits for the timer's decision
 	time.AfterFunc(delay, func() {
 		w.mu.Lock()
@@ -342,6 +387,21 @@ func (w *Window[P]) nack(e *entry[P]) {
 		w.stats.Redeliveries++
 		w.dispatchLocked(e)
 	})
+}
+
+func (w *Window[P]) giveUpLocked(e *entry[P], wholeLane bool) {
+	w.stats.GivenUp++
+	if wholeLane && e.key != "" {
+		if l := w.lanes[e.key]; l != nil {
+			for _, q := range l.waiting {
+				w.stats.GivenUp++
+				w.settleLocked(q)
+			}
+			l.waiting = nil
+		}
+	}
+	w.nextInLaneLocked(e.key)
+	w.settleLocked(e)
 }
 
 func (w *Window[P]) resolveLocked() {

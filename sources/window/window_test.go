@@ -320,3 +320,64 @@ func TestWindowCountsUnrecordedAsHeld(t *testing.T) {
 	}
 	w.Close()
 }
+
+func TestWindowGiveUp(t *testing.T) {
+	w := New[int](Config{MaxInFlight: 10, TrackAcked: true, RedeliveryMin: time.Millisecond})
+	var attempts []int
+	w.OnNack(func(pos, attempt int, m *message.Message) Decision {
+		attempts = append(attempts, attempt)
+		if attempt < 3 {
+			return Redeliver
+		}
+		return GiveUp
+	})
+	ctx := context.Background()
+	_ = w.Admit(ctx, "a", 0, message.NewMessage("a0", nil))
+	_ = w.Admit(ctx, "a", 1, message.NewMessage("a1", nil))
+	for range 3 {
+		m := <-w.Messages()
+		if m.UUID != "a0" {
+			t.Fatalf("got %s while a0 failing", m.UUID)
+		}
+		m.Nack()
+	}
+	m := <-w.Messages() // a0 given up: a1 goes
+	if m.UUID != "a1" {
+		t.Fatalf("got %s, want a1", m.UUID)
+	}
+	m.Ack()
+	waitFor(t, func() bool { p, _, ok := w.Prefix(); return ok && p == 1 })
+	if got := w.TakeAcked(nil); len(got) != 1 || got[0] != 1 {
+		t.Fatalf("TakeAcked %v, want only [1]: a given-up message was not delivered", got)
+	}
+	if fmt.Sprint(attempts) != "[1 2 3]" || w.Stats().GivenUp != 1 {
+		t.Fatalf("attempts %v, stats %+v", attempts, w.Stats())
+	}
+	w.Close()
+}
+
+func TestWindowGiveUpLane(t *testing.T) {
+	w := New[int](Config{MaxInFlight: 10})
+	w.OnNack(func(int, int, *message.Message) Decision { return GiveUpLane })
+	ctx := context.Background()
+	_ = w.Admit(ctx, "a", 0, message.NewMessage("a0", nil))
+	_ = w.Admit(ctx, "a", 1, message.NewMessage("a1", nil))
+	_ = w.Admit(ctx, "b", 2, message.NewMessage("b2", nil))
+	got := map[string]*message.Message{}
+	for range 2 {
+		m := <-w.Messages()
+		got[m.UUID] = m
+	}
+	got["a0"].Nack()
+	got["b2"].Ack()
+	waitFor(t, func() bool { p, _, ok := w.Prefix(); return ok && p == 2 })
+	select {
+	case m := <-w.Messages():
+		t.Fatalf("%s dispatched after its lane was given up", m.UUID)
+	case <-time.After(20 * time.Millisecond):
+	}
+	if s := w.Stats(); s.GivenUp != 2 || s.Acked != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	w.Close()
+}

@@ -88,15 +88,5 @@ func (c *Config) channel() string {
 	if c.NotifyChannel != "" {
 		return c.NotifyChannel
 	}
-	return NotifyChannel(c.Table)
-}
-
-// NotifyChannel is the default notification channel for an outbox table.
-func NotifyChannel(table string) string {
-	_, name, _ := outbox.ParseTable(table)
-	ch := "ferry_" + name
-	if len(ch) > 63 {
-		ch = ch[:63]
-	}
-	return ch
+	return outbox.NotifyChannel(c.Table)
 }

@@ -18,7 +18,7 @@ func Schema(table string) (string, error) {
 		ExtraCols: []string{"xact_id        xid8 NOT NULL DEFAULT pg_current_xact_id()"},
 		Statements: []string{
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (xact_id, id);", outbox.IndexName(table, "xact_id_id_idx"), outbox.Quote(table)),
-			outbox.NotifyTrigger(table, NotifyChannel(table)),
+			outbox.NotifyTrigger(table, outbox.NotifyChannel(table)),
 		},
 	}.SQL(), nil
 }

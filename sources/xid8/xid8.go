@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -139,7 +138,15 @@ func (s *Source) run(ctx context.Context) {
 		wake := make(chan struct{}, 1)
 		if s.cfg.Listen {
 			wg.Add(1)
-			go func() { defer wg.Done(); s.listen(readCtx, pool, wake) }()
+			go func() {
+				defer wg.Done()
+				outbox.Listen(readCtx, pool, s.cfg.channel(), s.log, func() {
+					select {
+					case wake <- struct{}{}:
+					default:
+					}
+				})
+			}()
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); s.commitLoop(readCtx, pool) }()
@@ -172,30 +179,8 @@ func (s *Source) drainTimeout() time.Duration {
 // connect opens the pool, prepares the offsets table and loads the cursor,
 // retrying with backoff until it works or ctx ends (then it returns nil).
 func (s *Source) connect(ctx context.Context) *pgxpool.Pool {
-	bo := newBackoff()
-	for {
-		pool, err := s.open(ctx)
-		if err == nil {
-			return pool
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		d := bo.NextBackOff()
-		s.log.Error("xid8 source cannot start; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(d):
-		}
-	}
-}
-
-func newBackoff() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = 30 * time.Second
-	return bo
+	pool, _ := outbox.Retry(ctx, s.log, "xid8 source cannot start", s.open)
+	return pool
 }
 
 func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
@@ -274,7 +259,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 // A full batch is followed at once by the next; otherwise it waits for the
 // poll interval or a notification.
 func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}) {
-	bo := newBackoff()
+	bo := outbox.Backoff()
 	rows := make([]row, 0, s.cfg.BatchSize)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -384,47 +369,6 @@ func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
 	s.committed = pos
 	s.win.Recorded(mark)
 	return nil
-}
-
-// listen wakes the reader on each notification. Notifications are hints:
-// they are lost while disconnected, which is why polling never stops.
-func (s *Source) listen(ctx context.Context, pool *pgxpool.Pool, wake chan<- struct{}) {
-	bo := newBackoff()
-	for ctx.Err() == nil {
-		err := s.listenOnce(ctx, pool, wake, bo)
-		if ctx.Err() != nil {
-			return
-		}
-		d := bo.NextBackOff()
-		s.log.Warn("listen for notifications; polling meanwhile", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
-		case <-time.After(d):
-		}
-	}
-}
-
-func (s *Source) listenOnce(ctx context.Context, pool *pgxpool.Pool, wake chan<- struct{}, bo *backoff.ExponentialBackOff) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// A connection that LISTENed must not go back to the pool.
-	c := conn.Hijack()
-	defer c.Close(context.Background())
-	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{s.cfg.channel()}.Sanitize()); err != nil {
-		return err
-	}
-	bo.Reset()
-	for {
-		if _, err := c.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	}
 }
 
 var _ plugins.Source = (*Source)(nil)

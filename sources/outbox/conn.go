@@ -1,0 +1,96 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry/internal/redact"
+)
+
+// Backoff is how sources space retries of a failing database: 200ms
+// doubling to 30s, jittered, so many pipelines hitting one restarting
+// database do not retry in lockstep.
+func Backoff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 200 * time.Millisecond
+	bo.MaxInterval = 30 * time.Second
+	return bo
+}
+
+// Retry calls open until it succeeds or ctx ends (then ok is false), logging
+// each failure with what was being done.
+func Retry[T any](ctx context.Context, log *slog.Logger, what string, open func(context.Context) (T, error)) (v T, ok bool) {
+	bo := Backoff()
+	for {
+		v, err := open(ctx)
+		if err == nil {
+			return v, true
+		}
+		if ctx.Err() != nil {
+			return v, false
+		}
+		d := bo.NextBackOff()
+		log.Error(what+"; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return v, false
+		case <-time.After(d):
+		}
+	}
+}
+
+// NotifyChannel is the default notification channel of an outbox table,
+// the one `ferry schema` puts in the notify trigger.
+func NotifyChannel(table string) string {
+	_, name, _ := ParseTable(table)
+	ch := "ferry_" + name
+	if len(ch) > 63 {
+		ch = ch[:63]
+	}
+	return ch
+}
+
+// Listen takes a connection from pool for good, LISTENs on channel and calls
+// wake on every notification, reconnecting with backoff, until ctx ends.
+// Notifications are hints: they are lost while disconnected, which is why
+// sources keep polling.
+func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, wake func()) {
+	bo := Backoff()
+	for ctx.Err() == nil {
+		err := listenOnce(ctx, pool, channel, wake, bo.Reset)
+		if ctx.Err() != nil {
+			return
+		}
+		d := bo.NextBackOff()
+		log.Warn("listen for notifications; polling meanwhile", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+}
+
+func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake, listening func()) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A connection that LISTENed must not go back to the pool.
+	c := conn.Hijack()
+	defer c.Close(context.Background())
+	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return err
+	}
+	listening()
+	for {
+		if _, err := c.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		wake()
+	}
+}
