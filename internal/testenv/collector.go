@@ -111,3 +111,52 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// PublishCounter counts every publish on a subject as the server receives
+// it, before JetStream's deduplication: the way to see whether a relay sent
+// an event twice.
+type PublishCounter struct {
+	mu     sync.Mutex
+	counts map[string]int // by Nats-Msg-Id
+	total  int
+}
+
+// CountPublishes subscribes (core NATS) to subject.
+func CountPublishes(t testing.TB, url, subject string) *PublishCounter {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &PublishCounter{counts: map[string]int{}}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		c.mu.Lock()
+		c.counts[m.Header.Get(nats.MsgIdHdr)]++
+		c.total++
+		c.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	return c
+}
+
+// Counts returns the number of publishes and of distinct event ids, and
+// the ids published more than once.
+func (c *PublishCounter) Counts() (total, distinct int, twice []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, n := range c.counts {
+		if n > 1 {
+			twice = append(twice, id)
+		}
+	}
+	return c.total, len(c.counts), twice
+}

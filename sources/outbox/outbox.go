@@ -98,11 +98,12 @@ func Quote(s string) string {
 	return pgx.Identifier{schema, table}.Sanitize()
 }
 
-// Select returns the quoted select list: extra expressions first, then the
-// outbox columns in the order Row.Dest scans them.
-func (c Columns) Select(extra ...string) string {
+// Select returns the quoted select list, each column qualified by alias:
+// extra expressions first, then the outbox columns in the order Row.Dest
+// scans them.
+func (c Columns) Select(alias string, extra ...string) string {
 	cols := append([]string(nil), extra...)
-	q := func(n string) string { return pgx.Identifier{n}.Sanitize() }
+	q := func(n string) string { return alias + "." + pgx.Identifier{n}.Sanitize() }
 	cols = append(cols, q(c.ID), q(c.AggregateType)+"::text", q(c.AggregateID)+"::text", q(c.Type)+"::text", q(c.Payload))
 	if c.Headers != "" {
 		cols = append(cols, q(c.Headers)+"::text")

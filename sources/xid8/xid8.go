@@ -223,7 +223,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		WHERE (%s, %s) > ($1::text::xid8, $2)
 		  AND %s < pg_snapshot_xmin(pg_current_snapshot())
 		ORDER BY %s, %s LIMIT $3`,
-		s.cfg.Columns.Select(xact+"::text AS ferry_xact_id"), outbox.Quote(s.cfg.Table), xact, id, xact, xact, id)
+		s.cfg.Columns.Select("o", xact+"::text AS ferry_xact_id"), outbox.Quote(s.cfg.Table), xact, id, xact, xact, id)
 	// Fail now, with the column names, rather than on every read.
 	if _, err := pool.Exec(ctx, s.readSQL, "0", 0, 0); err != nil {
 		return fmt.Errorf("read outbox %s (check source.columns): %w", s.cfg.Table, err)

@@ -1,0 +1,674 @@
+// Package poll is the claiming source: workers take batches of unpublished
+// rows with FOR UPDATE SKIP LOCKED, so any number of them — goroutines here,
+// or other Ferry processes — share one table without publishing a row twice,
+// and a row is marked published (or deleted) only after the broker confirmed
+// it.
+//
+// Nothing is tracked by position, so a row that commits late is simply
+// claimed by a later pass: no id-cursor race. The price is order: rows that
+// commit out of id order can be published out of order. Per-aggregate order
+// holds within what one worker sees (its in-flight window); use xid8 or wal
+// when order across commits matters.
+package poll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/sources/window"
+)
+
+// Name is the source's registered type.
+const Name = "poll"
+
+// DeadLetterOwner is the claimed_by of a row parked after max_attempts
+// failed deliveries. Its lease never expires; to retry it:
+//
+//	UPDATE outbox SET claimed_until = NULL, claimed_by = NULL, attempts = 0
+//	WHERE claimed_by = 'ferry:dead-letter' AND published_at IS NULL;
+const DeadLetterOwner = "ferry:dead-letter"
+
+// Register adds the poll source to r.
+func Register(r *plugins.Registry) {
+	plugins.RegisterSource(r, Name, DefaultConfig, func(c *Config, env plugins.Env) (plugins.Source, error) {
+		return New(c, env), nil
+	})
+}
+
+func init() { Register(plugins.Default) }
+
+// Source is the poll outbox reader. Create with New.
+type Source struct {
+	cfg     *Config
+	env     plugins.Env
+	log     *slog.Logger
+	out     chan *message.Message
+	workers []*worker
+
+	mu         sync.Mutex
+	subscribed bool
+	closing    chan struct{}
+	closeOnce  sync.Once
+	done       chan struct{}
+
+	pool    *pgxpool.Pool
+	table   outbox.Table
+	sql     statements
+	backlog prometheus.Gauge
+	oldest  prometheus.Gauge
+	parked  prometheus.Gauge
+}
+
+// worker is one claim loop with its own window: per-aggregate order holds
+// within what it claims.
+type worker struct {
+	s    *Source
+	id   string // claimed_by
+	win  *window.Window[int64]
+	wake chan struct{}
+
+	mu       sync.Mutex
+	inFlight map[int64]struct{} // claimed, not yet marked or parked
+	unmarked []int64            // acked, taken from the window, mark failed
+	failed   map[int64]string   // transaction mode: nacked in this batch → error
+}
+
+type statements struct {
+	claimLease, claimTx, mark, delete, nack, renew, release, health string
+}
+
+// New returns a source; it does no I/O until Subscribe.
+func New(cfg *Config, env plugins.Env) *Source {
+	if env.Logger == nil {
+		env.Logger = slog.Default()
+	}
+	s := &Source{
+		cfg:     cfg,
+		env:     env,
+		log:     env.Logger.With("source", Name),
+		out:     make(chan *message.Message),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	prefix := cfg.WorkerID
+	if prefix == "" {
+		host, _ := os.Hostname()
+		prefix = host + "/" + strconv.Itoa(os.Getpid())
+	}
+	perWorker := max(env.MaxInFlight/cfg.Workers, 1)
+	for n := range cfg.Workers {
+		w := &worker{s: s, id: fmt.Sprintf("%s/%s/%d", prefix, env.Pipeline, n),
+			win:  window.New[int64](window.Config{MaxInFlight: perWorker, TrackAcked: true}),
+			wake: make(chan struct{}, 1), inFlight: map[int64]struct{}{}, failed: map[int64]string{}}
+		w.win.OnNack(w.nacked)
+		s.workers = append(s.workers, w)
+	}
+	return s
+}
+
+// Subscribe starts the workers; topic is ignored. It never fails on I/O: an
+// unreachable database is retried with backoff.
+func (s *Source) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.subscribed {
+		return nil, errors.New("poll source: already subscribed")
+	}
+	s.subscribed = true
+	go s.run(ctx)
+	return s.out, nil
+}
+
+// Close stops claiming, waits up to the drain timeout for in-flight
+// messages, marks what was delivered, releases the leases of the rest and
+// closes the message channel. Idempotent.
+func (s *Source) Close() error {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.mu.Lock()
+	subscribed := s.subscribed
+	s.mu.Unlock()
+	if subscribed {
+		<-s.done
+	}
+	return nil
+}
+
+func (s *Source) run(ctx context.Context) {
+	defer close(s.done)
+	claimCtx, stopClaiming := context.WithCancel(context.Background())
+	defer stopClaiming()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.closing:
+		case <-claimCtx.Done():
+		}
+		stopClaiming()
+	}()
+
+	var forwarders sync.WaitGroup
+	for _, w := range s.workers {
+		forwarders.Add(1)
+		go func() {
+			defer forwarders.Done()
+			for m := range w.win.Messages() {
+				s.out <- m
+			}
+		}()
+	}
+	defer func() {
+		for _, w := range s.workers {
+			w.win.Close()
+		}
+		forwarders.Wait()
+		close(s.out)
+	}()
+
+	pool, ok := outbox.Retry(claimCtx, s.log, "poll source cannot start", s.open)
+	if !ok {
+		return
+	}
+	s.pool = pool
+	defer pool.Close()
+
+	var loops sync.WaitGroup
+	spawn := func(f func()) {
+		loops.Add(1)
+		go func() { defer loops.Done(); f() }()
+	}
+	if s.cfg.Listen {
+		spawn(func() {
+			outbox.Listen(claimCtx, pool, s.cfg.channel(), s.log, func() {
+				for _, w := range s.workers {
+					signal(w.wake)
+				}
+			})
+		})
+	}
+	spawn(func() { s.healthLoop(claimCtx) })
+	for _, w := range s.workers {
+		spawn(func() { w.claimLoop(claimCtx) })
+		if s.cfg.Claim == ClaimLease {
+			spawn(func() { w.markLoop(claimCtx) })
+			spawn(func() { w.renewLoop(claimCtx) })
+		}
+	}
+	loops.Wait()
+
+	// Shutdown: let dispatched messages finish, mark what was delivered and
+	// hand back the leases of what was not, so another worker need not wait
+	// for them to expire.
+	drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout())
+	defer cancel()
+	for _, w := range s.workers {
+		if err := w.win.Drain(drainCtx); err != nil {
+			s.log.Warn("drain timed out; unacked rows will be claimed again", "worker", w.id)
+		}
+		if s.cfg.Claim == ClaimLease {
+			if err := w.mark(context.Background()); err != nil {
+				s.log.Error("mark delivered rows at shutdown", "err", redact.Error(err))
+			}
+			w.release(context.Background())
+		}
+	}
+}
+
+func (s *Source) drainTimeout() time.Duration {
+	if s.env.DrainTimeout > 0 {
+		return s.env.DrainTimeout
+	}
+	return 10 * time.Second
+}
+
+func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(s.cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("source.dsn: %w", err)
+	}
+	// Per worker: claims (and the open transaction in transaction mode),
+	// marks and renewals; plus the listener and the health query.
+	pc.MaxConns = int32(2*s.cfg.Workers + 2)
+	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.prepare(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.registerGauges()
+	return pool, nil
+}
+
+func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
+	var t outbox.Table
+	err := pool.QueryRow(ctx, `SELECT current_database(), n.nspname, c.relname
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`,
+		outbox.Quote(s.cfg.Table)).Scan(&t.Database, &t.Schema, &t.Name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("outbox table %s does not exist (create it with `ferry schema poll --table %s`)", s.cfg.Table, s.cfg.Table)
+	}
+	if err != nil {
+		return err
+	}
+	s.table = t
+	tbl := outbox.Quote(s.cfg.Table)
+	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	cols := s.cfg.Columns.Select("o")
+	// Claimable: not delivered, and not leased (or the lease expired). The
+	// partial index on (id) WHERE published_at IS NULL serves the ORDER BY.
+	claimable := "o.published_at IS NULL AND (o.claimed_until IS NULL OR o.claimed_until < now())"
+	s.sql = statements{
+		claimLease: fmt.Sprintf(`WITH batch AS (
+			SELECT o.%[1]s AS id FROM %[2]s AS o WHERE %[3]s
+			ORDER BY o.%[1]s LIMIT $1 FOR UPDATE SKIP LOCKED)
+		UPDATE %[2]s AS o SET claimed_until = now() + make_interval(secs => $2), claimed_by = $3
+		FROM batch WHERE o.%[1]s = batch.id RETURNING %[4]s`, id, tbl, claimable, cols),
+		claimTx: fmt.Sprintf(`SELECT %[4]s FROM %[2]s AS o WHERE %[3]s
+			ORDER BY o.%[1]s LIMIT $1 FOR UPDATE SKIP LOCKED`, id, tbl, claimable, cols),
+		mark:   fmt.Sprintf(`UPDATE %s SET published_at = now(), claimed_until = NULL WHERE %s = ANY($1)`, tbl, id),
+		delete: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1)`, tbl, id),
+		// Count the failure; at max_attempts park the row under a lease that
+		// never expires, so it stops blocking and stays visible.
+		nack: fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = left($2, 4000),
+			claimed_until = CASE WHEN attempts + 1 >= $3 THEN 'infinity'::timestamptz ELSE claimed_until END,
+			claimed_by = CASE WHEN attempts + 1 >= $3 THEN '%s' ELSE claimed_by END
+			WHERE %s = $1 RETURNING attempts`, tbl, DeadLetterOwner, id),
+		renew: fmt.Sprintf(`UPDATE %s SET claimed_until = now() + make_interval(secs => $2)
+			WHERE %s = ANY($1) AND claimed_by = $3 AND published_at IS NULL`, tbl, id),
+		release: fmt.Sprintf(`UPDATE %s SET claimed_until = NULL, claimed_by = NULL
+			WHERE %s = ANY($1) AND claimed_by = $2 AND published_at IS NULL`, tbl, id),
+		health: fmt.Sprintf(`SELECT count(*),
+			COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8,
+			count(*) FILTER (WHERE claimed_by = '%s')
+			FROM %s WHERE published_at IS NULL`, pgx.Identifier{s.cfg.Columns.CreatedAt}.Sanitize(), DeadLetterOwner, tbl),
+	}
+	// Fail now, naming what is missing, rather than on every claim.
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`SELECT %s, o.published_at, o.claimed_until, o.claimed_by, o.attempts, o.last_error FROM %s AS o LIMIT 0`, cols, tbl)); err != nil {
+		return fmt.Errorf("outbox %s lacks a column the poll source needs (see `ferry schema poll`, check source.columns): %w", s.cfg.Table, err)
+	}
+	s.log.Info("poll source started", "table", t.Schema+"."+t.Name, "claim", s.cfg.Claim, "workers", s.cfg.Workers)
+	return nil
+}
+
+// claimLoop claims batches and admits them to the worker's window. A full
+// batch is followed at once by the next; otherwise it waits for the poll
+// interval or a notification.
+func (w *worker) claimLoop(ctx context.Context) {
+	bo := outbox.Backoff()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-w.wake:
+		}
+		if err := w.win.WaitRoom(ctx); err != nil {
+			return
+		}
+		limit := min(w.s.cfg.BatchSize, w.win.Room())
+		var n int
+		var err error
+		if w.s.cfg.Claim == ClaimTransaction {
+			n, err = w.claimInTransaction(ctx, limit)
+		} else {
+			n, err = w.claimLeases(ctx, limit)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d := bo.NextBackOff()
+			w.s.log.Error("claim outbox rows", "worker", w.id, "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+			timer.Reset(d)
+			continue
+		}
+		bo.Reset()
+		if n == limit {
+			timer.Reset(0)
+		} else {
+			timer.Reset(w.s.cfg.PollInterval)
+		}
+	}
+}
+
+func (w *worker) claimLeases(ctx context.Context, limit int) (int, error) {
+	rows, err := w.read(ctx, w.s.pool, w.s.sql.claimLease, limit, w.s.cfg.Lease.Seconds(), w.id)
+	if err != nil {
+		return 0, err
+	}
+	w.track(rows)
+	return len(rows), w.admit(ctx, rows)
+}
+
+// claimInTransaction holds the batch's row locks in a transaction until every
+// row was published (then marked in it) or failed (counted in it), and never
+// longer: a failure gives up the rest of its aggregate's rows in the batch,
+// which stay unclaimed for the next pass.
+func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error) {
+	tx, err := w.s.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.Background())
+	rows, err := w.read(ctx, tx, w.s.sql.claimTx, limit)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	w.track(rows)
+	if err := w.admit(ctx, rows); err != nil {
+		return 0, err
+	}
+	// The batch settles when every admitted row was acked or given up. At
+	// shutdown, stop dispatching and settle for what finished: the rest is
+	// not marked, so the commit hands it back.
+	settled := func() bool { s := w.win.Stats(); return s.Held == s.Unrecorded }
+	for !settled() && ctx.Err() == nil {
+		select {
+		case <-w.win.Progressed():
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+	if ctx.Err() != nil {
+		drainCtx, cancel := context.WithTimeout(context.Background(), w.s.drainTimeout())
+		_ = w.win.Drain(drainCtx)
+		cancel()
+	}
+	_, mark, _ := w.win.Prefix()
+	acked := w.win.TakeAcked(nil)
+	w.mu.Lock()
+	failed := w.failed
+	w.failed = map[int64]string{}
+	w.mu.Unlock()
+	if err := w.markIn(context.Background(), tx, acked); err != nil {
+		return 0, err
+	}
+	for id, reason := range failed {
+		var attempts int
+		if err := tx.QueryRow(context.Background(), w.s.sql.nack, id, reason, w.s.cfg.MaxAttempts).Scan(&attempts); err != nil {
+			return 0, err
+		}
+		w.logIfParked(id, attempts, reason)
+	}
+	if err := tx.Commit(context.Background()); err != nil {
+		return 0, err
+	}
+	w.win.Recorded(mark)
+	w.untrack(acked)
+	w.untrackAll()
+	return len(rows), nil
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) ([]outbox.Row, error) {
+	rs, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var rows []outbox.Row
+	for rs.Next() {
+		var r outbox.Row
+		if err := rs.Scan(r.Dest()...); err != nil {
+			return nil, err
+		}
+		rows = append(rows, r)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	// UPDATE … RETURNING has no order; the window wants claim order.
+	slices.SortFunc(rows, func(a, b outbox.Row) int { return int(a.ID - b.ID) })
+	return rows, nil
+}
+
+func (w *worker) admit(ctx context.Context, rows []outbox.Row) error {
+	readAt := time.Now()
+	for i := range rows {
+		r := &rows[i]
+		if err := w.win.Admit(ctx, r.Key(), r.ID, w.s.table.Message(r, strconv.FormatInt(r.ID, 10), readAt)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nacked counts a failed delivery. In lease mode the row is redelivered from
+// memory until max_attempts, then parked. In transaction mode the failure is
+// counted when the batch's transaction ends, and the row (with the rest of
+// its aggregate) is left for the next claim.
+func (w *worker) nacked(id int64, _ int, m *message.Message) window.Decision {
+	reason := m.Metadata.Get(plugins.MetaError)
+	if reason == "" {
+		reason = "delivery failed"
+	}
+	if w.s.cfg.Claim == ClaimTransaction {
+		w.mu.Lock()
+		w.failed[id] = reason
+		w.mu.Unlock()
+		return window.GiveUpLane
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var attempts int
+	if err := w.s.pool.QueryRow(ctx, w.s.sql.nack, id, reason, w.s.cfg.MaxAttempts).Scan(&attempts); err != nil {
+		w.s.log.Warn("record failed delivery; redelivering", "outbox_id", id, "err", redact.Error(err))
+		return window.Redeliver
+	}
+	if w.logIfParked(id, attempts, reason) {
+		w.untrack([]int64{id})
+		return window.GiveUp
+	}
+	return window.Redeliver
+}
+
+func (w *worker) logIfParked(id int64, attempts int, reason string) bool {
+	if attempts < w.s.cfg.MaxAttempts {
+		return false
+	}
+	w.s.log.Error("event dead-lettered: parked in the outbox after max_attempts failed deliveries",
+		"outbox_id", id, "attempts", attempts, "last_error", reason, "claimed_by", DeadLetterOwner)
+	return true
+}
+
+// markLoop marks acked rows every MarkInterval, and at once when half the
+// window waits on it (see the xid8 source's commitLoop for why).
+func (w *worker) markLoop(ctx context.Context) {
+	t := time.NewTicker(w.s.cfg.MarkInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-w.win.Progressed():
+			if w.win.Unrecorded() < max(w.s.env.MaxInFlight/w.s.cfg.Workers/2, 1) {
+				continue
+			}
+		}
+		if err := w.mark(ctx); err != nil && ctx.Err() == nil {
+			w.s.log.Warn("mark delivered rows; will retry", "err", redact.Error(err))
+		}
+	}
+}
+
+// mark records every acked row in one statement. Rows are taken from the
+// window only when the statement succeeded.
+func (w *worker) mark(ctx context.Context) error {
+	_, mark, _ := w.win.Prefix()
+	w.mu.Lock()
+	acked := w.win.TakeAcked(w.unmarked)
+	w.unmarked = nil
+	w.mu.Unlock()
+	if len(acked) > 0 {
+		if err := w.markIn(ctx, w.s.pool, acked); err != nil {
+			// Put them back for the next try.
+			w.requeue(acked)
+			return err
+		}
+		w.untrack(acked)
+	}
+	w.win.Recorded(mark)
+	return nil
+}
+
+func (w *worker) markIn(ctx context.Context, q interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	sql := w.s.sql.mark
+	if w.s.cfg.OnDelivered == DeliveredDelete {
+		sql = w.s.sql.delete
+	}
+	_, err := q.Exec(ctx, sql, ids)
+	return err
+}
+
+// requeue keeps acked ids whose mark failed, so the next mark retries them.
+func (w *worker) requeue(ids []int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.unmarked = append(w.unmarked, ids...)
+}
+
+func (w *worker) track(rows []outbox.Row) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range rows {
+		w.inFlight[rows[i].ID] = struct{}{}
+	}
+}
+
+func (w *worker) untrack(ids []int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		delete(w.inFlight, id)
+	}
+}
+
+func (w *worker) untrackAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	clear(w.inFlight)
+}
+
+func (w *worker) inFlightIDs() []int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]int64, 0, len(w.inFlight))
+	for id := range w.inFlight {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// renewLoop extends the leases of rows still in flight every third of the
+// lease, so a slow broker does not let another worker claim (and re-send)
+// rows this one is still publishing.
+func (w *worker) renewLoop(ctx context.Context) {
+	t := time.NewTicker(w.s.cfg.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ids := w.inFlightIDs(); len(ids) > 0 {
+			if _, err := w.s.pool.Exec(ctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id); err != nil && ctx.Err() == nil {
+				w.s.log.Warn("renew leases", "err", redact.Error(err))
+			}
+		}
+	}
+}
+
+// release hands back the leases of rows claimed but not delivered.
+func (w *worker) release(ctx context.Context) {
+	ids := w.inFlightIDs()
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := w.s.pool.Exec(ctx, w.s.sql.release, ids, w.id); err != nil {
+		w.s.log.Warn("release leases; they expire on their own", "err", redact.Error(err))
+	}
+}
+
+func (s *Source) registerGauges() {
+	if s.env.Metrics == nil || s.backlog != nil {
+		return
+	}
+	s.backlog = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_backlog_events",
+		Help: "Events not yet delivered (poll: unpublished rows)."})
+	s.oldest = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_oldest_undelivered_seconds",
+		Help: "Age of the oldest undelivered event, on the database clock."})
+	s.parked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_dead_lettered_events",
+		Help: "Rows parked after max_attempts failed deliveries (poll)."})
+	for _, c := range []prometheus.Collector{s.backlog, s.oldest, s.parked} {
+		if err := s.env.Metrics.Register(c); err != nil {
+			s.log.Warn("register metric", "err", err)
+		}
+	}
+}
+
+// healthLoop refreshes the backlog gauges on a slow timer, never per poll:
+// counting unpublished rows is cheap with the partial index but not free.
+func (s *Source) healthLoop(ctx context.Context) {
+	if s.backlog == nil {
+		return
+	}
+	t := time.NewTicker(s.cfg.MetricsInterval)
+	defer t.Stop()
+	for {
+		var n, parked int64
+		var age float64
+		if err := s.pool.QueryRow(ctx, s.sql.health).Scan(&n, &age, &parked); err == nil {
+			s.backlog.Set(float64(n))
+			s.oldest.Set(age)
+			s.parked.Set(float64(parked))
+		} else if ctx.Err() == nil {
+			s.log.Warn("refresh backlog gauges", "err", redact.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+var _ plugins.Source = (*Source)(nil)
