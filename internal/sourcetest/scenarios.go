@@ -182,7 +182,7 @@ func Writers(ctx context.Context, t testing.TB, pool *pgxpool.Pool, sessions, n,
 	return written
 }
 
-func waitDelivered(t *testing.T, e *Env, written []Written, timeout time.Duration) {
+func waitDelivered(t testing.TB, e *Env, written []Written, timeout time.Duration) {
 	t.Helper()
 	e.Coll.WaitFor(t, timeout, fmt.Sprintf("all %d events", len(written)), func(msgs []testenv.Received) bool {
 		if len(msgs) < len(written) {

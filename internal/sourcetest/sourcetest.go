@@ -106,7 +106,7 @@ type Env struct {
 
 // Setup creates a database with the outbox table and an aggregate-sequence
 // table, and a stream that collects what the pipeline publishes.
-func Setup(t *testing.T, h Harness) *Env {
+func Setup(t testing.TB, h Harness) *Env {
 	t.Helper()
 	e := &Env{H: h, DSN: testenv.Postgres(t), Table: "outbox", NATS: testenv.NATS(t)}
 	name := testenv.Name("t")
@@ -160,7 +160,7 @@ limits:
 
 // Start runs the pipeline in this process until the returned stop is called
 // (stop waits for the supervisor to finish).
-func (e *Env) Start(t *testing.T, yaml string) (stop func()) {
+func (e *Env) Start(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
 	specs, err := pipelines.Loader{}.LoadBytes("test.yaml", []byte(yaml))
 	if err != nil {

@@ -36,7 +36,7 @@ func TestConformanceTransaction(t *testing.T) {
 }
 
 // prefill writes n events over 100 aggregates in one statement.
-func prefill(t *testing.T, e *sourcetest.Env, n int) []sourcetest.Written {
+func prefill(t testing.TB, e *sourcetest.Env, n int) []sourcetest.Written {
 	t.Helper()
 	rows, err := e.Pool.Query(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
 		SELECT 'order', 'agg-' || (i % 100), 'T', jsonb_build_object('agg', 'agg-' || (i % 100), 'seq', i)

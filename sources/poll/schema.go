@@ -17,7 +17,8 @@ func Schema(table string) (string, error) {
 	return outbox.DDL{
 		Table: table,
 		Statements: []string{
-			fmt.Sprintf(`ALTER TABLE %[1]s
+			fmt.Sprintf(`-- Delivery bookkeeping; ADD COLUMN IF NOT EXISTS also upgrades an existing outbox.
+ALTER TABLE %[1]s
   ADD COLUMN IF NOT EXISTS published_at  timestamptz,
   ADD COLUMN IF NOT EXISTS claimed_until timestamptz,
   ADD COLUMN IF NOT EXISTS claimed_by    text,

@@ -16,6 +16,7 @@ import (
 
 	// Ferry's built-in components.
 	_ "github.com/ferryhq/ferry/sinks/nats"
+	_ "github.com/ferryhq/ferry/sources/poll"
 	_ "github.com/ferryhq/ferry/sources/xid8"
 )
 

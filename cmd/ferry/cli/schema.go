@@ -3,17 +3,30 @@ package cli
 import (
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
+	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
 // schemas are the DDL generators by source type.
 var schemas = map[string]func(table string) (string, error){
 	xid8.Name: xid8.Schema,
+	poll.Name: poll.Schema,
+}
+
+func schemaNames() string {
+	var names []string
+	for n := range schemas {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }
 
 func schemaCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("schema", "SOURCE [--table NAME]   (SOURCE: xid8)", stderr)
+	fs := newFlags("schema", "SOURCE [--table NAME]   (SOURCE: "+schemaNames()+")", stderr)
 	table := fs.String("table", "outbox", "outbox table name, optionally schema-qualified")
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		fs.Usage()
@@ -28,7 +41,7 @@ func schemaCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	gen, ok := schemas[source]
 	if !ok {
-		fmt.Fprintf(stderr, "ferry schema: unknown source %q (known: xid8)\n", source)
+		fmt.Fprintf(stderr, "ferry schema: unknown source %q (known: %s)\n", source, schemaNames())
 		return 2
 	}
 	ddl, err := gen(*table)
