@@ -22,6 +22,7 @@ var (
 // (whose current values are the defaults). Problems are recorded, not returned.
 func (d *decoder) decode(n *yaml.Node, path string, out any) {
 	before := len(d.errs)
+	d.interpolate(n, path, reflect.TypeOf(out))
 	d.checkKeys(n, path, reflect.TypeOf(out))
 	if len(d.errs) > before {
 		return
@@ -49,7 +50,7 @@ func (d *decoder) checkKeys(n *yaml.Node, path string, t reflect.Type) {
 		fields := yamlFields(t)
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			key := n.Content[i].Value
-			ft, ok := fields[key]
+			f, ok := fields[key]
 			if !ok {
 				known := make([]string, 0, len(fields))
 				for k := range fields {
@@ -60,7 +61,7 @@ func (d *decoder) checkKeys(n *yaml.Node, path string, t reflect.Type) {
 					Msg: fmt.Sprintf("unknown key (valid keys: %s)", strings.Join(known, ", "))})
 				continue
 			}
-			d.checkKeys(n.Content[i+1], join(path, key), ft)
+			d.checkKeys(n.Content[i+1], join(path, key), f.Type)
 		}
 	case reflect.Slice, reflect.Array:
 		if n.Kind == yaml.SequenceNode {
@@ -77,9 +78,9 @@ func (d *decoder) checkKeys(n *yaml.Node, path string, t reflect.Type) {
 	}
 }
 
-// yamlFields maps the YAML keys of struct t (following ,inline) to field types.
-func yamlFields(t reflect.Type) map[string]reflect.Type {
-	out := map[string]reflect.Type{}
+// yamlFields maps the YAML keys of struct t (following ,inline) to fields.
+func yamlFields(t reflect.Type) map[string]reflect.StructField {
+	out := map[string]reflect.StructField{}
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if !f.IsExported() {
@@ -105,7 +106,7 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 		if name == "" {
 			name = strings.ToLower(f.Name)
 		}
-		out[name] = f.Type
+		out[name] = f
 	}
 	return out
 }
@@ -189,15 +190,25 @@ func friendlyKind(tag, value string) string {
 }
 
 // interpolate replaces ${VAR} and ${VAR:-default} in every scalar value under
-// n; $$ is a literal $. It works on parsed nodes, so a variable's value is
-// always data: it cannot add keys or change the document's structure.
-func (d *decoder) interpolate(n *yaml.Node, path string, lookup func(string) (string, bool)) {
+// n, decoded into t; $$ is a literal $. It works on parsed nodes, so a
+// variable's value is always data: it cannot add keys or change the
+// document's structure. Fields tagged `ferry:"template"` are left alone:
+// their ${…} are the component's own placeholders (a topic pattern such as
+// "outbox.event.${route}"). Component sections (yaml.Node fields) are
+// interpolated when they are decoded into their own config type.
+func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nodeType {
+		return
+	}
 	switch n.Kind {
 	case yaml.ScalarNode:
 		if !strings.Contains(n.Value, "$") {
 			return
 		}
-		v, err := expandVars(n.Value, lookup)
+		v, err := expandVars(n.Value, d.lookup)
 		if err != nil {
 			d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Path: path, Msg: err.Error()})
 			return
@@ -207,16 +218,35 @@ func (d *decoder) interpolate(n *yaml.Node, path string, lookup func(string) (st
 			n.Tag = "" // re-resolve: "${PORT}" may now be a number
 		}
 	case yaml.MappingNode:
+		var fields map[string]reflect.StructField
+		if t != nil && t.Kind() == reflect.Struct {
+			fields = yamlFields(t)
+		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			d.interpolate(n.Content[i+1], join(path, n.Content[i].Value), lookup)
+			key := n.Content[i].Value
+			var vt reflect.Type
+			switch {
+			case fields != nil:
+				f, ok := fields[key]
+				if !ok {
+					continue // an unknown key; checkKeys reports it
+				}
+				if f.Tag.Get("ferry") == "template" {
+					continue
+				}
+				vt = f.Type
+			case t != nil && t.Kind() == reflect.Map:
+				vt = t.Elem()
+			}
+			d.interpolate(n.Content[i+1], join(path, key), vt)
 		}
 	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			d.interpolate(c, fmt.Sprintf("%s[%d]", path, i), lookup)
+		var et reflect.Type
+		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+			et = t.Elem()
 		}
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			d.interpolate(c, path, lookup)
+		for i, c := range n.Content {
+			d.interpolate(c, fmt.Sprintf("%s[%d]", path, i), et)
 		}
 	}
 }

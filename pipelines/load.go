@@ -190,15 +190,14 @@ func (l Loader) parse(file string, data []byte) ([]*Spec, []*Error) {
 }
 
 func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
-	d := &decoder{file: file, lines: map[string]int{}}
-	if root.Kind != yaml.MappingNode {
-		return nil, []*Error{{File: file, Line: root.Line, Msg: "a pipeline must be a mapping with name, source, sink"}}
-	}
 	lookup := l.LookupEnv
 	if lookup == nil {
 		lookup = os.LookupEnv
 	}
-	d.interpolate(root, "", lookup)
+	d := &decoder{file: file, lines: map[string]int{}, lookup: lookup}
+	if root.Kind != yaml.MappingNode {
+		return nil, []*Error{{File: file, Line: root.Line, Msg: "a pipeline must be a mapping with name, source, sink"}}
+	}
 	d.index(root, "")
 
 	var doc document
@@ -236,9 +235,10 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 
 // decoder accumulates the errors of one document, with a path → line index.
 type decoder struct {
-	file  string
-	lines map[string]int
-	errs  []*Error
+	file   string
+	lines  map[string]int
+	errs   []*Error
+	lookup func(string) (string, bool)
 }
 
 func (d *decoder) fail(path, format string, args ...any) {

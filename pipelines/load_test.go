@@ -194,3 +194,33 @@ func TestInterpolation(t *testing.T) {
 		}
 	}
 }
+
+// Fields tagged `ferry:"template"` keep their ${…} for the component: the
+// loader does not take them for environment variables.
+func TestTemplateFieldsAreNotInterpolated(t *testing.T) {
+	r := plugins.NewRegistry()
+	xid8.Register(r)
+	natssink.Register(r)
+	plugins.RegisterTransform(r, "route", func() *templateConfig { return &templateConfig{} },
+		func(*templateConfig, plugins.Env) (plugins.Transform, error) { return nil, nil })
+	y := strings.Replace(valid, "sink:", "transforms:\n  - type: route\n    topic: \"outbox.${route}\"\n    fallback: \"${FALLBACK}\"\nsink:", 1)
+	l := pipelines.Loader{Registry: r, LookupEnv: func(k string) (string, bool) {
+		v, ok := map[string]string{"ORDERS_DB_URL": "postgres://h/d", "FALLBACK": "dead"}[k]
+		return v, ok
+	}}
+	specs, err := l.LoadBytes("t.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := specs[0].Transforms[0].Config.(*templateConfig)
+	if c.Topic != "outbox.${route}" || c.Fallback != "dead" {
+		t.Fatalf("topic %q fallback %q", c.Topic, c.Fallback)
+	}
+}
+
+type templateConfig struct {
+	Topic    string `yaml:"topic" ferry:"template"`
+	Fallback string `yaml:"fallback"`
+}
+
+func (*templateConfig) Validate() error { return nil }
