@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -22,6 +23,8 @@ type Pipeline struct {
 	// (the supervisor adds Watermill's publish metrics).
 	Publisher message.Publisher
 	Log       *slog.Logger
+
+	metrics *stageObservers
 }
 
 // Stage is one transform with the name used in logs and metrics.
@@ -31,7 +34,23 @@ type Stage struct {
 	Transform plugins.Transform
 }
 
-// Build makes the components of spec. It does no I/O.
+// Stage names besides the transforms'.
+const (
+	StageRead    = "read"
+	StagePublish = "publish"
+)
+
+// StageError is a failure in one stage of a pipeline.
+type StageError struct {
+	Stage string
+	Err   error
+}
+
+func (e *StageError) Error() string { return "stage " + e.Stage + ": " + e.Err.Error() }
+func (e *StageError) Unwrap() error { return e.Err }
+
+// Build makes the components of spec: the sink first, so transforms that
+// read back through it (the canary) can be given it. It does no I/O.
 func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 	env.Pipeline, env.Tenant = spec.Name, spec.Tenant
 	env.MaxInFlight = spec.Limits.MaxInFlight
@@ -39,8 +58,19 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 		env.Logger = slog.Default()
 	}
 	env.Logger = env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant)
+	if o, ok := spec.Source.Config.(plugins.OutboxSource); ok {
+		t := o.OutboxTable()
+		env.Outbox = &t
+	}
 	p := &Pipeline{Spec: spec, Log: env.Logger}
 
+	snk, err := spec.Sink.Factory.Build(spec.Sink.Config, env)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline %s: build sink: %w", spec.Name, err)
+	}
+	p.Sink = snk.(plugins.Sink)
+	p.Publisher = p.Sink
+	env.Sink = p.Sink
 	src, err := spec.Source.Factory.Build(spec.Source.Config, env)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline %s: build source: %w", spec.Name, err)
@@ -53,13 +83,17 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 		}
 		p.Stages = append(p.Stages, Stage{Name: fmt.Sprintf("%d:%s", i, t.Type), Transform: tr.(plugins.Transform)})
 	}
-	snk, err := spec.Sink.Factory.Build(spec.Sink.Config, env)
-	if err != nil {
-		return nil, fmt.Errorf("pipeline %s: build sink: %w", spec.Name, err)
-	}
-	p.Sink = snk.(plugins.Sink)
-	p.Publisher = p.Sink
 	return p, nil
+}
+
+// StageNames lists the pipeline's stages in order: read, each transform,
+// publish.
+func (p *Pipeline) StageNames() []string {
+	names := []string{StageRead}
+	for _, st := range p.Stages {
+		names = append(names, st.Name)
+	}
+	return append(names, StagePublish)
 }
 
 // Start starts the sink and every transform that needs it. On error, what
@@ -80,26 +114,78 @@ func (p *Pipeline) Start(ctx context.Context) error {
 
 // Handle runs msg through every stage and publishes what comes out. It
 // returns only after the broker confirmed every resulting message; an error
-// means the event was not (fully) delivered and must be retried.
+// (a *StageError) means the event was not (fully) delivered. A message a
+// transform marks final (plugins.MetaFinal) skips the transforms after it.
 func (p *Pipeline) Handle(msg *message.Message) error {
+	obs := p.metrics
+	if readAt, err := plugins.ParseTime(msg.Metadata.Get(plugins.MetaReadAt)); err == nil {
+		obs.observe(0, time.Since(readAt), outcomeOK)
+	}
 	msgs := []*message.Message{msg}
-	for _, st := range p.Stages {
-		var next []*message.Message
-		for _, m := range msgs {
-			out, err := st.Transform.Process(m)
-			if err != nil {
-				return fmt.Errorf("transform %s: %w", st.Name, err)
-			}
-			next = append(next, out...)
+	for i, st := range p.Stages {
+		start := time.Now()
+		next, err := runStage(st, msgs)
+		if err != nil {
+			obs.observe(i+1, time.Since(start), outcomeError)
+			return &StageError{Stage: st.Name, Err: err}
 		}
+		if len(next) == 0 {
+			obs.observe(i+1, time.Since(start), outcomeDropped)
+			return nil
+		}
+		obs.observe(i+1, time.Since(start), outcomeOK)
 		msgs = next
 	}
+	start := time.Now()
+	last := len(p.Stages) + 1
 	for _, m := range msgs {
+		if h := m.Metadata.Get(plugins.MetaSentAtHeader); h != "" {
+			m.Metadata.Set(h, plugins.FormatTime(time.Now()))
+		}
 		if err := p.Publisher.Publish(m.Metadata.Get(plugins.MetaTopic), m); err != nil {
-			return err
+			obs.observe(last, time.Since(start), outcomeError)
+			return &StageError{Stage: StagePublish, Err: err}
 		}
 	}
+	obs.observe(last, time.Since(start), outcomeOK)
 	return nil
+}
+
+// runStage applies one transform to every message; final messages pass
+// untouched. A panicking transform fails the event, not the process.
+func runStage(st Stage, msgs []*message.Message) (out []*message.Message, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, fmt.Errorf("transform panicked: %v", r)
+		}
+	}()
+	if len(msgs) == 1 && msgs[0].Metadata.Get(plugins.MetaFinal) != "true" {
+		return st.Transform.Process(msgs[0])
+	}
+	for _, m := range msgs {
+		if m.Metadata.Get(plugins.MetaFinal) == "true" {
+			out = append(out, m)
+			continue
+		}
+		res, err := st.Transform.Process(m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res...)
+	}
+	return out, nil
+}
+
+// Stalled reports whether a stage (the canary) sees the pipeline stalled.
+func (p *Pipeline) Stalled() (bool, string) {
+	for _, st := range p.Stages {
+		if s, ok := st.Transform.(plugins.Staller); ok {
+			if stalled, why := s.Stalled(); stalled {
+				return true, why
+			}
+		}
+	}
+	return false, ""
 }
 
 // Close closes the source, the transforms that are closers, and the sink.

@@ -23,10 +23,12 @@ var (
 func (d *decoder) decode(n *yaml.Node, path string, out any) {
 	before := len(d.errs)
 	d.interpolate(n, path, reflect.TypeOf(out))
-	d.checkKeys(n, path, reflect.TypeOf(out))
 	if len(d.errs) > before {
 		return
 	}
+	// Unknown keys are errors, but decoding goes on (yaml.v3 skips them), so
+	// one typo does not hide every other problem behind "missing" errors.
+	d.checkKeys(n, path, reflect.TypeOf(out))
 	if err := n.Decode(out); err != nil {
 		d.typeErrors(err, path)
 	}

@@ -159,6 +159,7 @@ type document struct {
 	Transforms []yaml.Node `yaml:"transforms"`
 	Sink       yaml.Node   `yaml:"sink"`
 	Limits     Limits      `yaml:"limits"`
+	DeadLetter *DeadLetter `yaml:"dead_letter"`
 }
 
 func (l Loader) parse(file string, data []byte) ([]*Spec, []*Error) {
@@ -215,6 +216,10 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 		d.fail("tenant", "%q must be lowercase letters, digits, _ or -, starting with a letter, at most 48 long", doc.Tenant)
 	}
 	d.validate("limits", doc.Limits.Validate())
+	if doc.DeadLetter != nil {
+		d.validate("dead_letter", doc.DeadLetter.Validate())
+		spec.DeadLetter = doc.DeadLetter
+	}
 
 	reg := l.Registry
 	if reg == nil {
@@ -222,7 +227,11 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 	}
 	spec.Source, _ = d.component(reg, plugins.KindSource, &doc.Source, "source", true)
 	for i := range doc.Transforms {
-		if c, ok := d.component(reg, plugins.KindTransform, &doc.Transforms[i], fmt.Sprintf("transforms[%d]", i), true); ok {
+		path := fmt.Sprintf("transforms[%d]", i)
+		if c, ok := d.component(reg, plugins.KindTransform, &doc.Transforms[i], path, true); ok {
+			if _, last := c.Config.(plugins.LastStage); last && i != len(doc.Transforms)-1 {
+				d.fail(join(path, "type"), "%s must be the last transform: it renames the fields other transforms read", c.Type)
+			}
 			spec.Transforms = append(spec.Transforms, c)
 		}
 	}

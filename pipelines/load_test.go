@@ -61,46 +61,47 @@ func TestLoadErrors(t *testing.T) {
 	cases := []struct {
 		name, yaml string
 		want       []string // each must appear in the error text
+		n          int      // when set, exactly this many errors
 	}{
 		{"unknown top-level key", strings.Replace(valid, "limits:", "limitz:", 1),
-			[]string{"orders.yaml:12: limitz: unknown key (valid keys: limits, name, sink, source, tenant, transforms)"}},
+			[]string{"orders.yaml:12: limitz: unknown key (valid keys: dead_letter, limits, name, sink, source, tenant, transforms)"}, 1},
 		{"unknown source key", strings.Replace(valid, "  table:", "  tabel:", 1),
-			[]string{"orders.yaml:6: source.tabel: unknown key (valid keys: batch_size, columns,"}},
+			[]string{"orders.yaml:6: source.tabel: unknown key (valid keys: batch_size, columns,"}, 1},
 		{"unknown nested key", strings.Replace(valid, "  table: public.outbox", "  columns:\n    idd: x", 1),
-			[]string{"orders.yaml:7: source.columns.idd: unknown key"}},
+			[]string{"orders.yaml:7: source.columns.idd: unknown key"}, 0},
 		{"missing field", strings.Replace(valid, "  subject: outbox.orders\n", "", 1),
-			[]string{"orders.yaml:8: sink.subject: must not be empty"}},
+			[]string{"orders.yaml:8: sink.subject: must not be empty"}, 0},
 		{"missing source", strings.Replace(valid, "source:\n  type: xid8\n  dsn: ${ORDERS_DB_URL}\n  table: public.outbox\n  batch_size: ${BATCH:-250}\n", "", 1),
-			[]string{"orders.yaml:1: source: missing: every pipeline needs a source"}},
+			[]string{"orders.yaml:1: source: missing: every pipeline needs a source"}, 0},
 		{"missing name", strings.Replace(valid, "name: orders\n", "", 1),
-			[]string{"name: must not be empty"}},
+			[]string{"name: must not be empty"}, 0},
 		{"bad name", strings.Replace(valid, "name: orders", "name: Orders Outbox", 1),
-			[]string{`orders.yaml:1: name: "Orders Outbox" must be lowercase`}},
+			[]string{`orders.yaml:1: name: "Orders Outbox" must be lowercase`}, 0},
 		{"bad type", strings.Replace(valid, "${BATCH:-250}", "lots", 1),
-			[]string{`orders.yaml:7: source.batch_size: want a whole number, got "lots"`}},
+			[]string{`orders.yaml:7: source.batch_size: want a whole number, got "lots"`}, 0},
 		{"bad duration", strings.Replace(valid, "  table: public.outbox", "  poll_interval: 10 parsecs", 1),
-			[]string{`orders.yaml:6: source.poll_interval: want a duration such as 500ms, 10s or 1m, got "10 parsecs"`}},
+			[]string{`orders.yaml:6: source.poll_interval: want a duration such as 500ms, 10s or 1m, got "10 parsecs"`}, 0},
 		{"mapping where a scalar goes", strings.Replace(valid, "  table: public.outbox", "  table: {a: b}", 1),
-			[]string{`orders.yaml:6: source.table: want a string, got a mapping`}},
+			[]string{`orders.yaml:6: source.table: want a string, got a mapping`}, 0},
 		{"out of range", strings.Replace(valid, "max_in_flight: 64", "max_in_flight: 0", 1),
-			[]string{"orders.yaml:13: limits.max_in_flight: must be at least 1, got 0"}},
+			[]string{"orders.yaml:13: limits.max_in_flight: must be at least 1, got 0"}, 0},
 		{"missing env var", strings.Replace(valid, "${ORDERS_DB_URL}", "${PAYMENTS_DB_URL}", 1),
-			[]string{"orders.yaml:5: source.dsn: environment variable PAYMENTS_DB_URL is not set"}},
+			[]string{"orders.yaml:5: source.dsn: environment variable PAYMENTS_DB_URL is not set"}, 0},
 		{"unknown source type", strings.Replace(valid, "type: xid8", "type: xid9", 1),
-			[]string{`orders.yaml:4: source.type: unknown source type "xid9" (known: xid8)`}},
+			[]string{`orders.yaml:4: source.type: unknown source type "xid9" (known: xid8)`}, 0},
 		{"missing type", strings.Replace(valid, "  type: nats\n", "", 1),
-			[]string{"orders.yaml:8: sink.type: missing: one of nats"}},
+			[]string{"orders.yaml:8: sink.type: missing: one of nats"}, 0},
 		{"injection in table name", strings.Replace(valid, "table: public.outbox", `table: "outbox; drop table x"`, 1),
-			[]string{`orders.yaml:6: source.table: "outbox; drop table x" is not a table name`}},
-		{"invalid YAML", "name: [unclosed\n", []string{"orders.yaml:1: invalid YAML:"}},
+			[]string{`orders.yaml:6: source.table: "outbox; drop table x" is not a table name`}, 0},
+		{"invalid YAML", "name: [unclosed\n", []string{"orders.yaml:1: invalid YAML:"}, 0},
 		{"several problems at once", strings.Replace(strings.Replace(valid, "  table:", "  tabel:", 1), "subject: outbox.orders", "subject: ''", 1),
-			[]string{"source.tabel: unknown key", "sink.subject: must not be empty"}},
+			[]string{"source.tabel: unknown key", "sink.subject: must not be empty"}, 0},
 		{"secret in a type error", strings.Replace(valid, "${BATCH:-250}", "${ORDERS_DB_URL}", 1),
-			[]string{`orders.yaml:7: source.batch_size: want a whole number, got "postgre`}},
+			[]string{`orders.yaml:7: source.batch_size: want a whole number, got "postgre`}, 0},
 		{"secret in an echoed value", strings.Replace(valid, "url: nats://127.0.0.1:4222", "url: nats://ferry:hunter2@nats:port", 1),
-			[]string{`orders.yaml:10: sink.url: "nats://ferry:xxxxx@nats:port" is not a NATS URL`}},
+			[]string{`orders.yaml:10: sink.url: "nats://ferry:xxxxx@nats:port" is not a NATS URL`}, 0},
 		{"secret in an invalid dsn", strings.Replace(valid, "${ORDERS_DB_URL}", "postgres://ferry:hunter2@db:port/app", 1),
-			[]string{"orders.yaml:5: source.dsn: not a PostgreSQL connection string"}},
+			[]string{"orders.yaml:5: source.dsn: not a PostgreSQL connection string"}, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -113,6 +114,9 @@ func TestLoadErrors(t *testing.T) {
 				if !strings.Contains(msg, w) {
 					t.Errorf("error\n%s\ndoes not contain\n%s", msg, w)
 				}
+			}
+			if n := len(plugins.Flatten(err)); c.n > 0 && n != c.n {
+				t.Errorf("%d errors, want %d:\n%s", n, c.n, msg)
 			}
 			if strings.Contains(msg, "hunter2") {
 				t.Errorf("secret in error: %s", msg)

@@ -26,6 +26,27 @@ type Spec struct {
 	Transforms []Component
 	Sink       Component
 	Limits     Limits
+	// DeadLetter, when set, receives events that cannot be delivered.
+	DeadLetter *DeadLetter
+}
+
+// DeadLetter is the pipeline's dead-letter topic, on the pipeline's sink.
+// Events that no retry can fix — no route, a payload the broker refuses,
+// a transform error that outlasts the retry policy — go there with headers
+// saying why, and the pipeline moves on.
+type DeadLetter struct {
+	// Topic is the dead-letter topic (Kafka topic, RabbitMQ routing key,
+	// NATS subject). Required.
+	Topic string `yaml:"topic"`
+}
+
+// Validate reports a missing topic.
+func (d *DeadLetter) Validate() error {
+	var p plugins.Problems
+	if d.Topic == "" {
+		p.Add("topic", "must not be empty")
+	}
+	return p.Err()
 }
 
 // Component is one configured stage.

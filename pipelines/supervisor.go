@@ -29,6 +29,7 @@ const (
 	StateStarting   State = "starting"
 	StateRunning    State = "running"
 	StateBackingOff State = "backing_off"
+	StateStalled    State = "stalled"
 	StateStopped    State = "stopped"
 	StateFailed     State = "failed"
 )
@@ -68,6 +69,7 @@ type Supervisor struct {
 	log     *slog.Logger
 	router  *message.Router
 	metrics *metrics.PrometheusMetricsBuilder
+	stages  *StageMetrics
 
 	// addMu serialises adding a handler, its middleware and RunHandlers: the
 	// router snapshots middleware when a handler starts.
@@ -106,6 +108,9 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 		b := metrics.NewPrometheusMetricsBuilder(opts.Metrics, "ferry", "router")
 		b.AddPrometheusRouterMetrics(router)
 		s.metrics = &b
+		if s.stages, err = NewStageMetrics(opts.Metrics); err != nil {
+			return nil, err
+		}
 	}
 	// The router closes itself when its last handler stops; pipelines come and
 	// go at run time, so one idle handler keeps it open.
@@ -169,6 +174,7 @@ func (s *Supervisor) add(spec *Spec) error {
 		if p.Publisher, err = s.metrics.DecoratePublisher(p.Sink); err != nil {
 			return fmt.Errorf("pipeline %s: publish metrics: %w", spec.Name, err)
 		}
+		p.metrics = s.stages.forPipeline(p)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -221,7 +227,18 @@ func (s *Supervisor) start(ctx, handlersCtx context.Context, name string) {
 	}
 	h := s.router.AddConsumerHandler(name, e.spec.Source.Type, p.Source, p.Handle)
 	retry := *s.opts.Retry
-	h.AddMiddleware(recordError, middleware.Recoverer, retry.Middleware)
+	// Outermost first: the error recorder sees what finally happened; the
+	// dead-letter topic takes what the retries could not fix.
+	chain := []message.HandlerMiddleware{recordError}
+	if e.spec.DeadLetter != nil {
+		dl, err := p.deadLetterMiddleware()
+		if err != nil {
+			s.setState(name, StateFailed, err)
+			return
+		}
+		chain = append(chain, dl)
+	}
+	h.AddMiddleware(append(chain, middleware.Recoverer, retry.Middleware)...)
 	if err := s.router.RunHandlers(handlersCtx); err != nil {
 		s.setState(name, StateFailed, err)
 		p.Log.Error("pipeline failed to start", "err", redact.Error(err))
@@ -252,7 +269,13 @@ func (s *Supervisor) Statuses() []Status {
 	defer s.mu.Unlock()
 	out := make([]Status, 0, len(s.pipelines))
 	for _, e := range s.pipelines {
-		out = append(out, e.status)
+		st := e.status
+		if st.State == StateRunning {
+			if stalled, why := e.pipeline.Stalled(); stalled {
+				st.State, st.LastError = StateStalled, why
+			}
+		}
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
 	return out

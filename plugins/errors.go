@@ -84,3 +84,35 @@ func FormatTime(t time.Time) string {
 func ParseTime(s string) (time.Time, error) {
 	return time.Parse(time.RFC3339Nano, s)
 }
+
+// PermanentError is a failure that retrying cannot fix (no route for the
+// event, a payload the broker refuses as too large, a message no queue
+// accepts). The pipeline sends such events to its dead-letter topic, with
+// Reason, instead of retrying them.
+type PermanentError struct {
+	// Reason is a short code for the dead-letter header: no_route,
+	// undecodable_payload, oversize, unroutable, …
+	Reason string
+	Err    error
+}
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent marks err as permanent with a reason code.
+func Permanent(reason string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Reason: reason, Err: err}
+}
+
+// IsPermanent reports whether err (or an error it wraps) is permanent, and
+// its reason.
+func IsPermanent(err error) (string, bool) {
+	var p *PermanentError
+	if errors.As(err, &p) {
+		return p.Reason, true
+	}
+	return "", false
+}

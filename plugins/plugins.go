@@ -10,6 +10,7 @@ package plugins
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -35,13 +36,39 @@ const (
 	// MetaOutboxID is the outbox row's primary key.
 	MetaOutboxID = "outbox_id"
 	// MetaTopic, when set by a transform, is where the sink publishes the message
-	// (Kafka topic, RabbitMQ routing key, NATS subject). Sinks do not send it as
-	// a header.
+	// (Kafka topic, RabbitMQ routing key, NATS subject).
 	MetaTopic = "ferry_topic"
+	// MetaKey, when set by a transform, is the message key for brokers that
+	// partition by key (Kafka). Sinks fall back to MetaAggregateID.
+	MetaKey = "ferry_key"
+	// MetaFinal, set to "true" by a transform, sends the message straight to
+	// the sink: later transforms are skipped (canary rows use it, so no
+	// business routing can touch them).
+	MetaFinal = "ferry_final"
+	// MetaSentAtHeader names a header the pipeline sets to the publish time
+	// (FormatTime) just before the sink publishes; the headers transform asks
+	// for it.
+	MetaSentAtHeader = "ferry_sent_at_header"
 	// MetaError is set on a message the pipeline failed to deliver, after its
 	// retries, just before it is nacked: the source may record why.
 	MetaError = "ferry_error"
 )
+
+// InternalPrefix marks metadata that steers Ferry and is never sent to the
+// broker as a header.
+const InternalPrefix = "ferry_"
+
+// IsInternal reports whether a metadata key is Ferry-internal: sinks skip it
+// when they turn metadata into headers.
+func IsInternal(key string) bool { return strings.HasPrefix(key, InternalPrefix) }
+
+// Key is the message's partitioning key: MetaKey, else the aggregate id.
+func Key(msg *message.Message) string {
+	if k := msg.Metadata.Get(MetaKey); k != "" {
+		return k
+	}
+	return msg.Metadata.Get(MetaAggregateID)
+}
 
 // Source reads committed outbox rows and emits them as Watermill messages.
 //
@@ -92,6 +119,41 @@ type Starter interface {
 	Start(ctx context.Context) error
 }
 
+// Reader is implemented by sinks that can read back what is published to a
+// topic: the canary checker uses it to see canaries arrive. Read delivers
+// messages published from now on to handle, one at a time, until ctx ends
+// or it fails.
+type Reader interface {
+	Read(ctx context.Context, topic string, handle func(*message.Message)) error
+}
+
+// Staller is implemented by components that can tell a stalled pipeline from
+// a quiet one (the canary): Stalled reports whether the pipeline is stalled,
+// and why.
+type Staller interface {
+	Stalled() (bool, string)
+}
+
+// LastStage is implemented by transform configs whose transform must be the
+// last of its pipeline (the headers transform renames the fields other
+// transforms read); the loader enforces it.
+type LastStage interface {
+	LastStage()
+}
+
+// OutboxTable describes the outbox table a pipeline reads, for components
+// that write to it (the canary generator). Column names are as mapped in the
+// source's `columns`.
+type OutboxTable struct {
+	DSN, Table                                string
+	AggregateType, AggregateID, Type, Payload string
+}
+
+// OutboxSource is implemented by source configs that read an outbox table.
+type OutboxSource interface {
+	OutboxTable() OutboxTable
+}
+
 // Env is what a factory gets besides its own config: the pipeline it belongs
 // to and the process-wide facilities it may use.
 type Env struct {
@@ -106,9 +168,14 @@ type Env struct {
 	DrainTimeout time.Duration
 	// Logger already carries the pipeline and tenant attributes.
 	Logger *slog.Logger
-	// Metrics is where components register their Prometheus collectors.
-	// Register with prometheus.WrapRegistererWith if labels are constant.
+	// Metrics is where components register their Prometheus collectors. It
+	// adds the pipeline and tenant labels.
 	Metrics prometheus.Registerer
+	// Outbox is the table the pipeline's source reads, if it reads one.
+	Outbox *OutboxTable
+	// Sink is the pipeline's sink, set when transforms are built (the canary
+	// checker reads back through it).
+	Sink Sink
 }
 
 // Config is a component's typed configuration. Validate reports every problem

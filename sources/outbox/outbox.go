@@ -202,3 +202,9 @@ func addHeaders(md message.Metadata, raw string) {
 		}
 	}
 }
+
+// OutboxTable describes the table for components that write to it.
+func (c Columns) OutboxTable(dsn, table string) plugins.OutboxTable {
+	return plugins.OutboxTable{DSN: dsn, Table: table, AggregateType: c.AggregateType,
+		AggregateID: c.AggregateID, Type: c.Type, Payload: c.Payload}
+}

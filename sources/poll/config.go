@@ -139,3 +139,7 @@ func (c *Config) channel() string {
 	}
 	return outbox.NotifyChannel(c.Table)
 }
+
+// OutboxTable tells components that write to the outbox (the canary
+// generator) where it is.
+func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }

@@ -1,0 +1,81 @@
+package pipelines
+
+import (
+	"errors"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Headers on a dead-lettered event, besides Watermill's reason_poisoned.
+const (
+	HeaderDeadLetterReason = "dead_letter_reason" // no_route, oversize, transform_error, …
+	HeaderDeadLetterStage  = "dead_letter_stage"  // the stage that failed
+	HeaderDeadLetterTopic  = "dead_letter_topic"  // where the event was going
+	HeaderDeadLetterError  = "dead_letter_error"  // the error text
+)
+
+// deadLetterable decides what goes to the dead-letter topic once the retry
+// policy gave up: every transform failure, and sink failures that no retry
+// can fix (plugins.Permanent). A broker that is down is not a reason: those
+// events wait and are delivered when it is back.
+func deadLetterable(err error) bool {
+	if _, ok := plugins.IsPermanent(err); ok {
+		return true
+	}
+	var se *StageError
+	return errors.As(err, &se) && se.Stage != StagePublish
+}
+
+// deadLetterMiddleware sends undeliverable events to the pipeline's
+// dead-letter topic with Watermill's poison-queue middleware, then acks
+// them so the source moves on. It publishes the event as the source read it
+// (transforms may have changed the message), with headers saying why.
+func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
+	poison, err := middleware.PoisonQueueWithFilter(p.Publisher, p.Spec.DeadLetter.Topic, deadLetterable)
+	if err != nil {
+		return nil, err
+	}
+	explain := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			orig := msg.Copy()
+			out, err := h(msg)
+			if err == nil || !deadLetterable(err) {
+				return out, err
+			}
+			reason, ok := plugins.IsPermanent(err)
+			if !ok {
+				reason = "transform_error"
+			}
+			stage := StagePublish
+			var se *StageError
+			if errors.As(err, &se) {
+				stage = se.Stage
+			}
+			topic := msg.Metadata.Get(plugins.MetaTopic)
+			msg.Payload, msg.Metadata = orig.Payload, orig.Metadata
+			msg.Metadata.Set(HeaderDeadLetterReason, reason)
+			msg.Metadata.Set(HeaderDeadLetterStage, stage)
+			msg.Metadata.Set(HeaderDeadLetterTopic, topic)
+			msg.Metadata.Set(HeaderDeadLetterError, redact.String(err.Error()))
+			return out, err
+		}
+	}
+	// Count and log only what the dead-letter topic really took.
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		chain := poison(explain(h))
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := chain(msg)
+			if reason := msg.Metadata.Get(HeaderDeadLetterReason); err == nil && reason != "" {
+				stage := msg.Metadata.Get(HeaderDeadLetterStage)
+				p.metrics.deadLettered(stage)
+				p.Log.Warn("event dead-lettered", "event_id", msg.UUID, "reason", reason, "stage", stage,
+					"topic", p.Spec.DeadLetter.Topic, "err", msg.Metadata.Get(HeaderDeadLetterError))
+			}
+			return out, err
+		}
+	}, nil
+}
