@@ -62,6 +62,11 @@ const InternalPrefix = "ferry_"
 // when they turn metadata into headers.
 func IsInternal(key string) bool { return strings.HasPrefix(key, InternalPrefix) }
 
+// ColumnKey is the metadata key under which a source carries an extra
+// outbox column (source `columns.extra`): internal, so not a header unless a
+// transform places it.
+func ColumnKey(column string) string { return InternalPrefix + "col_" + column }
+
 // Key is the message's partitioning key: MetaKey, else the aggregate id.
 func Key(msg *message.Message) string {
 	if k := msg.Metadata.Get(MetaKey); k != "" {

@@ -40,6 +40,11 @@ type Columns struct {
 	// EventID, if set, is a column holding the event's id (uuid or text). When
 	// empty, Ferry derives a stable UUID from database, table and row id.
 	EventID string `yaml:"event_id"`
+	// Extra lists more columns to carry with each event, read as text, for
+	// transforms (the event router's route_by and fields). They travel as
+	// internal metadata (plugins.ColumnKey) and are not sent as headers
+	// unless a transform places them. Default none.
+	Extra []string `yaml:"extra"`
 }
 
 // DefaultColumns returns the column names of Ferry's DDL.
@@ -68,6 +73,11 @@ func (c Columns) Validate() error {
 	for _, o := range []struct{ key, val string }{{"headers", c.Headers}, {"event_id", c.EventID}} {
 		if o.val != "" && !ValidIdentifier(o.val) {
 			p.Add(o.key, "%q is not a valid column name (letters, digits, _; at most 63)", o.val)
+		}
+	}
+	for i, e := range c.Extra {
+		if !ValidIdentifier(e) {
+			p.Add(fmt.Sprintf("extra[%d]", i), "%q is not a valid column name (letters, digits, _; at most 63)", e)
 		}
 	}
 	return p.Err()
@@ -116,7 +126,24 @@ func (c Columns) Select(alias string, extra ...string) string {
 	} else {
 		cols = append(cols, "NULL::text")
 	}
+	for _, e := range c.Extra {
+		cols = append(cols, q(e)+"::text")
+	}
 	return strings.Join(cols, ", ")
+}
+
+// Scan returns r's scan targets in Select's order, after lead (the extra
+// expressions Select was given).
+func (c Columns) Scan(r *Row, lead ...any) []any {
+	dest := append(lead, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.Headers, &r.CreatedAt, &r.EventID)
+	if len(c.Extra) > 0 {
+		r.ExtraNames = c.Extra
+		r.Extra = make([]pgtype.Text, len(c.Extra))
+		for i := range r.Extra {
+			dest = append(dest, &r.Extra[i])
+		}
+	}
+	return dest
 }
 
 // Row is one outbox row as read.
@@ -129,11 +156,9 @@ type Row struct {
 	Headers       pgtype.Text
 	CreatedAt     time.Time
 	EventID       pgtype.Text
-}
-
-// Dest returns scan targets in Select's order, after the extra expressions.
-func (r *Row) Dest(extra ...any) []any {
-	return append(extra, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.Headers, &r.CreatedAt, &r.EventID)
+	// Extra holds the columns.extra values, named by ExtraNames.
+	Extra      []pgtype.Text
+	ExtraNames []string
 }
 
 // Key is the ordering key of the row's aggregate: events with equal keys are
@@ -182,6 +207,11 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	md[plugins.MetaReadAt] = plugins.FormatTime(readAt)
 	md[plugins.MetaOutboxID] = strconv.FormatInt(r.ID, 10)
 	md[plugins.MetaPosition] = position
+	for i, name := range r.ExtraNames {
+		if r.Extra[i].Valid {
+			md[plugins.ColumnKey(name)] = r.Extra[i].String
+		}
+	}
 	return m
 }
 

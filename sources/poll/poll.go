@@ -432,7 +432,7 @@ func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) (
 	var rows []outbox.Row
 	for rs.Next() {
 		var r outbox.Row
-		if err := rs.Scan(r.Dest()...); err != nil {
+		if err := rs.Scan(w.s.cfg.Columns.Scan(&r)...); err != nil {
 			return nil, err
 		}
 		rows = append(rows, r)

@@ -316,7 +316,7 @@ func (s *Source) readBatch(ctx context.Context, pool *pgxpool.Pool, out []row) (
 	var xactText string
 	for rows.Next() {
 		var r row
-		if err := rows.Scan(r.Dest(&xactText)...); err != nil {
+		if err := rows.Scan(s.cfg.Columns.Scan(&r.Row, &xactText)...); err != nil {
 			return out, err
 		}
 		if r.xact, err = strconv.ParseUint(xactText, 10, 64); err != nil {

@@ -1,0 +1,118 @@
+package router
+
+import (
+	"fmt"
+	"regexp"
+
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Config is an `event_router` transform. Its names follow Debezium's Outbox
+// Event Router where they can (see the README's side-by-side table).
+type Config struct {
+	// RouteBy is the field whose value routes the event: aggregate_type,
+	// aggregate_id, type, or a column the source carries (columns.extra).
+	// Default aggregate_type.
+	RouteBy string `yaml:"route_by"`
+	// Topic is the destination pattern. Placeholders: ${route} (the route
+	// value, after route_replace), ${aggregate_type}, ${aggregate_id},
+	// ${type}, ${pipeline}, ${tenant}. Default "outbox.event.${route}".
+	Topic string `yaml:"topic" ferry:"template"`
+	// RouteReplace rewrites the route value with a regular expression before
+	// it fills ${route}; a value it does not match has no route.
+	RouteReplace *Replace `yaml:"route_replace"`
+	// Key is the field used as the message key (Kafka partitioning).
+	// Default aggregate_id.
+	Key string `yaml:"key"`
+	// ExpandJSONPayload unwraps a payload that is a JSON string holding JSON
+	// (a payload column of type text written with to_json). Default false.
+	ExpandJSONPayload bool `yaml:"expand_json_payload"`
+	// Fields places more fields on the message, as headers or into an
+	// envelope around the payload.
+	Fields []Field `yaml:"fields"`
+	// FallbackTopic receives events that have no route (an empty route value,
+	// or one route_replace does not match). Empty: such events fail with
+	// reason no_route and go to the pipeline's dead-letter topic.
+	FallbackTopic string `yaml:"fallback_topic" ferry:"template"`
+	// EventTypeTopics overrides the topic for some event types (the event's
+	// type → a topic pattern).
+	EventTypeTopics map[string]string `yaml:"event_type_topics" ferry:"template"`
+}
+
+// Replace is a regular-expression rewrite: Pattern must match the whole
+// value; With may use $1, ${name}.
+type Replace struct {
+	// Pattern is a Go regular expression (RE2). Required.
+	Pattern string `yaml:"pattern"`
+	// With is the replacement. Default "$1".
+	With string `yaml:"with"`
+}
+
+// Field is one more field on the routed message.
+type Field struct {
+	// Column is the field: aggregate_type, aggregate_id, type, created_at,
+	// id, event_id, or a column the source carries (columns.extra). Required.
+	Column string `yaml:"column"`
+	// As is the header name or envelope key. Default: the column name.
+	As string `yaml:"as"`
+	// Placement is header or envelope. Default header.
+	Placement string `yaml:"placement"`
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() *Config {
+	return &Config{RouteBy: "aggregate_type", Topic: "outbox.event.${route}", Key: "aggregate_id"}
+}
+
+var fieldName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Validate reports every problem, named by YAML key.
+func (c *Config) Validate() error {
+	var p plugins.Problems
+	if !fieldName.MatchString(c.RouteBy) {
+		p.Add("route_by", "%q is not a field name", c.RouteBy)
+	}
+	if !fieldName.MatchString(c.Key) {
+		p.Add("key", "%q is not a field name", c.Key)
+	}
+	if c.Topic == "" {
+		p.Add("topic", "must not be empty")
+	} else if _, err := parseTemplate(c.Topic); err != nil {
+		p.Add("topic", "%v", err)
+	}
+	if c.FallbackTopic != "" {
+		if _, err := parseTemplate(c.FallbackTopic); err != nil {
+			p.Add("fallback_topic", "%v", err)
+		}
+	}
+	for typ, t := range c.EventTypeTopics {
+		if _, err := parseTemplate(t); err != nil || t == "" {
+			p.Add("event_type_topics."+typ, "%q is not a topic pattern: %v", t, err)
+		}
+	}
+	if r := c.RouteReplace; r != nil {
+		if _, err := regexp.Compile(r.Pattern); err != nil || r.Pattern == "" {
+			p.Add("route_replace.pattern", "not a regular expression: %v", err)
+		}
+	}
+	for i, f := range c.Fields {
+		path := fmt.Sprintf("fields[%d]", i)
+		if !fieldName.MatchString(f.Column) {
+			p.Add(path+".column", "%q is not a field name", f.Column)
+		}
+		if f.Placement != "" && f.Placement != "header" && f.Placement != "envelope" {
+			p.Add(path+".placement", "must be header or envelope, got %q", f.Placement)
+		}
+		if f.Placement == "envelope" && f.name() == "payload" {
+			p.Add(path+".as", `"payload" is the envelope's payload key`)
+		}
+	}
+	return p.Err()
+}
+
+func (f Field) name() string {
+	if f.As != "" {
+		return f.As
+	}
+	return f.Column
+}
