@@ -1,0 +1,341 @@
+package sinktest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// event builds a message the way a source does.
+func event(id, agg string, seq int, extra map[string]string) *message.Message {
+	m := message.NewMessage(id, fmt.Appendf(nil, `{"agg":%q,"seq":%d}`, agg, seq))
+	m.Metadata.Set(plugins.MetaAggregateType, "order")
+	m.Metadata.Set(plugins.MetaAggregateID, agg)
+	m.Metadata.Set(plugins.MetaEventType, "OrderUpdated")
+	m.Metadata.Set(plugins.MetaCreatedAt, "2026-05-04T10:11:12.123456Z")
+	m.Metadata.Set(plugins.MetaOutboxID, fmt.Sprint(seq))
+	for k, v := range extra {
+		m.Metadata.Set(k, v)
+	}
+	return m
+}
+
+// testRoundTrip: confirmed publishes are readable with everything intact,
+// to the default and to a routed destination; the lifecycle contract holds.
+func testRoundTrip(t *testing.T, h Harness) {
+	tg := h.Target(t)
+	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
+	if err := sink.Publish("", event("early", "order-0", 1, nil)); err == nil {
+		t.Fatal("publish before Start succeeded")
+	}
+	if err := sink.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m1 := event("7d3c1a52-0000-4000-8000-000000000001", "order-1", 1, map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+	m2 := event("7d3c1a52-0000-4000-8000-000000000002", "order-2", 2, map[string]string{plugins.MetaTopic: tg.Routed})
+	m3 := event("7d3c1a52-0000-4000-8000-000000000003", "order-3", 3, nil)
+	m4 := event("7d3c1a52-0000-4000-8000-000000000004", "order-3", 4, nil)
+	if err := sink.Publish("", m1); err != nil {
+		t.Fatal(err)
+	}
+	// As pipelines.Pipeline.Handle does: the topic a transform chose.
+	if err := sink.Publish(m2.Metadata.Get(plugins.MetaTopic), m2); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Publish("", m3, m4); err != nil {
+		t.Fatal(err)
+	}
+	recs := WaitRecords(t, tg, 30*time.Second, "4 messages", func(r []Record) bool { return len(r) >= 4 })
+	if len(recs) != 4 {
+		t.Fatalf("broker holds %d messages, want 4: %+v", len(recs), recs)
+	}
+	byID := map[string]Record{}
+	pos := map[string]int{}
+	for i, r := range recs {
+		byID[r.ID] = r
+		pos[r.ID] = i
+	}
+	for _, c := range []struct {
+		m    *message.Message
+		dest string
+	}{{m1, tg.Default}, {m2, tg.Routed}, {m3, tg.Default}, {m4, tg.Default}} {
+		r, ok := byID[c.m.UUID]
+		if !ok {
+			t.Errorf("event %s not on the broker (ids there: %v)", c.m.UUID, keys(byID))
+			continue
+		}
+		if r.Destination != c.dest {
+			t.Errorf("event %s went to %q, want %q", c.m.UUID, r.Destination, c.dest)
+		}
+		if !bytes.Equal(r.Payload, c.m.Payload) {
+			t.Errorf("event %s payload %q, want %q", c.m.UUID, r.Payload, c.m.Payload)
+		}
+		if h.Features.Keyed && r.Key != c.m.Metadata.Get(plugins.MetaAggregateID) {
+			t.Errorf("event %s key %q, want the aggregate id %q", c.m.UUID, r.Key, c.m.Metadata.Get(plugins.MetaAggregateID))
+		}
+		for k, v := range c.m.Metadata {
+			if k == plugins.MetaTopic {
+				continue
+			}
+			if r.Headers[k] != v {
+				t.Errorf("event %s header %s = %q, want %q (headers %v)", c.m.UUID, k, r.Headers[k], v, r.Headers)
+			}
+		}
+		if _, leaked := r.Headers[plugins.MetaTopic]; leaked {
+			t.Errorf("event %s carries the routing metadata %s as a header", c.m.UUID, plugins.MetaTopic)
+		}
+	}
+	if pos[m3.UUID] > pos[m4.UUID] {
+		t.Errorf("one Publish call's messages arrived out of order")
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+	if err := sink.Publish("", event("late", "order-9", 9, nil)); err == nil {
+		t.Fatal("publish after Close succeeded")
+	}
+}
+
+func keys(m map[string]Record) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// testConcurrent: as many concurrent publishes as a pipeline's window
+// (1000), two per aggregate in sequence, all confirmed and stored once.
+func testConcurrent(t *testing.T, h Harness) {
+	const aggregates = 1000
+	tg := h.Target(t)
+	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
+	if err := sink.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, aggregates)
+	start := time.Now()
+	for a := range aggregates {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			agg := fmt.Sprintf("agg-%04d", a)
+			for seq := 1; seq <= 2; seq++ {
+				if err := sink.Publish("", event(fmt.Sprintf("%s-%d", agg, seq), agg, seq, map[string]string{plugins.MetaOutboxID: fmt.Sprint(a*2 + seq)})); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	t.Logf("%d confirmed publishes from %d goroutines in %s (%.0f/s)", 2*aggregates, aggregates, elapsed.Round(time.Millisecond), float64(2*aggregates)/elapsed.Seconds())
+	recs := WaitRecords(t, tg, time.Minute, fmt.Sprint(2*aggregates, " messages"), func(r []Record) bool { return len(r) >= 2*aggregates })
+	var written []sourcetest.Written
+	for a := range aggregates {
+		for seq := 1; seq <= 2; seq++ {
+			written = append(written, sourcetest.Written{OutboxID: int64(a*2 + seq), Aggregate: fmt.Sprintf("agg-%04d", a), Seq: seq})
+		}
+	}
+	sourcetest.Check(written, Decode(t, recs), true).Assert(t, 0)
+	if h.Inspect != nil {
+		h.Inspect(t, sink, 2*aggregates)
+	}
+}
+
+// testResend: Ferry re-sends an event (same id) after a crash; the broker
+// either drops the copy or keeps both, as the sink documents.
+func testResend(t *testing.T, h Harness) {
+	tg := h.Target(t)
+	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
+	if err := sink.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*message.Message{
+		event("resent-event", "order-1", 1, nil),
+		event("resent-event", "order-1", 1, nil),
+		event("marker-event", "order-1", 2, nil),
+	} {
+		if err := sink.Publish("", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One destination keeps publish order, so once the marker is there the
+	// copies before it are stored or dropped for good.
+	recs := WaitRecords(t, tg, 30*time.Second, "the marker event", func(r []Record) bool {
+		for _, rec := range r {
+			if rec.ID == "marker-event" {
+				return true
+			}
+		}
+		return false
+	})
+	copies := 0
+	for _, r := range recs {
+		if r.ID == "resent-event" {
+			copies++
+		}
+	}
+	want := 2
+	if h.Features.DedupsResends {
+		want = 1
+	}
+	if copies != want {
+		t.Fatalf("the broker holds %d copies of a re-sent event id, want %d", copies, want)
+	}
+	t.Logf("re-sent event id: the broker holds %d cop(ies)", copies)
+}
+
+// testOrder: 10,000 events over 100 aggregates from 8 concurrent writer
+// sessions, through an xid8 pipeline with a 1000-event window, arrive
+// complete, once, and in per-aggregate order; each aggregate stays on one
+// stream (for Kafka: one partition).
+func testOrder(t *testing.T, h Harness) {
+	e := Setup(t, h)
+	e.Start(t, e.YAML("order", e.Target.Default, 1000))
+	start := time.Now()
+	written := sourcetest.Writers(context.Background(), t, e.Pool, 8, 10000, 100)
+	if len(written) != 10000 {
+		t.Fatalf("wrote %d events, want 10000", len(written))
+	}
+	recs := waitDelivered(t, e, written, 2*time.Minute)
+	v := sourcetest.Check(written, Decode(t, recs), true)
+	v.Assert(t, 0)
+	streams := map[string]map[string]bool{}
+	for _, r := range recs {
+		var body struct{ Agg string }
+		_ = json.Unmarshal(r.Payload, &body)
+		if streams[body.Agg] == nil {
+			streams[body.Agg] = map[string]bool{}
+		}
+		streams[body.Agg][r.Stream] = true
+	}
+	for agg, s := range streams {
+		if len(s) != 1 {
+			t.Errorf("aggregate %s is spread over streams %v", agg, s)
+		}
+	}
+	t.Logf("10000 events over 100 aggregates delivered in order in %s (%d duplicates)", time.Since(start).Round(time.Millisecond), v.Duplicates)
+}
+
+// waitDelivered waits until every written event is on the broker.
+func waitDelivered(t testing.TB, e *Env, written []sourcetest.Written, timeout time.Duration) []Record {
+	t.Helper()
+	return WaitRecords(t, e.Target, timeout, fmt.Sprintf("all %d events", len(written)), func(r []Record) bool {
+		return len(r) >= len(written) && len(sourcetest.Check(written, Decode(t, r), false).Lost) == 0
+	})
+}
+
+// testBrokerDown: while the broker is stopped, publishes fail, nothing is
+// acked and the cursor holds; once it is back, everything arrives, in order.
+func testBrokerDown(t *testing.T, h Harness) {
+	const window = 100
+	e := Setup(t, h)
+	if e.Target.Stop == nil {
+		t.Skip("the broker is external; the harness cannot stop it")
+	}
+	e.Start(t, e.YAML("down", e.Target.Default, window))
+	ctx := context.Background()
+	before := sourcetest.Writers(ctx, t, e.Pool, 2, 200, 20)
+	waitDelivered(t, e, before, time.Minute)
+	lastBefore := e.LastRow(t)
+	testenv.Eventually(t, 10*time.Second, "the cursor at the last delivered event", func() bool { return e.Cursor(t, "down") == lastBefore })
+	failedBefore := e.FailedPublishes(t)
+
+	start := e.Target.Stop(t)
+	stoppedAt := time.Now()
+	during := sourcetest.Writers(ctx, t, e.Pool, 2, 300, 20)
+	testenv.Eventually(t, 30*time.Second, "publishes to fail", func() bool { return e.FailedPublishes(t) > failedBefore+3 })
+	Consistently(t, 2*time.Second, "while the broker is down", func() error {
+		if c := e.Cursor(t, "down"); c != lastBefore {
+			return fmt.Errorf("the cursor moved from %d to %d: an event was acked without a broker", lastBefore, c)
+		}
+		return nil
+	})
+	failed := e.FailedPublishes(t) - failedBefore
+	start(t)
+	downFor := time.Since(stoppedAt)
+
+	all := append(append([]sourcetest.Written(nil), before...), during...)
+	recs := waitDelivered(t, e, all, 2*time.Minute)
+	last := e.LastRow(t)
+	testenv.Eventually(t, 30*time.Second, "the cursor at the last event", func() bool { return e.Cursor(t, "down") == last })
+	v := sourcetest.Check(all, Decode(t, recs), true)
+	v.Assert(t, window)
+	t.Logf("broker down %s: %d publishes failed, cursor held; then %d events delivered, %d duplicates (bound %d)",
+		downFor.Round(time.Millisecond), failed, len(all), v.Duplicates, window)
+}
+
+// testUnroutable: a message nothing would receive fails the publish; in a
+// pipeline the event is retried, never acked, until it can be delivered.
+func testUnroutable(t *testing.T, h Harness) {
+	e := Setup(t, h)
+	tg := e.Target
+	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
+	if err := sink.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	err := sink.Publish(tg.Unroutable, event("unroutable-1", "order-1", 1, nil))
+	if err == nil {
+		t.Fatal("publishing to a destination with nothing bound succeeded: the broker dropped the message silently")
+	}
+	if !h.IsUnroutable(err) {
+		t.Fatalf("error %v is not recognised as unroutable", err)
+	}
+	t.Logf("unroutable publish: %v", err)
+	// The sink stays usable.
+	if err := sink.Publish("", event("routable-1", "order-1", 2, nil)); err != nil {
+		t.Fatalf("publish after an unroutable one: %v", err)
+	}
+	WaitRecords(t, tg, 10*time.Second, "the routable event", func(r []Record) bool { return len(r) == 1 && r[0].ID == "routable-1" })
+
+	// In a pipeline: retried (with backoff, then nacked and redelivered), the
+	// cursor does not pass it.
+	e.Start(t, e.YAML("unroutable", tg.Unroutable, 10))
+	w, err := sourcetest.Insert(context.Background(), e.Pool, "order-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the pipeline's publish retries to be exhausted", func() bool { return e.FailedPublishes(t) >= 4 })
+	Consistently(t, time.Second, "while the event is unroutable", func() error {
+		if c := e.Cursor(t, "unroutable"); c != 0 {
+			return fmt.Errorf("the cursor moved to %d: the unroutable event was acked (dropped silently)", c)
+		}
+		return nil
+	})
+	tg.BindUnroutable(t)
+	WaitRecords(t, tg, time.Minute, "the event once routable", func(r []Record) bool {
+		for _, d := range Decode(t, r) {
+			if d.OutboxID == w.OutboxID {
+				return true
+			}
+		}
+		return false
+	})
+	testenv.Eventually(t, 30*time.Second, "the cursor past the event", func() bool { return e.Cursor(t, "unroutable") == w.OutboxID })
+}
+
+// IsError reports whether err wraps target; a helper for harnesses.
+func IsError(target error) func(error) bool {
+	return func(err error) bool { return errors.Is(err, target) }
+}

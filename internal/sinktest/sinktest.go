@@ -1,0 +1,321 @@
+// Package sinktest is the conformance suite every Ferry sink runs against
+// its real broker: a confirmed publish is readable with payload, key, headers
+// and event id intact; 10,000 events over 100 aggregates go from a real xid8
+// outbox through the pipeline and arrive in per-aggregate order; while the
+// broker is down publishes fail and the source's cursor holds, and when it is
+// back everything arrives; unroutable messages fail (where the broker can
+// tell); and re-sent event ids are handled as the sink documents. Every
+// assertion is on what the broker holds, read back by another client.
+//
+// A sink's test package wires it up:
+//
+//	func TestMain(m *testing.M) { testenv.Main(m) }
+//	func TestConformance(t *testing.T) { sinktest.Run(t, harness) }
+//	func BenchmarkDrain(b *testing.B) { sinktest.BenchmarkDrain(b, harness, 50000) }
+package sinktest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/xid8"
+)
+
+// Harness describes the sink under test.
+type Harness struct {
+	// Type is the sink's registered name; its package must be imported.
+	Type string
+	// Features say what the sink and its broker promise.
+	Features Features
+	// Target prepares fresh destinations on the broker for one test.
+	Target func(t testing.TB) *Target
+	// IsUnroutable recognises the error of a publish the broker could not
+	// route (Features.RejectsUnroutable).
+	IsUnroutable func(error) bool
+	// Inspect, if set, looks at the sink after many concurrent publishes
+	// (e.g. to report how they batched).
+	Inspect func(t *testing.T, s plugins.Sink, published int)
+}
+
+// Features switch the suite's assertions to what a broker promises.
+type Features struct {
+	// Keyed: records carry the aggregate id as their key (Kafka).
+	Keyed bool
+	// DedupsResends: the broker drops a re-sent event id (NATS JetStream,
+	// within the stream's duplicate window). Otherwise it keeps both copies,
+	// with the same id.
+	DedupsResends bool
+	// RejectsUnroutable: a publish nothing would receive fails (RabbitMQ).
+	RejectsUnroutable bool
+}
+
+// Target is one test's destinations on the broker and how to read them.
+type Target struct {
+	// Default is where the sink publishes a message that names no topic;
+	// Routed is a second destination a message can name.
+	Default, Routed string
+	// Unroutable is a destination nothing receives until BindUnroutable
+	// (RejectsUnroutable only).
+	Unroutable string
+	// SinkYAML returns the sink section's keys, without type, for a sink
+	// whose default destination is dest.
+	SinkYAML func(dest string) string
+	// Received returns what the broker holds on the target's destinations so
+	// far: each stream (partition, queue, stream) in the broker's order.
+	Received func() []Record
+	// BindUnroutable makes Unroutable reach the target's reader.
+	BindUnroutable func(t testing.TB)
+	// Stop takes the broker down and returns what brings it back; nil when
+	// the broker cannot be stopped (an external one).
+	Stop func(t testing.TB) (start func(testing.TB))
+}
+
+// Record is one message as the broker holds it, normalised across brokers.
+type Record struct {
+	// Destination is the Kafka topic, RabbitMQ routing key or NATS subject.
+	Destination string
+	// Stream is the unit the broker orders: a Kafka partition, a RabbitMQ
+	// queue, a JetStream stream.
+	Stream string
+	// Key is the Kafka record key; empty elsewhere.
+	Key string
+	// ID is the event id as the broker carries it (record header, AMQP
+	// message_id, Nats-Msg-Id).
+	ID      string
+	Payload []byte
+	Headers map[string]string
+}
+
+// Run runs every conformance test for h.
+func Run(t *testing.T, h Harness) {
+	t.Run("ConfirmedRoundTrip", func(t *testing.T) { testRoundTrip(t, h) })
+	t.Run("ConcurrentPublishes", func(t *testing.T) { testConcurrent(t, h) })
+	t.Run("ResentEventID", func(t *testing.T) { testResend(t, h) })
+	t.Run("PipelineOrder10k", func(t *testing.T) { testOrder(t, h) })
+	t.Run("BrokerDown", func(t *testing.T) { testBrokerDown(t, h) })
+	if h.Features.RejectsUnroutable {
+		t.Run("Unroutable", func(t *testing.T) { testUnroutable(t, h) })
+	}
+}
+
+// Logger is the suite's logger: warnings and errors to stderr.
+func Logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// indent prefixes every line of yaml with two spaces.
+func indent(yaml string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(strings.TrimSpace(yaml), "\n") {
+		if l != "" {
+			b.WriteString("  " + l + "\n")
+		}
+	}
+	return b.String()
+}
+
+// BuildSink builds the sink of h from its YAML keys the way `ferry run`
+// does (strict decoding, defaults, Validate), without starting it. It is
+// closed when the test ends.
+func BuildSink(t testing.TB, h Harness, sinkYAML string) plugins.Sink {
+	t.Helper()
+	doc := fmt.Sprintf("name: sinktest\nsource:\n  type: xid8\n  dsn: postgres://localhost/unused\nsink:\n  type: %s\n%s", h.Type, indent(sinkYAML))
+	specs, err := pipelines.Loader{}.LoadBytes("sink.yaml", []byte(doc))
+	if err != nil {
+		t.Fatalf("load sink config:\n%s\n%v", doc, err)
+	}
+	s, err := specs[0].Sink.Factory.Build(specs[0].Sink.Config, plugins.Env{Pipeline: "sinktest", Logger: Logger(), MaxInFlight: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := s.(plugins.Sink)
+	t.Cleanup(func() { sink.Close() })
+	return sink
+}
+
+// WaitRecords polls tg until cond holds over what the broker holds, or
+// fails the test after timeout.
+func WaitRecords(t testing.TB, tg *Target, timeout time.Duration, what string, cond func([]Record) bool) []Record {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		recs := tg.Received()
+		if cond(recs) {
+			return recs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (the broker holds %d messages)", timeout, what, len(recs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Decode reads the suite's events ({"agg","seq"} payloads with an outbox_id
+// header) from records.
+func Decode(t testing.TB, recs []Record) []sourcetest.Delivered {
+	t.Helper()
+	out := make([]sourcetest.Delivered, 0, len(recs))
+	for _, r := range recs {
+		var body struct {
+			Agg string `json:"agg"`
+			Seq int    `json:"seq"`
+		}
+		if err := json.Unmarshal(r.Payload, &body); err != nil {
+			t.Fatalf("payload %q: %v", r.Payload, err)
+		}
+		id, err := strconv.ParseInt(r.Headers[plugins.MetaOutboxID], 10, 64)
+		if err != nil {
+			t.Fatalf("outbox_id header %q: %v", r.Headers[plugins.MetaOutboxID], err)
+		}
+		out = append(out, sourcetest.Delivered{EventID: r.ID, OutboxID: id, Aggregate: body.Agg, Seq: body.Seq})
+	}
+	return out
+}
+
+// Env is one pipeline test: a fresh database with an xid8 outbox, and the
+// broker target the pipeline delivers to.
+type Env struct {
+	H      Harness
+	Target *Target
+	DSN    string
+	Pool   *pgxpool.Pool
+	// Metrics receives the supervisor's router metrics (publish failures).
+	Metrics *prometheus.Registry
+}
+
+// Setup creates the database (outbox and aggregate-sequence tables, as the
+// source suite's) and the target.
+func Setup(t testing.TB, h Harness) *Env {
+	t.Helper()
+	e := &Env{H: h, DSN: testenv.Postgres(t), Target: h.Target(t)}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, e.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	e.Pool = pool
+	ddl, err := xid8.Schema("outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, ddl); err != nil {
+		t.Fatalf("create outbox: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE agg_seq (id text PRIMARY KEY, seq int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// YAML is a pipeline from the outbox to the sink with default destination
+// dest.
+func (e *Env) YAML(name, dest string, maxInFlight int) string {
+	return fmt.Sprintf("name: %s\nsource:\n  type: xid8\n  dsn: %s\n  table: outbox\n  poll_interval: 20ms\n  commit_interval: 50ms\nsink:\n  type: %s\n%slimits:\n  max_in_flight: %d\n",
+		name, e.DSN, e.H.Type, indent(e.Target.SinkYAML(dest)), maxInFlight)
+}
+
+// Start runs the pipeline file in this process until the returned stop is
+// called (it also runs when the test ends).
+func (e *Env) Start(t testing.TB, yaml string) (stop func()) {
+	t.Helper()
+	specs, err := pipelines.Loader{}.LoadBytes("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Metrics = prometheus.NewRegistry()
+	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: Logger(), Metrics: e.Metrics, DrainTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx, specs) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("supervisor: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// FailedPublishes counts the sink publishes that returned an error, from
+// the router's publish metrics.
+func (e *Env) FailedPublishes(t testing.TB) int {
+	t.Helper()
+	mfs, err := e.Metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		if mf.GetName() != "ferry_router_publish_time_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "success" && l.GetValue() == "false" {
+					n += int(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+	}
+	return n
+}
+
+// Cursor is the pipeline's recorded progress: the outbox id of the last
+// event in (xact_id, id) order that the source may skip on restart; 0 when
+// nothing is recorded.
+func (e *Env) Cursor(t testing.TB, pipeline string) int64 {
+	t.Helper()
+	var id int64
+	err := e.Pool.QueryRow(context.Background(), `SELECT id FROM ferry_offsets WHERE pipeline = $1`, pipeline).Scan(&id)
+	if err != nil && err != pgx.ErrNoRows && !strings.Contains(err.Error(), "does not exist") {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// LastRow is the outbox id of the last row in cursor order.
+func (e *Env) LastRow(t testing.TB) int64 {
+	t.Helper()
+	var id int64
+	if err := e.Pool.QueryRow(context.Background(), `SELECT id FROM outbox ORDER BY xact_id DESC, id DESC LIMIT 1`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// Consistently checks cond every 50ms for d and fails the test the first
+// time it does not hold: the way to assert that something does not happen.
+func Consistently(t testing.TB, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if err := cond(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,281 @@
+// Package kafka is the Kafka sink. A publish returns only after the brokers
+// confirmed the record with the configured acks — all in-sync replicas by
+// default — through Watermill's Kafka publisher on Sarama's producer.
+//
+// Each record's key is the event's aggregate id, so one aggregate stays on
+// one partition, in order; Ferry's metadata travels as record headers and the
+// event id as the _watermill_message_uuid header. The idempotent producer is
+// on by default: a batch Sarama retries after a lost response is written once,
+// in order. A re-send by Ferry itself (after a crash, before its progress was
+// recorded) is a new record with the same event id: consumers deduplicate by
+// that id.
+//
+// Batching: Sarama's producer keeps one request in flight per broker and puts
+// every record that arrives meanwhile into the next one, so the concurrent
+// publishes of a pipeline's in-flight window share produce requests.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/IBM/sarama"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+	metrics "github.com/rcrowley/go-metrics"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Name is the sink's registered type.
+const Name = "kafka"
+
+// IDHeader is the record header holding the event id. It is Watermill's, so
+// a Watermill Kafka subscriber sees the event id as the message UUID.
+const IDHeader = wmkafka.UUIDHeaderKey
+
+// Register adds the Kafka sink to r.
+func Register(r *plugins.Registry) {
+	plugins.RegisterSink(r, Name, DefaultConfig, func(c *Config, env plugins.Env) (plugins.Sink, error) {
+		return New(c, env), nil
+	})
+}
+
+func init() { Register(plugins.Default) }
+
+// Sink publishes to Kafka. Create with New.
+type Sink struct {
+	cfg *Config
+	env plugins.Env
+	log *slog.Logger
+
+	// mu is held for reading by every Publish, so Close waits for publishes
+	// in flight and Watermill's publisher is never closed under one.
+	mu      sync.RWMutex
+	pub     *wmkafka.Publisher
+	admin   sarama.ClusterAdmin
+	metrics metrics.Registry
+	closed  bool
+
+	topicsMu sync.Mutex
+	topics   map[string]bool // created or known to exist (create_topics only)
+}
+
+// New returns a sink; it does no I/O until Start.
+func New(cfg *Config, env plugins.Env) *Sink {
+	if env.Logger == nil {
+		env.Logger = slog.Default()
+	}
+	s := &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), topics: map[string]bool{}}
+	if env.Metrics != nil {
+		// Registering twice (a pipeline rebuilt on reload) is not an error
+		// worth failing a pipeline for; the first registration keeps working
+		// only while its sink lives, which is fine for a gauge.
+		_ = env.Metrics.Register(statsCollector{s})
+	}
+	return s
+}
+
+// Start connects to the brokers and, with create_topics, creates the default
+// topic. It may be called again after an error.
+func (s *Sink) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("kafka sink: closed")
+	}
+	if s.pub != nil {
+		return nil
+	}
+	sc, err := s.cfg.sarama()
+	if err != nil {
+		return fmt.Errorf("kafka config: %w", err)
+	}
+	if s.cfg.CreateTopics != nil {
+		// The admin client needs full metadata to find the controller.
+		ac := *sc
+		ac.Metadata.Full = true
+		admin, err := sarama.NewClusterAdmin(s.cfg.Brokers, &ac)
+		if err != nil {
+			return redact.Error(fmt.Errorf("connect kafka admin: %w", err))
+		}
+		s.admin = admin
+		if err := s.ensureTopic(s.cfg.Topic); err != nil {
+			s.closeAdmin()
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		s.closeAdmin()
+		return err
+	}
+	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
+		Brokers:               s.cfg.Brokers,
+		Marshaler:             marshaler{},
+		OverwriteSaramaConfig: sc,
+	}, nil)
+	if err != nil {
+		s.closeAdmin()
+		return redact.Error(fmt.Errorf("connect kafka: %w", err))
+	}
+	s.pub, s.metrics = pub, sc.MetricRegistry
+	s.log.Info("kafka sink connected", "brokers", strings.Join(s.cfg.Brokers, ","), "topic", s.cfg.Topic,
+		"acks", s.cfg.Acks, "idempotent", s.cfg.Idempotent)
+	return nil
+}
+
+func (s *Sink) closeAdmin() {
+	if s.admin != nil {
+		_ = s.admin.Close()
+		s.admin = nil
+	}
+}
+
+// Publish sends msgs to topic (the sink's topic when empty) and returns after
+// the brokers confirmed each, in order. Safe for concurrent use: concurrent
+// calls share produce requests.
+func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.pub == nil {
+		if s.closed {
+			return errors.New("kafka sink: closed")
+		}
+		return errors.New("kafka sink: not started")
+	}
+	if topic == "" {
+		topic = s.cfg.Topic
+	}
+	if err := s.ensureTopic(topic); err != nil {
+		return err
+	}
+	if err := s.pub.Publish(topic, msgs...); err != nil {
+		return fmt.Errorf("publish to kafka topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+// ensureTopic creates topic once, when create_topics is set.
+func (s *Sink) ensureTopic(topic string) error {
+	if s.admin == nil {
+		return nil
+	}
+	s.topicsMu.Lock()
+	defer s.topicsMu.Unlock()
+	if s.topics[topic] {
+		return nil
+	}
+	if !ValidTopic(topic) {
+		return fmt.Errorf("%q is not a Kafka topic name", topic)
+	}
+	spec := s.cfg.CreateTopics
+	detail := &sarama.TopicDetail{NumPartitions: -1, ReplicationFactor: -1}
+	if spec.Partitions > 0 {
+		detail.NumPartitions = spec.Partitions
+	}
+	if spec.ReplicationFactor > 0 {
+		detail.ReplicationFactor = spec.ReplicationFactor
+	}
+	err := s.admin.CreateTopic(topic, detail, false)
+	switch {
+	case err == nil:
+		s.log.Info("created kafka topic", "topic", topic, "partitions", detail.NumPartitions, "replication_factor", detail.ReplicationFactor)
+	case errors.Is(err, sarama.ErrTopicAlreadyExists):
+	default:
+		return fmt.Errorf("create kafka topic %s: %w", topic, err)
+	}
+	s.topics[topic] = true
+	return nil
+}
+
+// Close flushes and closes the producer. Idempotent.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.closeAdmin()
+	if s.pub == nil {
+		return nil
+	}
+	err := s.pub.Close()
+	s.pub = nil
+	return err
+}
+
+// ProduceStats says how well publishes batched: the produce requests Sarama
+// sent and the mean records they carried (over the recent requests).
+type ProduceStats struct {
+	Requests          int64
+	RecordsPerRequest float64
+}
+
+// ProduceStats reads Sarama's records-per-request histogram.
+func (s *Sink) ProduceStats() ProduceStats {
+	s.mu.RLock()
+	reg := s.metrics
+	s.mu.RUnlock()
+	if reg == nil {
+		return ProduceStats{}
+	}
+	h, ok := reg.Get("records-per-request").(metrics.Histogram)
+	if !ok {
+		return ProduceStats{}
+	}
+	snap := h.Snapshot()
+	return ProduceStats{Requests: snap.Count(), RecordsPerRequest: snap.Mean()}
+}
+
+var (
+	requestsDesc = prometheus.NewDesc("ferry_sink_kafka_produce_requests_total",
+		"Produce requests the Kafka sink sent.", nil, nil)
+	recordsDesc = prometheus.NewDesc("ferry_sink_kafka_records_per_request",
+		"Mean records per produce request over recent requests: how well concurrent publishes batch.", nil, nil)
+)
+
+// statsCollector exports ProduceStats to Prometheus.
+type statsCollector struct{ s *Sink }
+
+func (c statsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- requestsDesc; ch <- recordsDesc }
+
+func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.ProduceStats()
+	ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(st.Requests))
+	ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, st.RecordsPerRequest)
+}
+
+// marshaler writes the payload as the value, the aggregate id as the key,
+// and the metadata (less Ferry's routing key) as headers, sorted so the
+// bytes on the wire do not depend on map order.
+type marshaler struct{}
+
+func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	headers := make([]sarama.RecordHeader, 0, len(msg.Metadata)+1)
+	headers = append(headers, sarama.RecordHeader{Key: []byte(IDHeader), Value: []byte(msg.UUID)})
+	keys := make([]string, 0, len(msg.Metadata))
+	for k := range msg.Metadata {
+		if k != plugins.MetaTopic && k != IDHeader {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		headers = append(headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(msg.Metadata[k])})
+	}
+	pm := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(msg.Payload), Headers: headers}
+	if id := msg.Metadata.Get(plugins.MetaAggregateID); id != "" {
+		pm.Key = sarama.StringEncoder(id)
+	}
+	return pm, nil
+}
+
+var _ plugins.Sink = (*Sink)(nil)

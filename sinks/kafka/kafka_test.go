@@ -1,0 +1,392 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/ferryhq/ferry/internal/sinktest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sinks/kafka"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// kafkaTarget is one test's topics on $KAFKA_BROKERS or on a fresh kfake
+// broker (which the broker-down test stops by closing the cluster and
+// re-opens on the same port and data directory).
+func kafkaTarget(t testing.TB) *sinktest.Target {
+	var srv *testenv.KafkaServer
+	var brokers []string
+	if testenv.ExternalKafka() {
+		brokers = testenv.KafkaBrokers(t)
+	} else {
+		srv = testenv.StartKafka(t)
+		brokers = []string{srv.Addr()}
+	}
+	base := testenv.Name("ferry")
+	tg := &sinktest.Target{Default: base + ".default", Routed: base + ".routed"}
+	coll := testenv.CollectKafka(t, brokers, []string{tg.Default, tg.Routed})
+	tg.SinkYAML = func(dest string) string {
+		return fmt.Sprintf("brokers: [%s]\ntopic: %s\ncreate_topics: {partitions: 4}\n", strings.Join(brokers, ", "), dest)
+	}
+	tg.Received = func() []sinktest.Record { return records(coll.All()) }
+	if srv != nil {
+		tg.Stop = func(t testing.TB) func(testing.TB) {
+			srv.Stop()
+			return srv.Restart
+		}
+	}
+	return tg
+}
+
+func records(rs []*kgo.Record) []sinktest.Record {
+	out := make([]sinktest.Record, 0, len(rs))
+	for _, r := range rs {
+		h := make(map[string]string, len(r.Headers))
+		for _, kv := range r.Headers {
+			h[kv.Key] = string(kv.Value)
+		}
+		out = append(out, sinktest.Record{
+			Destination: r.Topic,
+			Stream:      fmt.Sprintf("%s/%d", r.Topic, r.Partition),
+			Key:         string(r.Key),
+			ID:          h[kafka.IDHeader],
+			Payload:     r.Value,
+			Headers:     h,
+		})
+	}
+	return out
+}
+
+var harness = sinktest.Harness{
+	Type:     kafka.Name,
+	Features: sinktest.Features{Keyed: true},
+	Target:   kafkaTarget,
+	Inspect: func(t *testing.T, s plugins.Sink, published int) {
+		st := s.(*kafka.Sink).ProduceStats()
+		t.Logf("kafka: %d records in %d produce requests, %.1f records per request (Sarama's records-per-request)",
+			published, st.Requests, st.RecordsPerRequest)
+		if st.Requests == 0 || st.Requests >= int64(published) {
+			t.Errorf("%d concurrent publishes took %d produce requests: they did not batch", published, st.Requests)
+		}
+	},
+}
+
+func TestConformance(t *testing.T) { sinktest.Run(t, harness) }
+
+// BenchmarkDrain50k measures the drain rate from an xid8 outbox holding
+// 50,000 events into Kafka (kfake over TCP unless $KAFKA_BROKERS).
+func BenchmarkDrain50k(b *testing.B) { sinktest.BenchmarkDrain(b, harness, 50000) }
+
+// produceCounter counts, at the broker, the produce requests and the records
+// and producer ids in their batches: what really went over the wire.
+type produceCounter struct {
+	mu        sync.Mutex
+	requests  int
+	records   int
+	producers map[int64]bool
+}
+
+func countProduce(c *kfake.Cluster) *produceCounter {
+	pc := &produceCounter{producers: map[int64]bool{}}
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		pr := req.(*kmsg.ProduceRequest)
+		pc.mu.Lock()
+		defer pc.mu.Unlock()
+		pc.requests++
+		for _, tp := range pr.Topics {
+			for _, p := range tp.Partitions {
+				var rb kmsg.RecordBatch
+				if err := rb.ReadFrom(p.Records); err == nil {
+					pc.records += int(rb.NumRecords)
+					pc.producers[rb.ProducerID] = true
+				}
+			}
+		}
+		return nil, nil, false // observe only; the cluster handles it
+	})
+	return pc
+}
+
+// The pipeline window's concurrent publishes share produce requests, and the
+// producer is idempotent (its batches carry a producer id), counted at the
+// broker.
+func TestBatchingOnTheWire(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	topic := testenv.Name("ferry") + ".batch"
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 4)
+	s := newSink(t, srv.Addr(), topic, nil)
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pc := countProduce(srv.Cluster())
+	const n = 5000
+	const inFlight = 1000
+	work := make(chan int)
+	var wg sync.WaitGroup
+	errs := make(chan error, inFlight)
+	for range inFlight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				m := message.NewMessage(fmt.Sprintf("ev-%d", i), []byte("{}"))
+				m.Metadata.Set(plugins.MetaAggregateID, fmt.Sprintf("agg-%d", i%inFlight))
+				if err := s.Publish("", m); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	st := s.ProduceStats()
+	perReq := float64(pc.records) / float64(pc.requests)
+	t.Logf("%d publishes from %d goroutines in %s: the broker saw %d produce requests carrying %d records = %.1f records per request (Sarama: %d requests, %.1f per request)",
+		n, inFlight, elapsed.Round(time.Millisecond), pc.requests, pc.records, perReq, st.Requests, st.RecordsPerRequest)
+	if pc.records != n {
+		t.Errorf("the broker received %d records, want %d", pc.records, n)
+	}
+	if perReq < 10 {
+		t.Errorf("%.1f records per produce request: concurrent publishes are not batching", perReq)
+	}
+	if pc.producers[-1] || len(pc.producers) != 1 {
+		t.Errorf("producer ids in batches %v, want one idempotent producer id", pc.producers)
+	}
+}
+
+func newSink(t *testing.T, broker, topic string, mut func(*kafka.Config)) *kafka.Sink {
+	t.Helper()
+	cfg := kafka.DefaultConfig()
+	cfg.Brokers, cfg.Topic = []string{broker}, topic
+	if mut != nil {
+		mut(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := kafka.New(cfg, plugins.Env{Pipeline: "test", Logger: sinktest.Logger()})
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func publishAndRead(t *testing.T, s *kafka.Sink, brokers []string, topic string, opts ...kgo.Opt) {
+	t.Helper()
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m := message.NewMessage("secure-1", []byte(`{"ok":true}`))
+	m.Metadata.Set(plugins.MetaAggregateID, "order-1")
+	if err := s.Publish("", m); err != nil {
+		t.Fatal(err)
+	}
+	coll := testenv.CollectKafka(t, brokers, []string{topic}, opts...)
+	testenv.Eventually(t, 20*time.Second, "the record", func() bool { return coll.Len() == 1 })
+	if r := coll.All()[0]; string(r.Key) != "order-1" || string(r.Value) != `{"ok":true}` {
+		t.Fatalf("record key %q value %q", r.Key, r.Value)
+	}
+}
+
+// SASL: PLAIN and both SCRAM mechanisms authenticate against a broker that
+// requires them; a wrong password fails Start.
+func TestSASL(t *testing.T) {
+	for _, mech := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
+		t.Run(mech, func(t *testing.T) {
+			srv := testenv.StartKafka(t, kfake.EnableSASL(), kfake.Superuser(mech, "ferry", "s3cret"))
+			topic := testenv.Name("ferry") + ".sasl"
+			var auth kgo.Opt
+			switch mech {
+			case "PLAIN":
+				auth = kgo.SASL(plain.Auth{User: "ferry", Pass: "s3cret"}.AsMechanism())
+			case "SCRAM-SHA-256":
+				auth = kgo.SASL(scram.Auth{User: "ferry", Pass: "s3cret"}.AsSha256Mechanism())
+			default:
+				auth = kgo.SASL(scram.Auth{User: "ferry", Pass: "s3cret"}.AsSha512Mechanism())
+			}
+			testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 2, auth)
+			s := newSink(t, srv.Addr(), topic, func(c *kafka.Config) {
+				c.SASL = kafka.SASLConfig{Mechanism: mech, User: "ferry", Password: "s3cret"}
+			})
+			publishAndRead(t, s, []string{srv.Addr()}, topic, auth)
+
+			bad := newSink(t, srv.Addr(), topic, func(c *kafka.Config) {
+				c.SASL = kafka.SASLConfig{Mechanism: mech, User: "ferry", Password: "wrong"}
+			})
+			err := bad.Start(context.Background())
+			if err == nil {
+				t.Fatal("Start succeeded with a wrong password")
+			}
+			if strings.Contains(err.Error(), "wrong") {
+				t.Errorf("the password appears in the error: %v", err)
+			}
+		})
+	}
+}
+
+// TLS: the sink verifies the broker with ca_file; without the CA it refuses.
+func TestTLS(t *testing.T) {
+	files := sinktest.NewTLSFiles(t)
+	srv := testenv.StartKafka(t, kfake.TLS(files.ServerConfig()))
+	topic := testenv.Name("ferry") + ".tls"
+	clientTLS := kgo.DialTLSConfig(files.ClientConfig())
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 2, clientTLS)
+	s := newSink(t, srv.Addr(), topic, func(c *kafka.Config) {
+		c.TLS = kafka.TLSConfig{Enabled: true, CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key}
+	})
+	publishAndRead(t, s, []string{srv.Addr()}, topic, clientTLS)
+
+	untrusted := newSink(t, srv.Addr(), topic, func(c *kafka.Config) { c.TLS = kafka.TLSConfig{Enabled: true} })
+	if err := untrusted.Start(context.Background()); err == nil {
+		t.Fatal("Start trusted a broker certificate signed by an unknown CA")
+	}
+}
+
+// create_topics makes the default topic with the partitions asked for, and
+// a routed topic before its first publish.
+func TestCreateTopics(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	base := testenv.Name("ferry")
+	s := newSink(t, srv.Addr(), base+".created", func(c *kafka.Config) { c.CreateTopics = &kafka.TopicSpec{Partitions: 3} })
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Publish(base+".routed", message.NewMessage("r-1", []byte("x"))); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(srv.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrMetadataRequest()
+	for _, name := range []string{base + ".created", base + ".routed"} {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(name)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := map[string]int{}
+	for _, tp := range resp.Topics {
+		if tp.ErrorCode == 0 {
+			parts[*tp.Topic] = len(tp.Partitions)
+		}
+	}
+	if parts[base+".created"] != 3 || parts[base+".routed"] != 3 {
+		t.Fatalf("partitions per topic %v, want 3 each", parts)
+	}
+}
+
+// An unreachable cluster fails Start (the supervisor retries it).
+func TestStartFailsWithoutBroker(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	addr := srv.Addr()
+	srv.Stop()
+	s := newSink(t, addr, "ferry.none", nil)
+	if err := s.Start(context.Background()); err == nil {
+		t.Fatal("Start succeeded with no broker")
+	}
+	if err := s.Publish("", message.NewMessage("x", nil)); err == nil {
+		t.Fatal("publish succeeded on a sink that never started")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		mut  func(*kafka.Config)
+		want string
+	}{
+		{"no brokers", func(c *kafka.Config) { c.Brokers = nil }, "brokers: must not be empty"},
+		{"bad broker", func(c *kafka.Config) { c.Brokers = []string{"localhost"} }, `brokers: item 0: "localhost" is not host:port`},
+		{"no topic", func(c *kafka.Config) { c.Topic = "" }, "topic: must not be empty"},
+		{"bad topic", func(c *kafka.Config) { c.Topic = "a b" }, `topic: "a b" is not a Kafka topic name`},
+		{"old version", func(c *kafka.Config) { c.Version = "0.10.2" }, "version: must be at least 0.11.0"},
+		{"bad version", func(c *kafka.Config) { c.Version = "latest" }, `version: "latest" is not a Kafka version`},
+		{"acks leader with idempotence", func(c *kafka.Config) { c.Acks = "leader" }, "acks: the idempotent producer needs acks: all"},
+		{"acks none", func(c *kafka.Config) { c.Acks = "none" }, `acks: must be all or leader, got "none"`},
+		{"compression", func(c *kafka.Config) { c.Compression = "brotli" }, "compression: must be none, gzip, snappy, lz4 or zstd"},
+		{"max message bytes", func(c *kafka.Config) { c.MaxMessageBytes = 0 }, "max_message_bytes: must be between 1 and"},
+		{"linger", func(c *kafka.Config) { c.Linger = -time.Second }, "linger: must not be negative"},
+		{"timeout", func(c *kafka.Config) { c.Timeout = 0 }, "timeout: must be at least 1ms"},
+		{"tls off with files", func(c *kafka.Config) { c.TLS.CAFile = caFile }, "tls.enabled: must be true when other tls settings are given"},
+		{"tls cert without key", func(c *kafka.Config) { c.TLS = kafka.TLSConfig{Enabled: true, CertFile: caFile} }, "tls.cert_file: cert_file and key_file go together"},
+		{"tls missing ca", func(c *kafka.Config) { c.TLS = kafka.TLSConfig{Enabled: true, CAFile: "/nonexistent/ca.pem"} }, "tls.ca_file: cannot read /nonexistent/ca.pem"},
+		{"sasl mechanism", func(c *kafka.Config) { c.SASL = kafka.SASLConfig{Mechanism: "GSSAPI", User: "u", Password: "p"} }, "sasl.mechanism: must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"},
+		{"sasl no password", func(c *kafka.Config) { c.SASL = kafka.SASLConfig{Mechanism: "PLAIN", User: "u"} }, "sasl.password: must not be empty"},
+		{"partitions", func(c *kafka.Config) { c.CreateTopics = &kafka.TopicSpec{Partitions: -5} }, "create_topics.partitions: must be positive"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := kafka.DefaultConfig()
+			cfg.Brokers, cfg.Topic = []string{"localhost:9092"}, "outbox.orders"
+			c.mut(cfg)
+			err := cfg.Validate()
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Validate() = %v, want %q", err, c.want)
+			}
+		})
+	}
+	// Every problem at once.
+	all := &kafka.Config{Acks: "x", Compression: "x", Version: "x"}
+	if n := len(plugins.Flatten(all.Validate())); n < 7 {
+		t.Errorf("an empty config reports %d problems, want every one: %v", n, all.Validate())
+	}
+	ok := kafka.DefaultConfig()
+	ok.Brokers, ok.Topic = []string{"localhost:9092", "[::1]:9093"}, "outbox.orders"
+	if err := ok.Validate(); err != nil {
+		t.Errorf("valid config: %v", err)
+	}
+}
+
+// The YAML a user writes decodes over the defaults; unknown keys and the
+// password stay out of errors.
+func TestYAML(t *testing.T) {
+	y := "brokers: [\"b1:9092\", \"b2:9092\"]\ntopic: outbox.orders\ncompression: zstd\nlinger: 5ms\nsasl: {mechanism: SCRAM-SHA-512, user: ferry, password: hunter2}\ncreate_topics: {partitions: 12, replication_factor: 3}\n"
+	s := sinktest.BuildSink(t, harness, y)
+	if _, ok := s.(*kafka.Sink); !ok {
+		t.Fatalf("built %T", s)
+	}
+	bad := "name: p\nsource: {type: xid8, dsn: postgres://h/db}\nsink:\n  type: kafka\n  brokers: [b:1]\n  topic: t\n  sasl: {mechanism: PLAIN, user: u, password: hunter2}\n  compresion: gzip\n"
+	_, err := loadErr(bad)
+	if err == nil || !strings.Contains(err.Error(), "sink.compresion: unknown key") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("load error %v", err)
+	}
+}
+
+func loadErr(doc string) ([]*pipelines.Spec, error) {
+	return pipelines.Loader{}.LoadBytes("p.yaml", []byte(doc))
+}
