@@ -18,6 +18,10 @@ import (
 	_ "github.com/ferryhq/ferry/sinks/nats"
 	_ "github.com/ferryhq/ferry/sources/poll"
 	_ "github.com/ferryhq/ferry/sources/xid8"
+	_ "github.com/ferryhq/ferry/transforms/canary"
+	_ "github.com/ferryhq/ferry/transforms/filter"
+	_ "github.com/ferryhq/ferry/transforms/headers"
+	_ "github.com/ferryhq/ferry/transforms/router"
 )
 
 // Version is set at build time with -ldflags "-X github.com/ferryhq/ferry/cmd/ferry/cli.Version=v1.2.3".

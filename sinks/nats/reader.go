@@ -1,0 +1,43 @@
+package nats
+
+import (
+	"context"
+	"errors"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Read delivers every message published to topic from now on (a core NATS
+// subscription, so it sees what reaches the server, stream or not) until ctx
+// ends. The canary checker reads its topic back this way.
+func (s *Sink) Read(ctx context.Context, topic string, handle func(*message.Message)) error {
+	s.mu.Lock()
+	conn := s.conn
+	s.mu.Unlock()
+	if conn == nil {
+		return errors.New("nats sink: not started")
+	}
+	msgs := make(chan *nats.Msg, 64)
+	sub, err := conn.ChanSubscribe(topic, msgs)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-msgs:
+			wm := message.NewMessage(m.Header.Get(nats.MsgIdHdr), m.Data)
+			for k := range m.Header {
+				wm.Metadata.Set(k, m.Header.Get(k))
+			}
+			handle(wm)
+		}
+	}
+}
+
+var _ plugins.Reader = (*Sink)(nil)
