@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -309,9 +310,9 @@ func testUnroutable(t *testing.T, h Harness) {
 	}
 	WaitRecords(t, tg, 10*time.Second, "the routable event", func(r []Record) bool { return len(r) == 1 && r[0].ID == "routable-1" })
 
-	// In a pipeline: retried (with backoff, then nacked and redelivered), the
-	// cursor does not pass it.
-	e.Start(t, e.YAML("unroutable", tg.Unroutable, 10))
+	// In a pipeline without a dead-letter topic: retried (with backoff, then
+	// nacked and redelivered), never acked — the cursor does not pass it.
+	stop := e.Start(t, e.YAML("unroutable", tg.Unroutable, 10))
 	w, err := sourcetest.Insert(context.Background(), e.Pool, "order-2")
 	if err != nil {
 		t.Fatal(err)
@@ -323,10 +324,33 @@ func testUnroutable(t *testing.T, h Harness) {
 		}
 		return nil
 	})
+	stop()
+
+	// With a dead-letter topic, the retries exhausted, the event goes there
+	// with the reason, and the pipeline moves on.
+	stop = e.Start(t, e.YAML("unroutable_dl", tg.Unroutable, 10)+fmt.Sprintf("dead_letter:\n  topic: %s\n", tg.Routed))
+	recs := WaitRecords(t, tg, time.Minute, "the dead-lettered event", func(r []Record) bool {
+		for _, rec := range r {
+			if rec.Destination == tg.Routed && rec.Headers[plugins.MetaOutboxID] == fmt.Sprint(w.OutboxID) {
+				return true
+			}
+		}
+		return false
+	})
+	for _, rec := range recs {
+		if rec.Destination == tg.Routed && rec.Headers[pipelines.HeaderDeadLetterReason] != "unroutable" {
+			t.Errorf("dead-lettered event headers %v, want %s=unroutable", rec.Headers, pipelines.HeaderDeadLetterReason)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "the dead-lettering pipeline's cursor past the event", func() bool { return e.Cursor(t, "unroutable_dl") == w.OutboxID })
+	stop()
+
+	// Once something is bound, the first pipeline delivers the event.
 	tg.BindUnroutable(t)
+	e.Start(t, e.YAML("unroutable", tg.Unroutable, 10))
 	WaitRecords(t, tg, time.Minute, "the event once routable", func(r []Record) bool {
-		for _, d := range Decode(t, r) {
-			if d.OutboxID == w.OutboxID {
+		for _, rec := range r {
+			if rec.Destination == tg.Unroutable && rec.Headers[plugins.MetaOutboxID] == fmt.Sprint(w.OutboxID) {
 				return true
 			}
 		}

@@ -2,9 +2,9 @@
 // confirmed the record with the configured acks — all in-sync replicas by
 // default — through Watermill's Kafka publisher on Sarama's producer.
 //
-// Each record's key is the event's aggregate id, so one aggregate stays on
-// one partition, in order; Ferry's metadata travels as record headers and the
-// event id as the _watermill_message_uuid header. The idempotent producer is
+// Each record's key is the event's aggregate id (or the key a transform set),
+// so one aggregate stays on one partition, in order; Ferry's metadata travels
+// as record headers and the event id as the _watermill_message_uuid header. The idempotent producer is
 // on by default: a batch Sarama retries after a lost response is written once,
 // in order. A re-send by Ferry itself (after a crash, before its progress was
 // recorded) is a new record with the same event id: consumers deduplicate by
@@ -157,9 +157,23 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		return err
 	}
 	if err := s.pub.Publish(topic, msgs...); err != nil {
-		return fmt.Errorf("publish to kafka topic %s: %w", topic, err)
+		err = fmt.Errorf("publish to kafka topic %s: %w", topic, err)
+		if oversize(err) {
+			// No retry makes it fit: the pipeline dead-letters it.
+			return plugins.Permanent("oversize", err)
+		}
+		return err
 	}
 	return nil
+}
+
+// oversize reports a record larger than max_message_bytes (Sarama refuses
+// it before sending) or than the topic accepts (the broker's
+// MESSAGE_TOO_LARGE).
+func oversize(err error) bool {
+	var ce sarama.ConfigurationError
+	return errors.Is(err, sarama.ErrMessageSizeTooLarge) ||
+		(errors.As(err, &ce) && strings.Contains(string(ce), "larger than"))
 }
 
 // ensureTopic creates topic once, when create_topics is set.
@@ -173,7 +187,7 @@ func (s *Sink) ensureTopic(topic string) error {
 		return nil
 	}
 	if !ValidTopic(topic) {
-		return fmt.Errorf("%q is not a Kafka topic name", topic)
+		return plugins.Permanent("no_route", fmt.Errorf("%q is not a Kafka topic name", topic))
 	}
 	spec := s.cfg.CreateTopics
 	detail := &sarama.TopicDetail{NumPartitions: -1, ReplicationFactor: -1}
@@ -253,9 +267,10 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, st.RecordsPerRequest)
 }
 
-// marshaler writes the payload as the value, the aggregate id as the key,
-// and the metadata (less Ferry's routing key) as headers, sorted so the
-// bytes on the wire do not depend on map order.
+// marshaler writes the payload as the value, the message key (a
+// transform's ferry_key, else the aggregate id) as the key, and the metadata
+// less Ferry's internal keys as headers, sorted so the bytes on the wire do
+// not depend on map order.
 type marshaler struct{}
 
 func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
@@ -263,7 +278,7 @@ func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMe
 	headers = append(headers, sarama.RecordHeader{Key: []byte(IDHeader), Value: []byte(msg.UUID)})
 	keys := make([]string, 0, len(msg.Metadata))
 	for k := range msg.Metadata {
-		if k != plugins.MetaTopic && k != IDHeader {
+		if !plugins.IsInternal(k) && k != IDHeader {
 			keys = append(keys, k)
 		}
 	}
@@ -272,8 +287,8 @@ func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMe
 		headers = append(headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(msg.Metadata[k])})
 	}
 	pm := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(msg.Payload), Headers: headers}
-	if id := msg.Metadata.Get(plugins.MetaAggregateID); id != "" {
-		pm.Key = sarama.StringEncoder(id)
+	if key := plugins.Key(msg); key != "" {
+		pm.Key = sarama.StringEncoder(key)
 	}
 	return pm, nil
 }

@@ -1,0 +1,517 @@
+// Package rabbitmq is the RabbitMQ sink. A publish returns only after the
+// broker confirmed the message (publisher confirms) and did not return it:
+// every message is published mandatory, and a basic.return — no queue is
+// bound to its routing key, so RabbitMQ would drop it — fails the publish
+// with ErrUnroutable instead of counting as delivered.
+//
+// Messages are persistent; the payload is the body; Ferry's metadata (less
+// its internal ferry_* keys) travels as headers (plus Watermill's _watermill_message_uuid), the event id as
+// message_id, the event type as type and the row's created_at as timestamp.
+// The routing key is the topic a transform chose, else the routing_key
+// template. RabbitMQ does not deduplicate: a re-send by Ferry is a second
+// message with the same message_id.
+//
+// Concurrency: a pool of channels, each in confirm mode with many publishes
+// outstanding at once (pipelined confirms), so concurrent publishes wait for
+// the broker in parallel rather than one round trip after another.
+//
+// Why not Watermill's AMQP publisher: it waits for one confirm at a time per
+// channel and never listens for basic.return, so with mandatory set an
+// unroutable message still counts as published. The sink uses Watermill's
+// AMQP marshaler, so a Watermill AMQP subscriber reads Ferry's messages as
+// they were published.
+package rabbitmq
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Name is the sink's registered type.
+const Name = "rabbitmq"
+
+// ErrUnroutable is wrapped by the error of a publish the broker returned
+// because no queue is bound to its routing key.
+var ErrUnroutable = errors.New("unroutable: no queue is bound to the routing key")
+
+// ErrNacked is wrapped by the error of a publish the broker refused
+// (basic.nack), e.g. a full queue with overflow reject-publish.
+var ErrNacked = errors.New("the broker refused the message (nack)")
+
+// Register adds the RabbitMQ sink to r.
+func Register(r *plugins.Registry) {
+	plugins.RegisterSink(r, Name, DefaultConfig, func(c *Config, env plugins.Env) (plugins.Sink, error) {
+		return New(c, env)
+	})
+}
+
+func init() { Register(plugins.Default) }
+
+// Sink publishes to a RabbitMQ exchange. Create with New.
+type Sink struct {
+	cfg   *Config
+	env   plugins.Env
+	log   *slog.Logger
+	route template
+	next  atomic.Uint64 // round-robin over the channels
+
+	mu          sync.Mutex
+	tls         *tls.Config
+	started     bool
+	closed      bool
+	sess        *session
+	lastAttempt time.Time
+	lastErr     error
+}
+
+// New returns a sink; it does no I/O until Start.
+func New(cfg *Config, env plugins.Env) (*Sink, error) {
+	if env.Logger == nil {
+		env.Logger = slog.Default()
+	}
+	route, err := parseTemplate(cfg.RoutingKey)
+	if err != nil {
+		return nil, fmt.Errorf("routing_key: %w", err)
+	}
+	return &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), route: route}, nil
+}
+
+// Start connects, opens the channel pool and declares the exchange (with
+// declare: true) or checks that it exists. It may be called again after an
+// error. Later connection losses are repaired by the next Publish.
+func (s *Sink) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("rabbitmq sink: closed")
+	}
+	if s.started {
+		return nil
+	}
+	tc, err := s.cfg.TLS.Build()
+	if err != nil {
+		return err
+	}
+	s.tls = tc
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sess, err := s.connect()
+	if err != nil {
+		return err
+	}
+	s.sess, s.started = sess, true
+	s.log.Info("rabbitmq sink connected", "exchange", s.cfg.Exchange, "channels", s.cfg.Channels)
+	return nil
+}
+
+// session is one connection and its channel pool.
+type session struct {
+	conn *amqp.Connection
+
+	mu    sync.Mutex
+	chans []*confirmChannel
+}
+
+func (s *Sink) connect() (*session, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("ferry:" + s.env.Pipeline)
+	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
+		Heartbeat:       10 * time.Second,
+		Locale:          "en_US",
+		Properties:      props,
+		TLSClientConfig: s.tls,
+		Dial:            amqp.DefaultDial(10 * time.Second),
+	})
+	if err != nil {
+		return nil, redact.Error(fmt.Errorf("connect rabbitmq: %w", err))
+	}
+	if err := s.declare(conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	sess := &session{conn: conn, chans: make([]*confirmChannel, s.cfg.Channels)}
+	for i := range sess.chans {
+		if sess.chans[i], err = openConfirmChannel(conn, s.log); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("open rabbitmq channel: %w", err)
+		}
+	}
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for {
+			select {
+			case b, ok := <-blocked:
+				if !ok {
+					blocked = nil
+					continue
+				}
+				if b.Active {
+					s.log.Warn("rabbitmq blocked this connection; publishes wait", "reason", b.Reason)
+				} else {
+					s.log.Info("rabbitmq unblocked this connection")
+				}
+			case err, ok := <-closed:
+				if ok && err != nil {
+					s.log.Warn("rabbitmq connection lost; the next publish reconnects", "err", redact.Error(err))
+				}
+				s.mu.Lock()
+				if s.sess == sess {
+					s.sess = nil
+				}
+				s.mu.Unlock()
+				return
+			}
+		}
+	}()
+	return sess, nil
+}
+
+// declare creates the exchange, or checks that it exists, on a throwaway
+// channel: a failed check closes the channel it ran on.
+func (s *Sink) declare(conn *amqp.Connection) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open rabbitmq channel: %w", err)
+	}
+	defer ch.Close()
+	if s.cfg.Declare {
+		if err := ch.ExchangeDeclare(s.cfg.Exchange, s.cfg.ExchangeType, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %s: %w", s.cfg.Exchange, err)
+		}
+		return nil
+	}
+	if err := ch.ExchangeDeclarePassive(s.cfg.Exchange, s.cfg.ExchangeType, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("exchange %s: %w (create it, or set declare: true)", s.cfg.Exchange, err)
+	}
+	return nil
+}
+
+// current returns the live session, reconnecting at most once per
+// reconnect_interval; in between, publishes fail at once with the last error
+// instead of piling up on a dead broker.
+func (s *Sink) current() (*session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return nil, errors.New("rabbitmq sink: closed")
+	case !s.started:
+		return nil, errors.New("rabbitmq sink: not started")
+	case s.sess != nil && !s.sess.conn.IsClosed():
+		return s.sess, nil
+	}
+	if s.lastErr != nil && time.Since(s.lastAttempt) < s.cfg.ReconnectInterval {
+		return nil, fmt.Errorf("rabbitmq unreachable: %w", s.lastErr)
+	}
+	s.lastAttempt = time.Now()
+	sess, err := s.connect()
+	s.lastErr = err
+	if err != nil {
+		return nil, err
+	}
+	s.sess = sess
+	s.log.Info("rabbitmq reconnected")
+	return sess, nil
+}
+
+// channel returns pool slot i, reopening it if the broker closed it.
+func (sess *session) channel(i int, log *slog.Logger) (*confirmChannel, error) {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	c := sess.chans[i]
+	if c.alive() {
+		return c, nil
+	}
+	c, err := openConfirmChannel(sess.conn, log)
+	if err != nil {
+		return nil, fmt.Errorf("reopen rabbitmq channel: %w", err)
+	}
+	sess.chans[i] = c
+	return c, nil
+}
+
+// Publish sends msgs to the exchange with topic as routing key (the
+// routing_key template when empty) and returns after the broker confirmed
+// each. Messages of one call share a channel, so they keep their order.
+// Safe for concurrent use.
+func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	sess, err := s.current()
+	if err != nil {
+		return err
+	}
+	i := int(s.next.Add(1) % uint64(len(sess.chans)))
+	ch, err := sess.channel(i, s.log)
+	if err != nil {
+		return err
+	}
+	type sent struct {
+		d   *delivery
+		key string
+	}
+	pending := make([]sent, 0, len(msgs))
+	var errs []error
+	for _, msg := range msgs {
+		key := topic
+		if key == "" {
+			if key, err = s.route.render(msg.Metadata); err != nil {
+				errs = append(errs, plugins.Permanent("no_route", fmt.Errorf("message %s: %w", msg.UUID, err)))
+				break
+			}
+		}
+		if len(key) > 255 {
+			errs = append(errs, plugins.Permanent("no_route", fmt.Errorf("message %s: routing key longer than 255 bytes", msg.UUID)))
+			break
+		}
+		pub, err := marshal(msg)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("message %s: %w", msg.UUID, err))
+			break
+		}
+		d, err := ch.publish(s.cfg.Exchange, key, pub)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("publish %s to rabbitmq exchange %s, routing key %s: %w", msg.UUID, s.cfg.Exchange, key, err))
+			break
+		}
+		pending = append(pending, sent{d, key})
+	}
+	timeout := time.NewTimer(s.cfg.PublishTimeout)
+	defer timeout.Stop()
+	for _, p := range pending {
+		select {
+		case <-p.d.done:
+			if p.d.err != nil {
+				errs = append(errs, fmt.Errorf("publish %s to rabbitmq exchange %s, routing key %s: %w", p.d.id, s.cfg.Exchange, p.key, p.d.err))
+			}
+		case <-timeout.C:
+			errs = append(errs, fmt.Errorf("publish %s to rabbitmq exchange %s: no confirm within %s", p.d.id, s.cfg.Exchange, s.cfg.PublishTimeout))
+			return errors.Join(errs...)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close closes the connection; publishes still waiting fail. Idempotent.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.sess != nil {
+		_ = s.sess.conn.Close()
+		s.sess = nil
+	}
+	return nil
+}
+
+var wmMarshaler = wmamqp.DefaultMarshaler{}
+
+// marshal builds the AMQP message with Watermill's marshaler (body, metadata
+// headers, persistent) and adds the standard properties consumers look for.
+func marshal(msg *message.Message) (amqp.Publishing, error) {
+	pub, err := wmMarshaler.Marshal(msg)
+	if err != nil {
+		return pub, err
+	}
+	for k := range pub.Headers {
+		if plugins.IsInternal(k) {
+			delete(pub.Headers, k)
+		}
+	}
+	pub.DeliveryMode = amqp.Persistent
+	pub.MessageId = msg.UUID
+	pub.Type = msg.Metadata.Get(plugins.MetaEventType)
+	pub.Timestamp = time.Now()
+	if t, err := plugins.ParseTime(msg.Metadata.Get(plugins.MetaCreatedAt)); err == nil {
+		pub.Timestamp = t
+	}
+	return pub, nil
+}
+
+// confirmChannel is a channel in confirm mode with its outstanding
+// publishes. One goroutine (dispatch) takes the broker's returns and
+// confirms in the order the broker sent them: RabbitMQ sends a mandatory
+// message's basic.return before its basic.ack, so by the time a confirm
+// resolves a publish, its return (if any) has been recorded.
+type confirmChannel struct {
+	ch  *amqp.Channel
+	log *slog.Logger
+
+	// pubMu makes "next delivery tag" and "publish" one step, so each
+	// publish knows its tag.
+	pubMu sync.Mutex
+
+	mu      sync.Mutex
+	pending map[uint64]*delivery // by delivery tag
+	err     error                // why the channel closed; nil while open
+}
+
+// delivery is one publish waiting for its confirm.
+type delivery struct {
+	id       string
+	returned *amqp.Return
+	err      error
+	done     chan struct{}
+}
+
+func openConfirmChannel(conn *amqp.Connection, log *slog.Logger) (*confirmChannel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("confirm mode: %w", err)
+	}
+	c := &confirmChannel{ch: ch, log: log, pending: map[uint64]*delivery{}}
+	// Unbuffered on purpose: the connection's reader hands over a return
+	// and waits until dispatch took it, before it reads the confirm behind it.
+	returns := ch.NotifyReturn(make(chan amqp.Return))
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go c.dispatch(confirms, returns, closes)
+	return c, nil
+}
+
+func (c *confirmChannel) alive() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err == nil
+}
+
+// publish sends p and returns the delivery to wait on.
+func (c *confirmChannel) publish(exchange, key string, p amqp.Publishing) (*delivery, error) {
+	c.pubMu.Lock()
+	defer c.pubMu.Unlock()
+	// Not under c.mu: the tag counter's lock can be held by the reader while
+	// it waits for dispatch, which may need c.mu.
+	tag := c.ch.GetNextPublishSeqNo()
+	d := &delivery{id: p.MessageId, done: make(chan struct{})}
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return nil, err
+	}
+	c.pending[tag] = d
+	c.mu.Unlock()
+	if err := c.ch.Publish(exchange, key, true, false, p); err != nil {
+		c.mu.Lock()
+		if c.pending[tag] == d {
+			delete(c.pending, tag)
+		}
+		c.mu.Unlock()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (c *confirmChannel) dispatch(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+	var closeErr error = amqp.ErrClosed
+	for confirms != nil {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			c.onReturn(r)
+		case cf, ok := <-confirms:
+			if !ok {
+				confirms = nil
+				continue
+			}
+			c.onConfirm(cf)
+		case e, ok := <-closes:
+			if !ok {
+				closes = nil
+				continue
+			}
+			if e != nil {
+				closeErr = e
+			}
+		}
+	}
+	if closes != nil {
+		select {
+		case e, ok := <-closes:
+			if ok && e != nil {
+				closeErr = e
+			}
+		default:
+		}
+	}
+	c.fail(closeErr)
+}
+
+// onReturn marks the oldest outstanding publish with the returned message's
+// id: returns come in publish order, before that publish's confirm.
+func (c *confirmChannel) onReturn(r amqp.Return) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var oldest uint64
+	for tag, d := range c.pending {
+		if d.id == r.MessageId && d.returned == nil && (oldest == 0 || tag < oldest) {
+			oldest = tag
+		}
+	}
+	if oldest == 0 {
+		c.log.Warn("rabbitmq returned a message Ferry is not waiting for", "message_id", r.MessageId, "routing_key", r.RoutingKey)
+		return
+	}
+	c.pending[oldest].returned = &r
+}
+
+func (c *confirmChannel) onConfirm(cf amqp.Confirmation) {
+	c.mu.Lock()
+	d := c.pending[cf.DeliveryTag]
+	delete(c.pending, cf.DeliveryTag)
+	c.mu.Unlock()
+	if d == nil {
+		return
+	}
+	switch {
+	case !cf.Ack:
+		d.err = ErrNacked
+	case d.returned != nil:
+		// No retry routes it: the pipeline dead-letters it (or, without a
+		// dead-letter topic, keeps retrying; it is never acked).
+		d.err = plugins.Permanent("unroutable",
+			fmt.Errorf("%w (broker replied %d %s)", ErrUnroutable, d.returned.ReplyCode, d.returned.ReplyText))
+	}
+	close(d.done)
+}
+
+// fail resolves every outstanding publish with the channel's close reason:
+// without a confirm, nothing is known to be stored.
+func (c *confirmChannel) fail(reason error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.err = fmt.Errorf("channel closed before the broker confirmed: %w", reason)
+	for tag, d := range c.pending {
+		d.err = c.err
+		close(d.done)
+		delete(c.pending, tag)
+	}
+}
+
+var _ plugins.Sink = (*Sink)(nil)
