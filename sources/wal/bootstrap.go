@@ -1,0 +1,242 @@
+package wal
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/sources/outbox"
+)
+
+// The initial snapshot: what the first start does so that no row committed
+// before the slot existed is skipped.
+//
+// A new slot streams only transactions that commit after its consistent
+// point, and the server reaches that point only when every transaction that
+// was open when creation began has ended. So the first start:
+//
+//  1. creates a TEMPORARY slot with an exported snapshot, and while the
+//     server waits for open transactions, reads the outbox table over and
+//     over (each pass in one REPEATABLE READ snapshot, in id order) and
+//     delivers every row not delivered yet — a transaction held open does
+//     not hold back the rows committed meanwhile;
+//  2. when the slot is consistent, reads the table once more in the slot's
+//     own snapshot: every row committed before the slot's start is now
+//     delivered, every later one will be streamed;
+//  3. streams the temporary slot, and once every snapshot row was acked,
+//     copies it to the permanent slot (pg_copy_logical_replication_slot
+//     keeps its confirmed position) and switches to that.
+//
+// A crash before step 3 drops the temporary slot, so the next start does it
+// all again: the snapshot's rows are sent twice, never lost. (A permanent slot
+// created at step 1 would survive the crash at a position past rows not yet
+// delivered.) Per-aggregate order holds across passes when, as with the xid8
+// source, each aggregate's writers serialise on its row lock: a snapshot then
+// sees a prefix of each aggregate's events, in id order.
+type bootstrap struct {
+	// promote: the slot streamed is the temporary copy of s.slot, to be
+	// promoted once count events were acked.
+	promote bool
+	count   uint64
+}
+
+// snapshotPollInterval is the pause between two passes over the table while
+// slot creation waits.
+const snapshotPollInterval = 200 * time.Millisecond
+
+// bootSlotName is the temporary slot's name: s.slot with a suffix.
+func bootSlotName(slot string) string {
+	const suffix = "_init"
+	if len(slot)+len(suffix) > 63 {
+		slot = slot[:63-len(suffix)]
+	}
+	return slot + suffix
+}
+
+// bootstrap runs the initial snapshot and returns the slot to stream.
+func (s *Source) bootstrap(ctx context.Context, conn *pgconn.PgConn) (string, error) {
+	name, promote := s.slot, false
+	if !s.cfg.TemporarySlot {
+		name, promote = bootSlotName(s.slot), true
+	}
+	delivered := &idSet{}
+	passCtx, stopPasses := context.WithCancel(ctx)
+	passesDone := make(chan struct{})
+	go func() {
+		defer close(passesDone)
+		s.snapshotPasses(passCtx, delivered)
+	}()
+	res, err := s.createReplicationSlot(ctx, conn, name, true, "EXPORT_SNAPSHOT")
+	stopPasses()
+	<-passesDone
+	if err != nil {
+		return "", err
+	}
+	start, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return "", fmt.Errorf("create slot %s: consistent point %q: %w", name, res.ConsistentPoint, err)
+	}
+	// A pass that ran while the server was finishing the slot may have seen
+	// transactions committed just after its start, which the slot streams
+	// too. Every such transaction commits before this LSN.
+	var passesEndText string
+	if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&passesEndText); err != nil {
+		return "", fmt.Errorf("read WAL position: %w", err)
+	}
+	passesEnd, err := pglogrepl.ParseLSN(passesEndText)
+	if err != nil {
+		return "", err
+	}
+	n := s.admitted
+	// The exported snapshot lives until the next command on conn, which is
+	// START_REPLICATION: read the table in it now.
+	if err := s.snapshotPass(ctx, delivered, res.SnapshotName); err != nil {
+		return "", fmt.Errorf("read the outbox in the slot's snapshot: %w", err)
+	}
+	if delivered.len() > 0 {
+		s.skip, s.skipUntil = delivered, passesEnd
+	}
+	s.readEnd = max(s.readEnd, start)
+	s.advanceConfirmed(start)
+	if promote {
+		s.boot = &bootstrap{promote: true, count: s.admitted}
+	}
+	s.log.Info("initial snapshot read; streaming from the new slot", "rows", delivered.len(), "in_slot_snapshot", s.admitted-n,
+		"stream_slot", name, "at", start.String())
+	return name, nil
+}
+
+// snapshotPasses reads the table until ctx ends (slot creation returned).
+func (s *Source) snapshotPasses(ctx context.Context, delivered *idSet) {
+	for ctx.Err() == nil {
+		if err := s.snapshotPass(ctx, delivered, ""); err != nil && ctx.Err() == nil {
+			s.log.Warn("initial snapshot: read the outbox table", "err", redact.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(snapshotPollInterval):
+		}
+	}
+}
+
+// snapshotPass delivers the rows of one snapshot (the slot's when snapshot
+// is set) that were not delivered yet, in id order.
+func (s *Source) snapshotPass(ctx context.Context, delivered *idSet, snapshot string) error {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background())
+	if snapshot != "" {
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(snapshot, "'", "''")+"'"); err != nil {
+			return err
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT `+s.cfg.Columns.Select("o")+` FROM `+outbox.Quote(s.cfg.Table)+
+		` AS o ORDER BY o.`+pgx.Identifier{s.cfg.Columns.ID}.Sanitize())
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r outbox.Row
+		if err := rows.Scan(s.cfg.Columns.Scan(&r)...); err != nil {
+			return err
+		}
+		if delivered.has(r.ID) {
+			continue
+		}
+		if err := s.admitSnapshotRow(ctx, r.Key(), s.table.Message(&r, positionText(0, 0), time.Now())); err != nil {
+			return err
+		}
+		delivered.add(r.ID)
+	}
+	return rows.Err()
+}
+
+// admitSnapshotRow admits a row of the initial snapshot. Nothing can be
+// confirmed for these rows (they precede the slot), so their room is freed
+// as soon as they are acked: until promotion a crash re-reads them all anyway.
+func (s *Source) admitSnapshotRow(ctx context.Context, key string, msg *message.Message) error {
+	for s.win.Room() <= 0 {
+		select {
+		case <-s.win.Progressed():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if _, mark, ok := s.win.Prefix(); ok {
+			s.win.Recorded(mark)
+		}
+	}
+	if err := s.win.Admit(ctx, key, Position{}, msg); err != nil {
+		return err
+	}
+	s.admitted++
+	return nil
+}
+
+// idSet is a set of row ids kept as sorted, disjoint, non-adjacent ranges:
+// ids arrive mostly in order, so it stays a few ranges however many rows.
+type idSet struct{ spans []idSpan }
+
+type idSpan struct{ lo, hi int64 }
+
+// find returns the index of the first span with hi >= id.
+func (s *idSet) find(id int64) int {
+	i, _ := slices.BinarySearchFunc(s.spans, id, func(sp idSpan, id int64) int {
+		switch {
+		case sp.hi < id:
+			return -1
+		case sp.lo > id:
+			return 1
+		}
+		return 0
+	})
+	return i
+}
+
+func (s *idSet) has(id int64) bool {
+	i := s.find(id)
+	return i < len(s.spans) && s.spans[i].lo <= id
+}
+
+func (s *idSet) add(id int64) {
+	if n := len(s.spans); n > 0 && s.spans[n-1].hi+1 == id { // the common case
+		s.spans[n-1].hi = id
+		return
+	}
+	i := s.find(id)
+	if i < len(s.spans) && s.spans[i].lo <= id {
+		return
+	}
+	joinPrev := i > 0 && s.spans[i-1].hi+1 == id
+	joinNext := i < len(s.spans) && s.spans[i].lo-1 == id
+	switch {
+	case joinPrev && joinNext:
+		s.spans[i-1].hi = s.spans[i].hi
+		s.spans = slices.Delete(s.spans, i, i+1)
+	case joinPrev:
+		s.spans[i-1].hi = id
+	case joinNext:
+		s.spans[i].lo = id
+	default:
+		s.spans = slices.Insert(s.spans, i, idSpan{id, id})
+	}
+}
+
+// len is the number of ids in the set.
+func (s *idSet) len() int {
+	n := 0
+	for _, sp := range s.spans {
+		n += int(sp.hi - sp.lo + 1)
+	}
+	return n
+}

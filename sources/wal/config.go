@@ -1,0 +1,133 @@
+package wal
+
+import (
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/outbox"
+)
+
+// What to do when the replication slot was invalidated or dropped.
+const (
+	// OnSlotLostFail stops the pipeline with an error (the default): events
+	// may have been missed and a person has to decide what to do about them.
+	OnSlotLostFail = "fail"
+	// OnSlotLostRecreate drops the lost slot and creates a new one, logging at
+	// error level that events may have been missed.
+	OnSlotLostRecreate = "recreate"
+)
+
+// Config is the `source:` section of a wal pipeline.
+type Config struct {
+	// DSN is the PostgreSQL connection string (URL or key=value). The role
+	// needs the REPLICATION attribute. Required.
+	DSN string `yaml:"dsn"`
+	// Table is the outbox table, "name" or "schema.name". Default "outbox".
+	Table string `yaml:"table"`
+	// Columns renames the outbox columns.
+	Columns outbox.Columns `yaml:"columns"`
+	// Publication is the publication the slot streams; created for Table
+	// (inserts only) when missing. Default "ferry_<pipeline>" ("-" becomes "_").
+	Publication string `yaml:"publication"`
+	// Slot is the logical replication slot (plugin pgoutput); created when
+	// missing. Default "ferry_<pipeline>" ("-" becomes "_").
+	Slot string `yaml:"slot"`
+	// TemporarySlot uses a slot that PostgreSQL drops when Ferry disconnects:
+	// nothing is retained while Ferry is down, and nothing committed meanwhile
+	// is delivered. For development. Default false.
+	TemporarySlot bool `yaml:"temporary_slot"`
+	// DropSlotOnStop drops the slot when the pipeline stops gracefully, so a
+	// stopped pipeline retains no WAL; events committed until the next start
+	// are not delivered. Default false.
+	DropSlotOnStop bool `yaml:"drop_slot_on_stop"`
+	// OnSlotLost is "fail" (stop with an error) or "recreate" (drop the lost
+	// slot, create a new one, log that events may have been missed). Default "fail".
+	OnSlotLost string `yaml:"on_slot_lost"`
+	// InitialSnapshot makes the first start (no slot yet) also deliver the
+	// rows already in the outbox table, read in the slot's snapshot, so that
+	// nothing committed before the slot existed is skipped. Default true.
+	InitialSnapshot bool `yaml:"initial_snapshot"`
+	// HeartbeatInterval is how often a pg_logical_emit_message is written to
+	// the source database so the slot of a quiet database keeps advancing
+	// while other databases on the server write WAL. 0 turns it off. Default 1m.
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// StatusInterval is how often the confirmed LSN is sent to the server
+	// (sooner when half of max_in_flight waits on it, and at once when the
+	// server asks). Must stay well below the server's wal_sender_timeout.
+	// Default 1s.
+	StatusInterval time.Duration `yaml:"status_interval"`
+	// SlotCheckInterval is how often the slot's health (retained WAL, status,
+	// safe_wal_size) is read for the gauges. Default 15s.
+	SlotCheckInterval time.Duration `yaml:"slot_check_interval"`
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() *Config {
+	return &Config{
+		Table:             "outbox",
+		Columns:           outbox.DefaultColumns(),
+		OnSlotLost:        OnSlotLostFail,
+		InitialSnapshot:   true,
+		HeartbeatInterval: time.Minute,
+		StatusInterval:    time.Second,
+		SlotCheckInterval: 15 * time.Second,
+	}
+}
+
+// slotName is what PostgreSQL accepts as a replication slot name; Ferry
+// holds publication names to the same rule so that no quoting question arises.
+var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+
+// Validate reports every problem, named by YAML key.
+func (c *Config) Validate() error {
+	var p plugins.Problems
+	if c.DSN == "" {
+		p.Add("dsn", "must not be empty")
+	} else if _, err := pgx.ParseConfig(c.DSN); err != nil {
+		p.Add("dsn", "not a PostgreSQL connection string: %v", err)
+	}
+	if _, _, err := outbox.ParseTable(c.Table); err != nil {
+		p.Add("table", "%v", err)
+	}
+	p.Nest("columns", c.Columns.Validate())
+	if c.Publication != "" && !slotName.MatchString(c.Publication) {
+		p.Add("publication", "%q: want lowercase letters, digits and _, at most 63", c.Publication)
+	}
+	if c.Slot != "" && !slotName.MatchString(c.Slot) {
+		p.Add("slot", "%q: want lowercase letters, digits and _, at most 63", c.Slot)
+	}
+	if c.OnSlotLost != OnSlotLostFail && c.OnSlotLost != OnSlotLostRecreate {
+		p.Add("on_slot_lost", "want %q or %q, got %q", OnSlotLostFail, OnSlotLostRecreate, c.OnSlotLost)
+	}
+	if c.HeartbeatInterval < 0 || (c.HeartbeatInterval > 0 && c.HeartbeatInterval < 100*time.Millisecond) {
+		p.Add("heartbeat_interval", "must be 0 (off) or at least 100ms, got %s", c.HeartbeatInterval)
+	}
+	// wal_sender_timeout defaults to 60s; the server drops a client that is
+	// silent for that long, so status updates must come well within it.
+	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > 30*time.Second {
+		p.Add("status_interval", "must be between 10ms and 30s, got %s", c.StatusInterval)
+	}
+	if c.SlotCheckInterval < 10*time.Millisecond {
+		p.Add("slot_check_interval", "must be at least 10ms, got %s", c.SlotCheckInterval)
+	}
+	return p.Err()
+}
+
+// OutboxTable tells components that write to the outbox (the canary
+// generator) which table and columns this source reads.
+func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }
+
+// DefaultName is the default slot and publication name of a pipeline:
+// "ferry_<pipeline>" with "-" replaced by "_" (slot names allow neither "-"
+// nor upper case).
+func DefaultName(pipeline string) string {
+	n := "ferry_" + strings.ReplaceAll(strings.ToLower(pipeline), "-", "_")
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return n
+}

@@ -1,0 +1,269 @@
+package wal_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/wal"
+)
+
+var harness = sourcetest.Harness{Type: wal.Name, Schema: wal.Schema, Features: sourcetest.Features{CommitOrder: true}}
+
+// logBuffer collects a source's log lines for assertions (and echoes them
+// to stderr when the tests run with -v).
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if testing.Verbose() {
+		os.Stderr.Write(p)
+	}
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newLogger(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// direct runs a source without router or broker: a consumer acks every
+// message it receives, or keeps them un-acked while holding.
+type direct struct {
+	src  *wal.Source
+	logs *logBuffer
+	reg  *prometheus.Registry
+
+	mu      sync.Mutex
+	got     []*message.Message
+	held    []*message.Message
+	holding bool
+}
+
+func startDirect(t *testing.T, dsn, pipeline string, maxInFlight int, mutate func(*wal.Config)) *direct {
+	t.Helper()
+	cfg := wal.DefaultConfig()
+	cfg.DSN = dsn
+	cfg.StatusInterval = 100 * time.Millisecond
+	cfg.SlotCheckInterval = 100 * time.Millisecond
+	if mutate != nil {
+		mutate(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	d := &direct{logs: &logBuffer{}, reg: prometheus.NewRegistry()}
+	d.src = wal.New(cfg, plugins.Env{Pipeline: pipeline, MaxInFlight: maxInFlight, DrainTimeout: 2 * time.Second,
+		Logger: newLogger(d.logs).With("pipeline", pipeline), Metrics: d.reg})
+	ch, err := d.src.Subscribe(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for m := range ch {
+			d.mu.Lock()
+			d.got = append(d.got, m)
+			if d.holding {
+				d.held = append(d.held, m)
+			} else {
+				m.Ack()
+			}
+			d.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { d.src.Close() })
+	return d
+}
+
+// hold keeps messages un-acked from now on; release acks them and stops holding.
+func (d *direct) hold() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.holding = true
+}
+
+func (d *direct) release() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.holding = false
+	for _, m := range d.held {
+		m.Ack()
+	}
+	d.held = nil
+}
+
+// messages returns what the consumer received, in order.
+func (d *direct) messages() []*message.Message {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*message.Message(nil), d.got...)
+}
+
+// outboxIDs counts deliveries per outbox id.
+func (d *direct) outboxIDs() map[int64]int {
+	out := map[int64]int{}
+	for _, m := range d.messages() {
+		id, _ := strconv.ParseInt(m.Metadata.Get(plugins.MetaOutboxID), 10, 64)
+		out[id]++
+	}
+	return out
+}
+
+// gauge reads one series of a gauge the source registered.
+func (d *direct) gauge(t *testing.T, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := d.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetGauge().GetValue(), true
+		}
+	}
+	return 0, false
+}
+
+// waitFailed waits for the source to stop for good and returns its error.
+func (d *direct) waitFailed(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case <-d.src.Failed():
+		return d.src.Err()
+	case <-time.After(timeout):
+		t.Fatalf("source did not fail within %s; logs:\n%s", timeout, d.logs)
+		return nil
+	}
+}
+
+type slotRow struct {
+	exists    bool
+	active    bool
+	temporary bool
+	walStatus string
+	confirmed pglogrepl.LSN
+	restart   pglogrepl.LSN
+}
+
+func readSlot(t *testing.T, pool *pgxpool.Pool, name string) slotRow {
+	t.Helper()
+	var r slotRow
+	var confirmed, restart, status *string
+	err := pool.QueryRow(context.Background(), `SELECT active, temporary, wal_status, confirmed_flush_lsn::text, restart_lsn::text
+		FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&r.active, &r.temporary, &status, &confirmed, &restart)
+	if err != nil {
+		if strings.Contains(err.Error(), "no rows") {
+			return r
+		}
+		t.Fatal(err)
+	}
+	r.exists = true
+	if status != nil {
+		r.walStatus = *status
+	}
+	if confirmed != nil {
+		r.confirmed, _ = pglogrepl.ParseLSN(*confirmed)
+	}
+	if restart != nil {
+		r.restart, _ = pglogrepl.ParseLSN(*restart)
+	}
+	return r
+}
+
+func currentLSN(t *testing.T, pool *pgxpool.Pool) pglogrepl.LSN {
+	t.Helper()
+	var s string
+	if err := pool.QueryRow(context.Background(), `SELECT pg_current_wal_insert_lsn()::text`).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	lsn, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+func newPool(t *testing.T, dsn string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// createOutbox creates the outbox (wal.Schema) and the agg_seq table
+// sourcetest.InsertSQL uses, for tests on their own database or cluster.
+func createOutbox(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ddl, err := wal.Schema("outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(context.Background(), ddl+`CREATE TABLE agg_seq (id text PRIMARY KEY, seq int NOT NULL);`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitStreaming waits until the pipeline's permanent slot exists and is
+// being streamed (after the first start's initial snapshot was promoted).
+func waitStreaming(t *testing.T, pool *pgxpool.Pool, slot string) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, "slot "+slot+" streamed", func() bool {
+		r := readSlot(t, pool, slot)
+		return r.exists && r.active
+	})
+}
+
+// dropSlotsOf drops a test's slots when it ends, so the shared cluster's
+// max_replication_slots is not used up (and its database can be dropped).
+func dropSlotsOf(t *testing.T, pool *pgxpool.Pool) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for ctx.Err() == nil {
+			_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+				WHERE database = current_database() AND NOT active`)
+			var left int
+			_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = current_database()`).Scan(&left)
+			if err == nil && left == 0 {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+}

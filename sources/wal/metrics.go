@@ -1,0 +1,209 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/redact"
+)
+
+// walStatuses are the values of pg_replication_slots.wal_status.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// slotMetrics are the per-slot gauges, labelled by slot (the Registerer in
+// plugins.Env adds pipeline and tenant).
+type slotMetrics struct {
+	slot        string
+	retained    *prometheus.GaugeVec
+	unconfirmed *prometheus.GaugeVec
+	active      *prometheus.GaugeVec
+	status      *prometheus.GaugeVec
+	safe        *prometheus.GaugeVec
+	registered  []prometheus.Collector
+}
+
+func newSlotMetrics(slot string) *slotMetrics {
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "ferry", Subsystem: "wal", Name: name, Help: help},
+			append([]string{"slot"}, labels...))
+	}
+	return &slotMetrics{
+		slot: slot,
+		retained: gauge("slot_retained_wal_bytes",
+			"WAL the server keeps for the slot: pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn). Grows without bound when the pipeline stalls."),
+		unconfirmed: gauge("slot_unconfirmed_bytes",
+			"WAL written since the slot's confirmed position: pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)."),
+		active: gauge("slot_active", "1 while a process streams the slot."),
+		status: gauge("slot_wal_status",
+			"1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others. lost means events were missed.", "wal_status"),
+		safe: gauge("slot_safe_wal_size_bytes",
+			"WAL that can still be written before the slot is invalidated (safe_wal_size); -1 when max_slot_wal_keep_size is unlimited."),
+	}
+}
+
+func (m *slotMetrics) collectors() []*prometheus.GaugeVec {
+	return []*prometheus.GaugeVec{m.retained, m.unconfirmed, m.active, m.status, m.safe}
+}
+
+// register adds the gauges to reg. A pipeline restarted in the same process
+// finds its gauges registered already and reuses them.
+func (m *slotMetrics) register(reg prometheus.Registerer, log *slog.Logger) {
+	if reg == nil {
+		return
+	}
+	for _, c := range m.collectors() {
+		err := reg.Register(c)
+		var are prometheus.AlreadyRegisteredError
+		switch {
+		case err == nil:
+			m.registered = append(m.registered, c)
+		case errors.As(err, &are):
+			if existing, ok := are.ExistingCollector.(*prometheus.GaugeVec); ok {
+				*c = *existing
+			}
+		default:
+			log.Warn("register slot metrics", "err", err)
+		}
+	}
+}
+
+func (m *slotMetrics) unregister(reg prometheus.Registerer) {
+	if reg == nil {
+		return
+	}
+	for _, c := range m.registered {
+		reg.Unregister(c)
+	}
+	m.registered = nil
+}
+
+// startBackground starts, once, the slot watcher and the heartbeat. They run
+// until the source stops, also while the stream reconnects.
+func (s *Source) startBackground(ctx context.Context) {
+	if s.bgStarted {
+		return
+	}
+	s.bgStarted = true
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.watchSlot(ctx)
+	}()
+	if s.cfg.HeartbeatInterval > 0 {
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			s.heartbeat(ctx)
+		}()
+	}
+}
+
+// watchSlot reads the slot's health every SlotCheckInterval into the gauges
+// and warns when the slot is about to be, or was, invalidated.
+func (s *Source) watchSlot(ctx context.Context) {
+	t := time.NewTicker(s.cfg.SlotCheckInterval)
+	defer t.Stop()
+	last := ""
+	for {
+		status, err := s.readSlotHealth(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.log.Debug("read slot health", "err", redact.Error(err))
+		}
+		if status != last {
+			switch status {
+			case "unreserved":
+				s.log.Warn("replication slot is about to be invalidated (wal_status unreserved): the server keeps no more WAL for it than max_slot_wal_keep_size allows; the pipeline must catch up")
+			case "lost":
+				s.log.Error("replication slot was invalidated (wal_status lost): events may have been missed")
+			}
+			last = status
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Source) readSlotHealth(ctx context.Context) (string, error) {
+	var (
+		active              bool
+		status              string
+		retained, unconfirm *float64
+		safe                *int64
+	)
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := s.pool.QueryRow(qctx, `SELECT active, coalesce(wal_status, ''),
+			pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::float8,
+			pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8,
+			safe_wal_size
+		FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&active, &status, &retained, &unconfirm, &safe)
+	m := s.metrics
+	if errors.Is(err, pgx.ErrNoRows) {
+		m.active.WithLabelValues(m.slot).Set(0)
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	m.active.WithLabelValues(m.slot).Set(boolGauge(active))
+	if retained != nil {
+		m.retained.WithLabelValues(m.slot).Set(*retained)
+	}
+	if unconfirm != nil {
+		m.unconfirmed.WithLabelValues(m.slot).Set(*unconfirm)
+	}
+	if safe != nil {
+		m.safe.WithLabelValues(m.slot).Set(float64(*safe))
+	} else {
+		m.safe.WithLabelValues(m.slot).Set(-1)
+	}
+	for _, st := range walStatuses {
+		m.status.WithLabelValues(m.slot, st).Set(boolGauge(st == status))
+	}
+	return status, nil
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// heartbeat writes a non-transactional logical decoding message to the
+// source database every HeartbeatInterval. On a database nobody writes to,
+// the server has nothing to send this slot even while other databases fill
+// the WAL, and a client that confirms only what it receives never advances
+// the slot; the heartbeat gives the stream a position in this database to
+// confirm (and shows the path from WAL to Ferry works).
+func (s *Source) heartbeat(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := s.pool.Exec(qctx, `SELECT pg_logical_emit_message(false, 'ferry.heartbeat', $1)`, s.env.Pipeline)
+		cancel()
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			s.log.Warn("write heartbeat; a quiet database's slot may not advance", "err", redact.Error(err))
+			failing = true
+		case err == nil && failing:
+			s.log.Info("heartbeats written again")
+			failing = false
+		}
+	}
+}

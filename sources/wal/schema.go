@@ -1,0 +1,69 @@
+package wal
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/sources/outbox"
+)
+
+// Schema returns what a wal pipeline needs on the database: the outbox
+// table, and as comments the server settings, the grants and the publication
+// statement (its default name depends on the pipeline: see SchemaFor).
+func Schema(table string) (string, error) { return SchemaFor(table, "") }
+
+// SchemaFor is Schema with the publication statement for publication
+// (e.g. DefaultName(pipeline)); with "" the statement is printed as a
+// comment to fill in.
+func SchemaFor(table, publication string) (string, error) {
+	schema, name, err := outbox.ParseTable(table)
+	if err != nil {
+		return "", err
+	}
+	if publication != "" && !slotName.MatchString(publication) {
+		return "", fmt.Errorf("%q is not a publication name: want lowercase letters, digits and _, at most 63", publication)
+	}
+	var b strings.Builder
+	b.WriteString(`-- Ferry's wal source reads the outbox through logical replication. The server needs:
+--   wal_level = logical              (postgresql.conf or ALTER SYSTEM; restart required)
+--   max_replication_slots >= 1 per wal pipeline, plus other consumers
+--   max_wal_senders       >= 1 per wal pipeline, plus standbys and other consumers
+--   max_slot_wal_keep_size = a bound the disk can hold (e.g. '20GB'). A stalled pipeline's slot
+--       retains WAL up to it; beyond it the server invalidates the slot and Ferry stops, saying
+--       events may have been missed. The default -1 retains WAL until the disk fills.
+-- The role Ferry connects as needs:
+--   ALTER ROLE ferry WITH REPLICATION;    -- replication connection and slot
+`)
+	fmt.Fprintf(&b, "--   GRANT SELECT ON %s TO ferry;    -- first start's initial snapshot, column check\n", outbox.Quote(table))
+	fmt.Fprintf(&b, "--   ownership of %s, to create the publication at start; or create it once as the owner:\n", outbox.Quote(table))
+	stmt := PublicationSQL(publication, table)
+	if publication == "" {
+		stmt = PublicationSQL("ferry_PIPELINE", table)
+		b.WriteString("--   (its name is source.publication, default ferry_<pipeline name with - as _>)\n")
+		b.WriteString("-- " + stmt + "\n")
+	}
+	b.WriteString(outbox.DDL{Table: table}.SQL())
+	if publication != "" {
+		b.WriteString(stmt + "\n")
+	}
+	// The no-bloat option: every row is deleted in the transaction that
+	// inserted it; the WAL still carries the insert, so Ferry delivers it.
+	fn := pgx.Identifier{name + "_ferry_delete"}
+	if schema != "" {
+		fn = pgx.Identifier{schema, name + "_ferry_delete"}
+	}
+	trig := pgx.Identifier{name + "_ferry_delete"}.Sanitize()
+	fmt.Fprintf(&b, `-- Optional, wal source only: keep the table empty. Each row is deleted in the transaction that
+-- inserted it; the WAL still carries the insert, so Ferry delivers the event (deletes are ignored).
+-- The service may also simply DELETE the row itself right after the INSERT.
+-- CREATE OR REPLACE FUNCTION %[1]s() RETURNS trigger LANGUAGE plpgsql AS $$
+-- BEGIN
+--   DELETE FROM %[2]s WHERE id = NEW.id;
+--   RETURN NULL;
+-- END $$;
+-- CREATE TRIGGER %[3]s AFTER INSERT ON %[2]s FOR EACH ROW EXECUTE FUNCTION %[1]s();
+`, fn.Sanitize(), outbox.Quote(table), trig)
+	return b.String(), nil
+}

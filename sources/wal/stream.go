@@ -1,0 +1,444 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/outbox"
+)
+
+// streamer is one START_REPLICATION session. A single goroutine owns the
+// connection: it reads, admits, and sends every status update, because a
+// pgconn.PgConn is not safe for concurrent use.
+//
+// Backpressure: when the window is full, admit stops reading the socket (the
+// server then blocks writing to it, so memory stays bounded however large the
+// transaction) but keeps sending status updates on the timer and whenever the
+// acked prefix moves. The server's wal_sender_timeout counts from the last
+// message it received from us, and a walsender blocked on a full socket still
+// reads our replies, so the connection survives a stall of any length.
+type streamer struct {
+	s          *Source
+	conn       *pgconn.PgConn
+	slot       string
+	relations  map[uint32]*relation
+	nextStatus time.Time
+
+	// The transaction being read: pgoutput sends a transaction only once it
+	// committed, so BEGIN already carries the commit LSN and time.
+	inTx       bool
+	commitLSN  pglogrepl.LSN
+	commitTime time.Time
+	prevEnd    pglogrepl.LSN // end of the transaction before this one
+	ordinal    int
+	// held is the transaction's latest event, admitted only when the next
+	// event or the COMMIT arrives: then it is known whether it is the last
+	// one, and so whether acking it completes the transaction (see Position).
+	held *heldEvent
+}
+
+type heldEvent struct {
+	key string
+	pos Position
+	msg *message.Message
+}
+
+func (s *Source) stream(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	st := &streamer{s: s, conn: conn, slot: slot, relations: map[uint32]*relation{},
+		nextStatus: time.Now().Add(s.cfg.StatusInterval)}
+	netConn := conn.Conn()
+	// A cancelled ctx interrupts a blocking read through its deadline; the
+	// read loop then finds ctx done and shuts down in order.
+	stopWake := context.AfterFunc(ctx, func() { _ = netConn.SetReadDeadline(time.Now()) })
+	defer stopWake()
+
+	var deadline time.Time
+	for {
+		if ctx.Err() != nil {
+			return st.finish()
+		}
+		if !time.Now().Before(st.nextStatus) || s.win.Unrecorded() >= s.recordAt {
+			if err := st.sendStatus(); err != nil {
+				return err
+			}
+		}
+		if !st.inTx && s.boot != nil && s.boot.promote {
+			if _, mark, _ := s.win.Prefix(); uint64(mark) >= s.boot.count {
+				if err := st.promote(ctx); err != nil {
+					return err
+				}
+			}
+		}
+		if !deadline.Equal(st.nextStatus) {
+			deadline = st.nextStatus
+			_ = netConn.SetReadDeadline(deadline)
+		}
+		if ctx.Err() != nil { // cancelled before the deadline was set: do not block
+			continue
+		}
+		msg, err := conn.ReceiveMessage(context.Background())
+		if err != nil {
+			if isTimeout(err) {
+				deadline = time.Time{}
+				continue
+			}
+			return fmt.Errorf("replication stream: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := st.handle(ctx, msg.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication stream: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return errors.New("the server ended the replication stream")
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return pgconn.Timeout(err) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+func (st *streamer) handle(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	s := st.s
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return err
+		}
+		// Between transactions, everything the server sent before its WAL
+		// end was read: once the window has delivered it, the slot may be
+		// confirmed up to there. This is what lets an idle database's slot
+		// advance when other databases write WAL.
+		if !st.inTx && ka.ServerWALEnd > s.readEnd {
+			s.readEnd = ka.ServerWALEnd
+			s.tail = confirmPoint{count: s.admitted, lsn: s.readEnd}
+		}
+		if ka.ReplyRequested {
+			return st.sendStatus()
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return err
+		}
+		return st.decode(ctx, xld.WALData)
+	}
+	return nil
+}
+
+func (st *streamer) decode(ctx context.Context, walData []byte) error {
+	s := st.s
+	m, err := pglogrepl.Parse(walData)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message: %w", err)
+	}
+	switch m := m.(type) {
+	case *pglogrepl.BeginMessage:
+		st.inTx, st.commitLSN, st.commitTime, st.ordinal = true, m.FinalLSN, m.CommitTime, 0
+		st.prevEnd = s.readEnd
+	case *pglogrepl.RelationMessage:
+		rel, err := s.mapRelation(m)
+		if err != nil {
+			return err
+		}
+		st.relations[m.RelationID] = rel
+	case *pglogrepl.InsertMessage:
+		rel := st.relations[m.RelationID]
+		if rel == nil || !rel.outbox {
+			return nil // another table of a shared publication
+		}
+		return st.insert(ctx, rel, m.Tuple)
+	case *pglogrepl.CommitMessage:
+		if st.held != nil {
+			st.held.pos.Confirm = m.TransactionEndLSN
+			if err := st.admitHeld(ctx); err != nil {
+				return err
+			}
+		}
+		st.inTx = false
+		s.readEnd = max(s.readEnd, m.TransactionEndLSN)
+		s.tail = confirmPoint{count: s.admitted, lsn: s.readEnd}
+	case *pglogrepl.LogicalDecodingMessage:
+		// A heartbeat (ours or another pipeline's): outside a transaction it
+		// is a point the slot may be confirmed to once the window is empty.
+		if !m.Transactional && !st.inTx && m.LSN > s.readEnd {
+			s.readEnd = m.LSN
+			s.tail = confirmPoint{count: s.admitted, lsn: s.readEnd}
+		}
+	}
+	// UPDATE, DELETE and TRUNCATE are not events (and the publication Ferry
+	// creates does not even send them): deleting outbox rows, in the same
+	// transaction or later, changes nothing that was delivered.
+	return nil
+}
+
+func (st *streamer) insert(ctx context.Context, rel *relation, tuple *pglogrepl.TupleData) error {
+	s := st.s
+	row, err := s.decodeRow(rel, tuple)
+	if err != nil {
+		return fmt.Errorf("decode outbox row in transaction committed at %s: %w", st.commitLSN, err)
+	}
+	if s.skip != nil {
+		// Rows an initial-snapshot pass already delivered, committed just
+		// after the slot's start: they are streamed again; skip them.
+		if st.commitLSN > s.skipUntil {
+			s.skip = nil
+		} else if s.skip.has(row.ID) {
+			return nil
+		}
+	}
+	st.ordinal++
+	msg := s.table.Message(&row, positionText(st.commitLSN, st.ordinal), time.Now())
+	msg.Metadata[MetaCommitLSN] = st.commitLSN.String()
+	msg.Metadata[MetaCommittedAt] = plugins.FormatTime(st.commitTime)
+	if st.held != nil {
+		// Not the transaction's last event: acking it completes only the
+		// transactions before this one.
+		st.held.pos.Confirm = st.prevEnd
+		if err := st.admitHeld(ctx); err != nil {
+			return err
+		}
+	}
+	st.held = &heldEvent{key: row.Key(), pos: Position{CommitLSN: st.commitLSN}, msg: msg}
+	return nil
+}
+
+func (st *streamer) admitHeld(ctx context.Context) error {
+	h := st.held
+	st.held = nil
+	return st.admit(ctx, h.key, h.pos, h.msg)
+}
+
+// admit adds one event to the window. While the window is full it does not
+// read the socket, but it keeps the server informed: see streamer.
+func (st *streamer) admit(ctx context.Context, key string, pos Position, msg *message.Message) error {
+	s := st.s
+	for s.win.Room() <= 0 {
+		t := time.NewTimer(max(time.Until(st.nextStatus), 0))
+		select {
+		case <-s.win.Progressed():
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		t.Stop()
+		if !time.Now().Before(st.nextStatus) || s.win.Unrecorded() >= s.recordAt {
+			if err := st.sendStatus(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := s.win.Admit(ctx, key, pos, msg); err != nil {
+		return err
+	}
+	s.admitted++
+	return nil
+}
+
+// sendStatus confirms what the window delivered: the Confirm LSN of the
+// acked prefix's last event, or — when every event read so far was acked —
+// the last commit, heartbeat or keepalive position read between transactions.
+// Write is what was read, flush and apply what was delivered: the server
+// keeps WAL from the flush position and a restart resumes there.
+func (st *streamer) sendStatus() error {
+	s := st.s
+	pos, mark, ok := s.win.Prefix()
+	confirm := s.ConfirmedLSN()
+	if ok && pos.Confirm > confirm {
+		confirm = pos.Confirm
+	}
+	if uint64(mark) >= s.tail.count && s.tail.lsn > confirm {
+		confirm = s.tail.lsn
+	}
+	write := max(s.readEnd, confirm)
+	if confirm == 0 {
+		// pglogrepl would replace a zero flush position with the write
+		// position, confirming what was not delivered.
+		write = 0
+	}
+	if err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: write, WALFlushPosition: confirm, WALApplyPosition: confirm}); err != nil {
+		return fmt.Errorf("send status update: %w", err)
+	}
+	s.advanceConfirmed(confirm)
+	// Confirmed to the server: these events will not be sent again after a
+	// crash, except inside a transaction not yet complete, which the slot
+	// can only re-send whole (the unconfirmed tail).
+	s.win.Recorded(mark)
+	st.nextStatus = time.Now().Add(s.cfg.StatusInterval)
+	return nil
+}
+
+// finish ends the session on shutdown: it lets dispatched events finish (up
+// to the drain timeout), confirms what was acked and ends the stream so the
+// server has processed the confirmation before the connection closes.
+func (st *streamer) finish() error {
+	s := st.s
+	drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout())
+	if err := s.win.Drain(drainCtx); err != nil {
+		s.log.Warn("drain timed out; unacked events will be sent again on restart", "held", s.win.Stats().Held)
+	}
+	cancel()
+	if err := st.sendStatus(); err != nil {
+		s.log.Error("confirm progress at shutdown", "err", redact.Error(err))
+		return nil
+	}
+	_ = st.conn.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), st.conn); err != nil {
+		s.log.Debug("end replication stream", "err", redact.Error(err))
+	}
+	s.log.Info("wal source stopped", "confirmed", s.ConfirmedLSN().String())
+	return nil
+}
+
+// promote turns the initial snapshot's temporary slot into the permanent
+// slot, now that every snapshot row was acked: a copy starts where the
+// temporary slot was confirmed. Until now a crash dropped the temporary slot
+// and the next start read the snapshot again; from now on the permanent slot
+// holds the position.
+func (st *streamer) promote(ctx context.Context) error {
+	s := st.s
+	if err := st.sendStatus(); err != nil {
+		return err
+	}
+	if _, err := s.pool.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2, false)`, st.slot, s.slot); err != nil {
+		// Keep streaming the temporary slot and try again at the next status
+		// update rather than lose it (and re-read the snapshot).
+		s.log.Warn("create the permanent replication slot; will retry", "err", redact.Error(err))
+		return nil
+	}
+	s.boot = nil
+	s.log.Info("created replication slot from the initial snapshot's slot", "confirmed", s.ConfirmedLSN().String())
+	return errSwitchSlot
+}
+
+// Outbox fields in the order relation.idx holds them.
+const (
+	fieldID = iota
+	fieldAggregateType
+	fieldAggregateID
+	fieldType
+	fieldPayload
+	fieldHeaders
+	fieldCreatedAt
+	fieldEventID
+	numFields
+)
+
+// relation maps a RELATION message's columns to the outbox fields.
+type relation struct {
+	outbox bool
+	idx    [numFields]int    // column index in the tuple; -1 when not mapped
+	oid    [numFields]uint32 // column type
+	extra  []int             // column index of each columns.extra entry
+}
+
+func (s *Source) mapRelation(m *pglogrepl.RelationMessage) (*relation, error) {
+	rel := &relation{outbox: m.Namespace == s.table.Schema && m.RelationName == s.table.Name}
+	if !rel.outbox {
+		return rel, nil
+	}
+	c := s.cfg.Columns
+	names := [numFields]string{c.ID, c.AggregateType, c.AggregateID, c.Type, c.Payload, c.Headers, c.CreatedAt, c.EventID}
+	for f, name := range names {
+		rel.idx[f] = -1
+		for i, col := range m.Columns {
+			if name != "" && col.Name == name {
+				rel.idx[f], rel.oid[f] = i, col.DataType
+			}
+		}
+		if name != "" && rel.idx[f] < 0 {
+			return nil, missingColumn(m, name)
+		}
+	}
+	for _, name := range c.Extra {
+		i := slices.IndexFunc(m.Columns, func(col *pglogrepl.RelationMessageColumn) bool { return col.Name == name })
+		if i < 0 {
+			return nil, missingColumn(m, name)
+		}
+		rel.extra = append(rel.extra, i)
+	}
+	return rel, nil
+}
+
+func missingColumn(m *pglogrepl.RelationMessage, name string) error {
+	return fmt.Errorf("outbox table %s.%s has no column %q in the replication stream (check source.columns, and the publication's column list)",
+		m.Namespace, m.RelationName, name)
+}
+
+// decodeRow turns a tuple's text values into an outbox row, the same values
+// the other sources read with SQL.
+func (s *Source) decodeRow(rel *relation, tuple *pglogrepl.TupleData) (outbox.Row, error) {
+	var r outbox.Row
+	col := func(f int) *pglogrepl.TupleDataColumn {
+		i := rel.idx[f]
+		if i < 0 || tuple == nil || i >= len(tuple.Columns) {
+			return nil
+		}
+		return tuple.Columns[i]
+	}
+	text := func(f int) pgtype.Text {
+		c := col(f)
+		if c == nil || c.DataType != pglogrepl.TupleDataTypeText {
+			return pgtype.Text{}
+		}
+		return pgtype.Text{String: string(c.Data), Valid: true}
+	}
+	id := text(fieldID)
+	if !id.Valid {
+		return r, fmt.Errorf("column %s is NULL", s.cfg.Columns.ID)
+	}
+	var err error
+	if r.ID, err = strconv.ParseInt(id.String, 10, 64); err != nil {
+		return r, fmt.Errorf("column %s: %q is not a whole number", s.cfg.Columns.ID, id.String)
+	}
+	r.AggregateType, r.AggregateID, r.Type = text(fieldAggregateType), text(fieldAggregateID), text(fieldType)
+	r.Headers, r.EventID = text(fieldHeaders), text(fieldEventID)
+	if c := col(fieldPayload); c != nil && c.DataType == pglogrepl.TupleDataTypeText {
+		if rel.oid[fieldPayload] == pgtype.ByteaOID {
+			if err := s.typeMap.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, c.Data, &r.Payload); err != nil {
+				return r, fmt.Errorf("column %s: %w", s.cfg.Columns.Payload, err)
+			}
+		} else {
+			r.Payload = c.Data // pglogrepl copied it out of the read buffer
+		}
+	}
+	if len(rel.extra) > 0 {
+		r.ExtraNames = s.cfg.Columns.Extra
+		r.Extra = make([]pgtype.Text, len(rel.extra))
+		for i, ci := range rel.extra {
+			if ci < len(tuple.Columns) && tuple.Columns[ci].DataType == pglogrepl.TupleDataTypeText {
+				r.Extra[i] = pgtype.Text{String: string(tuple.Columns[ci].Data), Valid: true}
+			}
+		}
+	}
+	if c := col(fieldCreatedAt); c != nil && c.DataType == pglogrepl.TupleDataTypeText {
+		if err := s.typeMap.Scan(rel.oid[fieldCreatedAt], pgtype.TextFormatCode, c.Data, &r.CreatedAt); err != nil {
+			return r, fmt.Errorf("column %s: %w", s.cfg.Columns.CreatedAt, err)
+		}
+	}
+	return r, nil
+}
