@@ -1,11 +1,14 @@
 package nats
 
 import (
+	"errors"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"time"
 
+	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -19,6 +22,20 @@ type Config struct {
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
 	// CreateStream, when set, creates (or updates) a stream at start.
 	CreateStream *StreamConfig `yaml:"create_stream"`
+	// User and Password authenticate with a user name and password; the URL
+	// may carry them instead (nats://user:password@host). Default none.
+	User string `yaml:"user"`
+	// Password of user; never logged. Default none.
+	Password string `yaml:"password"`
+	// Token authenticates with a token; the URL may carry it instead
+	// (nats://token@host). Never logged. Default none.
+	Token string `yaml:"token"`
+	// CredentialsFile is a NATS .creds file (user JWT and NKey seed), for
+	// operator/account deployments. Default none.
+	CredentialsFile string `yaml:"credentials_file"`
+	// TLS secures the connection (tls:// URLs need it, or use system roots).
+	// Default off.
+	TLS TLSConfig `yaml:"tls"`
 }
 
 // StreamConfig describes the stream Ferry creates for its subjects.
@@ -36,6 +53,19 @@ type StreamConfig struct {
 	// DuplicateWindow is how long JetStream remembers event ids to drop
 	// re-sends. Default 2m.
 	DuplicateWindow time.Duration `yaml:"duplicate_window"`
+	// Retention is limits (keep until a limit is hit), interest (until every
+	// consumer acked) or workqueue (until one consumer acked). Default limits.
+	Retention string `yaml:"retention"`
+	// Discard is what a full stream drops: old messages, or new ones — then a
+	// publish fails rather than evicting undelivered events. Default old.
+	Discard string `yaml:"discard"`
+	// MaxMsgs caps the messages the stream keeps; 0 is unlimited. Default 0.
+	MaxMsgs int64 `yaml:"max_msgs"`
+	// MaxBytes caps the stream's size in bytes; 0 is unlimited. Default 0.
+	MaxBytes int64 `yaml:"max_bytes"`
+	// MaxMsgSize is the largest message the stream accepts, in bytes; 0 is
+	// the server's limit. Default 0.
+	MaxMsgSize int32 `yaml:"max_msg_size"`
 }
 
 // DefaultConfig returns the defaults.
@@ -53,7 +83,7 @@ func (c *Config) Validate() error {
 	}
 	for _, u := range strings.Split(c.URL, ",") {
 		if pu, err := url.Parse(strings.TrimSpace(u)); err != nil || pu.Host == "" {
-			p.Add("url", "%q is not a NATS URL like nats://host:4222", u)
+			p.Add("url", "%q is not a NATS URL like nats://host:4222", redact.String(u))
 		}
 	}
 	if c.Subject == "" {
@@ -82,7 +112,41 @@ func (c *Config) Validate() error {
 		if s.MaxAge < 0 || s.DuplicateWindow < 0 {
 			p.Add("create_stream", "durations must not be negative")
 		}
+		switch s.Retention {
+		case "", "limits", "interest", "workqueue":
+		default:
+			p.Add("create_stream.retention", "must be limits, interest or workqueue, got %q", s.Retention)
+		}
+		switch s.Discard {
+		case "", "old", "new":
+		default:
+			p.Add("create_stream.discard", "must be old or new, got %q", s.Discard)
+		}
+		if s.MaxMsgs < 0 {
+			p.Add("create_stream.max_msgs", "must not be negative")
+		}
+		if s.MaxBytes < 0 {
+			p.Add("create_stream.max_bytes", "must not be negative")
+		}
+		if s.MaxMsgSize < 0 {
+			p.Add("create_stream.max_msg_size", "must not be negative")
+		}
 	}
+	if c.Token != "" && (c.User != "" || c.Password != "") {
+		p.Add("token", "use either token or user and password, not both")
+	}
+	if (c.User == "") != (c.Password == "") {
+		p.Add("user", "user and password go together")
+	}
+	if c.CredentialsFile != "" {
+		if c.Token != "" || c.User != "" {
+			p.Add("credentials_file", "use either credentials_file or user/password/token, not both")
+		}
+		if _, err := os.Stat(c.CredentialsFile); err != nil {
+			p.Add("credentials_file", "cannot read %s: %v", c.CredentialsFile, errors.Unwrap(err))
+		}
+	}
+	p.Nest("tls", c.TLS.Validate())
 	return p.Err()
 }
 

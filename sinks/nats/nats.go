@@ -63,18 +63,11 @@ func (s *Sink) Start(ctx context.Context) error {
 		return errors.New("nats sink: closed")
 	}
 	if s.conn == nil {
-		conn, err := nats.Connect(s.cfg.URL,
-			nats.Name("ferry:"+s.env.Pipeline),
-			nats.RetryOnFailedConnect(true),
-			nats.MaxReconnects(-1),
-			nats.ReconnectWait(500*time.Millisecond),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				if err != nil {
-					s.log.Warn("nats disconnected", "err", redact.Error(err))
-				}
-			}),
-			nats.ReconnectHandler(func(*nats.Conn) { s.log.Info("nats reconnected") }),
-		)
+		opts, err := s.options()
+		if err != nil {
+			return err
+		}
+		conn, err := nats.Connect(s.cfg.URL, opts...)
 		if err != nil {
 			return redact.Error(fmt.Errorf("connect nats: %w", err))
 		}
@@ -98,6 +91,41 @@ func (s *Sink) Start(ctx context.Context) error {
 	return nil
 }
 
+// options are the connection's settings: reconnect forever, and while
+// disconnected fail publishes at once (no reconnect buffer) — a buffered
+// publish would time out here yet reach the stream later, a silent re-send.
+func (s *Sink) options() ([]nats.Option, error) {
+	opts := []nats.Option{
+		nats.Name("ferry:" + s.env.Pipeline),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500 * time.Millisecond),
+		nats.ReconnectBufSize(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				s.log.Warn("nats disconnected", "err", redact.Error(err))
+			}
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { s.log.Info("nats reconnected") }),
+	}
+	switch {
+	case s.cfg.CredentialsFile != "":
+		opts = append(opts, nats.UserCredentials(s.cfg.CredentialsFile))
+	case s.cfg.Token != "":
+		opts = append(opts, nats.Token(s.cfg.Token))
+	case s.cfg.User != "":
+		opts = append(opts, nats.UserInfo(s.cfg.User, s.cfg.Password))
+	}
+	tc, err := s.cfg.TLS.Build()
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	return opts, nil
+}
+
 func (s *Sink) ensureStream(ctx context.Context) error {
 	js, err := jetstream.New(s.conn)
 	if err != nil {
@@ -117,6 +145,25 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 	}
 	if sc.Storage == "memory" {
 		cfg.Storage = jetstream.MemoryStorage
+	}
+	switch sc.Retention {
+	case "interest":
+		cfg.Retention = jetstream.InterestPolicy
+	case "workqueue":
+		cfg.Retention = jetstream.WorkQueuePolicy
+	}
+	if sc.Discard == "new" {
+		cfg.Discard = jetstream.DiscardNew
+	}
+	cfg.MaxMsgs, cfg.MaxBytes, cfg.MaxMsgSize = -1, -1, -1
+	if sc.MaxMsgs > 0 {
+		cfg.MaxMsgs = sc.MaxMsgs
+	}
+	if sc.MaxBytes > 0 {
+		cfg.MaxBytes = sc.MaxBytes
+	}
+	if sc.MaxMsgSize > 0 {
+		cfg.MaxMsgSize = sc.MaxMsgSize
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -140,7 +187,12 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		topic = s.cfg.Subject
 	}
 	if err := pub.Publish(topic, msgs...); err != nil {
-		return fmt.Errorf("publish to %s: %w", topic, err)
+		err = fmt.Errorf("publish to %s: %w", topic, err)
+		if errors.Is(err, nats.ErrMaxPayload) {
+			// No retry makes it fit: the pipeline dead-letters it.
+			return plugins.Permanent("oversize", err)
+		}
+		return err
 	}
 	return nil
 }
@@ -160,7 +212,7 @@ func (s *Sink) Close() error {
 }
 
 // marshaler writes the payload as the body and metadata as headers, leaving
-// out Ferry's routing keys; the event id travels in watermill's uuid header,
+// out Ferry's internal keys (plugins.IsInternal); the event id travels in watermill's uuid header,
 // from which the publisher sets Nats-Msg-Id.
 type marshaler struct{}
 
@@ -168,7 +220,7 @@ func (marshaler) Marshal(topic string, msg *message.Message) (*nats.Msg, error) 
 	h := make(nats.Header, len(msg.Metadata)+1)
 	h.Set(wmnats.WatermillUUIDHdr, msg.UUID)
 	for k, v := range msg.Metadata {
-		if k == plugins.MetaTopic {
+		if plugins.IsInternal(k) {
 			continue
 		}
 		h.Set(k, v)

@@ -2,23 +2,320 @@ package nats_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/ferryhq/ferry/internal/natsserver"
+	"github.com/ferryhq/ferry/internal/sinktest"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/plugins"
 	natssink "github.com/ferryhq/ferry/sinks/nats"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
+
+// natsTarget is one test's stream on $NATS_URL or on a fresh in-process
+// JetStream server with a fixed port and store directory, which the
+// broker-down test shuts down and starts again (streams and messages
+// survive, as on a restarted server).
+func natsTarget(t testing.TB) *sinktest.Target {
+	url := os.Getenv("NATS_URL")
+	var srv *natsserver.Server
+	if url == "" {
+		var err error
+		if srv, err = natsserver.Start(0, t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		url = srv.URL()
+	}
+	base := strings.ReplaceAll(testenv.Name("ferry"), "_", "-")
+	stream := strings.ToUpper(strings.ReplaceAll(base, "-", "_"))
+	tg := &sinktest.Target{Default: base + ".default", Routed: base + ".routed"}
+	tg.SinkYAML = func(dest string) string {
+		return fmt.Sprintf("url: %s\nsubject: %s\npublish_timeout: 2s\ncreate_stream: {name: %s, subjects: [\"%s.>\"]}\n", url, dest, stream, base)
+	}
+	r := &streamReader{url: url, stream: stream, next: 1}
+	t.Cleanup(r.close)
+	tg.Received = r.read
+	if srv != nil {
+		tg.Stop = func(t testing.TB) func(testing.TB) {
+			port, dir := srv.Port(), srv.StoreDir()
+			srv.Close()
+			return func(t testing.TB) {
+				var err error
+				testenv.Eventually(t, 10*time.Second, "NATS restarted on its port", func() bool {
+					srv, err = natsserver.Start(port, dir)
+					return err == nil
+				})
+			}
+		}
+	}
+	return tg
+}
+
+// streamReader reads a stream incrementally, from the sequence after the
+// last one read, with a fresh ordered consumer per call: it survives server
+// restarts and never misses or repeats a stored message.
+type streamReader struct {
+	url, stream string
+
+	mu   sync.Mutex
+	nc   *nats.Conn
+	recs []sinktest.Record
+	next uint64
+}
+
+func (r *streamReader) read() []sinktest.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nc == nil {
+		nc, err := nats.Connect(r.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+		if err != nil {
+			return append([]sinktest.Record(nil), r.recs...)
+		}
+		r.nc = nc
+	}
+	js, _ := jetstream.New(r.nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for {
+		s, err := js.Stream(ctx, r.stream)
+		if err != nil {
+			break
+		}
+		info, err := s.Info(ctx)
+		if err != nil || info.State.LastSeq < r.next {
+			break
+		}
+		c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: r.next})
+		if err != nil {
+			break
+		}
+		batch, err := c.Fetch(int(min(info.State.LastSeq-r.next+1, 2000)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			break
+		}
+		got := 0
+		for m := range batch.Messages() {
+			meta, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			h := map[string]string{}
+			for k := range m.Headers() {
+				h[k] = m.Headers().Get(k)
+			}
+			r.recs = append(r.recs, sinktest.Record{Destination: m.Subject(), Stream: r.stream, ID: h[nats.MsgIdHdr], Payload: m.Data(), Headers: h})
+			r.next = meta.Sequence.Stream + 1
+			got++
+		}
+		if got == 0 {
+			break
+		}
+	}
+	return append([]sinktest.Record(nil), r.recs...)
+}
+
+func (r *streamReader) close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nc != nil {
+		r.nc.Close()
+	}
+}
+
+var harness = sinktest.Harness{
+	Type:     natssink.Name,
+	Features: sinktest.Features{DedupsResends: true},
+	Target:   natsTarget,
+}
+
+func TestConformance(t *testing.T) { sinktest.Run(t, harness) }
+
+// BenchmarkDrain50k measures the drain rate from an xid8 outbox holding
+// 50,000 events into NATS JetStream ($NATS_URL or an in-process server).
+func BenchmarkDrain50k(b *testing.B) { sinktest.BenchmarkDrain(b, harness, 50000) }
+
+// startServer runs an in-process JetStream server with extra options (TLS,
+// auth) on a free port.
+func startServer(t *testing.T, mut func(*server.Options)) *server.Server {
+	t.Helper()
+	opts := &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
+	mut(opts)
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns
+}
+
+// publishOne starts a sink and publishes one event to a stream it creates.
+func publishOne(t *testing.T, cfg *natssink.Config) error {
+	t.Helper()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := natssink.New(cfg, plugins.Env{Pipeline: "test", Logger: sinktest.Logger()})
+	defer s.Close()
+	if err := s.Start(context.Background()); err != nil {
+		return err
+	}
+	return s.Publish("", message.NewMessage("secure-1", []byte("x")))
+}
+
+func secureConfig(url string) *natssink.Config {
+	cfg := natssink.DefaultConfig()
+	cfg.URL, cfg.Subject, cfg.PublishTimeout = url, "ferry.secure", time.Second
+	cfg.CreateStream = &natssink.StreamConfig{Name: "SECURE"}
+	return cfg
+}
+
+// TLS: the sink verifies the server with ca_file and presents a client
+// certificate the server requires; without them it cannot publish.
+func TestTLS(t *testing.T) {
+	files := sinktest.NewTLSFiles(t)
+	tc := files.ServerConfig()
+	tc.ClientAuth = tls.RequireAndVerifyClientCert
+	ns := startServer(t, func(o *server.Options) { o.TLSConfig, o.TLS, o.TLSVerify = tc, true, true })
+	cfg := secureConfig(ns.ClientURL())
+	cfg.TLS = natssink.TLSConfig{Enabled: true, CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key}
+	if err := publishOne(t, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := publishOne(t, secureConfig(ns.ClientURL())); err == nil {
+		t.Fatal("published to a TLS server without TLS")
+	}
+}
+
+// user/password and token, as fields; wrong ones fail, and stay out of errors.
+func TestUserPasswordAndToken(t *testing.T) {
+	up := startServer(t, func(o *server.Options) { o.Username, o.Password = "ferry", "s3cret" })
+	cfg := secureConfig(up.ClientURL())
+	cfg.User, cfg.Password = "ferry", "s3cret"
+	if err := publishOne(t, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg = secureConfig(up.ClientURL())
+	cfg.User, cfg.Password = "ferry", "hunter2"
+	if err := publishOne(t, cfg); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("wrong password: %v", err)
+	}
+
+	tok := startServer(t, func(o *server.Options) { o.Authorization = "t0ken" })
+	cfg = secureConfig(tok.ClientURL())
+	cfg.Token = "t0ken"
+	if err := publishOne(t, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := publishOne(t, secureConfig(tok.ClientURL())); err == nil {
+		t.Fatal("published without the token")
+	}
+}
+
+// credentials_file: a .creds file (user JWT and seed) against a server in
+// operator mode.
+func TestCredentialsFile(t *testing.T) {
+	okp, _ := nkeys.CreateOperator()
+	opub, _ := okp.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	sysKP, _ := nkeys.CreateAccount()
+	sysPub, _ := sysKP.PublicKey()
+	oc.SystemAccount = sysPub
+	sysJWT, err := jwt.NewAccountClaims(sysPub).Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	akp, _ := nkeys.CreateAccount()
+	apub, _ := akp.PublicKey()
+	ac := jwt.NewAccountClaims(apub)
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+	ajwt, err := ac.Encode(okp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ukp, _ := nkeys.CreateUser()
+	upub, _ := ukp.PublicKey()
+	ujwt, err := jwt.NewUserClaims(upub).Encode(akp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := ukp.Seed()
+	creds, err := jwt.FormatUserConfig(ujwt, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	credsFile := filepath.Join(t.TempDir(), "ferry.creds")
+	if err := os.WriteFile(credsFile, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	resolver := &server.MemAccResolver{}
+	_ = resolver.Store(sysPub, sysJWT)
+	_ = resolver.Store(apub, ajwt)
+	ns := startServer(t, func(o *server.Options) {
+		o.TrustedOperators = []*jwt.OperatorClaims{oc}
+		o.AccountResolver = resolver
+		o.SystemAccount = sysPub
+	})
+	cfg := secureConfig(ns.ClientURL())
+	cfg.CredentialsFile = credsFile
+	if err := publishOne(t, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := publishOne(t, secureConfig(ns.ClientURL())); err == nil {
+		t.Fatal("published without credentials")
+	}
+}
+
+// Stream options reach the stream.
+func TestStreamOptions(t *testing.T) {
+	url := testenv.NATS(t)
+	name := strings.ToUpper(testenv.Name("opts"))
+	s := newSink(t, url, "ferry.opts."+strings.ToLower(name), &natssink.StreamConfig{
+		Name: name, Storage: "memory", Retention: "workqueue", Discard: "new", MaxMsgs: 10, MaxBytes: 1 << 20, MaxMsgSize: 1024, DuplicateWindow: time.Minute,
+	})
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	st, err := js.Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer js.DeleteStream(context.Background(), name)
+	c := st.CachedInfo().Config
+	if c.Storage != jetstream.MemoryStorage || c.Retention != jetstream.WorkQueuePolicy || c.Discard != jetstream.DiscardNew ||
+		c.MaxMsgs != 10 || c.MaxBytes != 1<<20 || c.MaxMsgSize != 1024 || c.Duplicates != time.Minute {
+		t.Fatalf("stream config %+v", c)
+	}
+	// A message over max_msg_size is refused by the stream: the publish fails.
+	if err := s.Publish("", message.NewMessage("big", make([]byte, 2048))); err == nil {
+		t.Fatal("publish over the stream's max_msg_size succeeded")
+	}
+}
 
 func newSink(t *testing.T, url, subject string, stream *natssink.StreamConfig) *natssink.Sink {
 	t.Helper()
@@ -156,12 +453,20 @@ func TestValidate(t *testing.T) {
 		{func(c *natssink.Config) { c.PublishTimeout = 0 }, "publish_timeout: must be positive"},
 		{func(c *natssink.Config) { c.CreateStream = &natssink.StreamConfig{Name: "a.b"} }, "create_stream.name:"},
 		{func(c *natssink.Config) { c.CreateStream = &natssink.StreamConfig{Name: "S", Storage: "disk"} }, "create_stream.storage: must be file or memory"},
+		{func(c *natssink.Config) { c.CreateStream = &natssink.StreamConfig{Name: "S", Retention: "forever"} }, "create_stream.retention: must be limits, interest or workqueue"},
+		{func(c *natssink.Config) { c.CreateStream = &natssink.StreamConfig{Name: "S", Discard: "oldest"} }, "create_stream.discard: must be old or new"},
+		{func(c *natssink.Config) { c.CreateStream = &natssink.StreamConfig{Name: "S", MaxMsgs: -1} }, "create_stream.max_msgs: must not be negative"},
+		{func(c *natssink.Config) { c.Token, c.User, c.Password = "t", "u", "p" }, "token: use either token or user and password"},
+		{func(c *natssink.Config) { c.User = "u" }, "user: user and password go together"},
+		{func(c *natssink.Config) { c.CredentialsFile = "/nonexistent.creds" }, "credentials_file: cannot read /nonexistent.creds"},
+		{func(c *natssink.Config) { c.TLS = natssink.TLSConfig{Enabled: true, KeyFile: "k"} }, "tls.cert_file: cert_file and key_file go together"},
+		{func(c *natssink.Config) { c.URL = "nats://u:hunter2@h:4222,:bad" }, "is not a NATS URL"},
 	}
 	for _, c := range cases {
 		cfg := natssink.DefaultConfig()
 		cfg.Subject = "ok"
 		c.mut(cfg)
-		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "hunter2") {
 			t.Errorf("Validate() = %v, want %q", err, c.want)
 		}
 	}
