@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -25,6 +26,7 @@ type Pipeline struct {
 	Log       *slog.Logger
 
 	metrics *stageObservers
+	report  plugins.Reporter
 }
 
 // Stage is one transform with the name used in logs and metrics.
@@ -58,11 +60,14 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 		env.Logger = slog.Default()
 	}
 	env.Logger = env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant)
+	if env.Report == nil {
+		env.Report = plugins.NopReporter{}
+	}
 	if o, ok := spec.Source.Config.(plugins.OutboxSource); ok {
 		t := o.OutboxTable()
 		env.Outbox = &t
 	}
-	p := &Pipeline{Spec: spec, Log: env.Logger}
+	p := &Pipeline{Spec: spec, Log: env.Logger, report: env.Report}
 
 	snk, err := spec.Sink.Factory.Build(spec.Sink.Config, env)
 	if err != nil {
@@ -118,7 +123,8 @@ func (p *Pipeline) Start(ctx context.Context) error {
 // transform marks final (plugins.MetaFinal) skips the transforms after it.
 func (p *Pipeline) Handle(msg *message.Message) error {
 	obs := p.metrics
-	if readAt, err := plugins.ParseTime(msg.Metadata.Get(plugins.MetaReadAt)); err == nil {
+	readAt, readErr := plugins.ParseTime(msg.Metadata.Get(plugins.MetaReadAt))
+	if readErr == nil {
 		obs.observe(0, time.Since(readAt), outcomeOK)
 	}
 	msgs := []*message.Message{msg}
@@ -148,7 +154,30 @@ func (p *Pipeline) Handle(msg *message.Message) error {
 		}
 	}
 	obs.observe(last, time.Since(start), outcomeOK)
+	if readErr == nil {
+		p.observeLag(msg, time.Since(readAt))
+	}
 	return nil
+}
+
+// observeLag records the event's lag segments once the broker confirmed it:
+// commit→read on the database clock, read→ack on the relay clock, and
+// commit→ack as their sum — never comparing one clock with another.
+func (p *Pipeline) observeLag(msg *message.Message, readToAck time.Duration) {
+	p.report.ObserveLag(plugins.SegmentReadToAck, readToAck)
+	dbRead, err := strconv.ParseInt(msg.Metadata.Get(plugins.MetaDBReadAt), 10, 64)
+	if err != nil {
+		return
+	}
+	var commit time.Time
+	if c, err := strconv.ParseInt(msg.Metadata.Get(plugins.MetaCommitAt), 10, 64); err == nil {
+		commit = time.Unix(0, c)
+	} else if commit, err = plugins.ParseTime(msg.Metadata.Get(plugins.MetaCreatedAt)); err != nil {
+		return
+	}
+	commitToRead := max(time.Unix(0, dbRead).Sub(commit), 0)
+	p.report.ObserveLag(plugins.SegmentCommitToRead, commitToRead)
+	p.report.ObserveLag(plugins.SegmentCommitToAck, commitToRead+readToAck)
 }
 
 // runStage applies one transform to every message; final messages pass

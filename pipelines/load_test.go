@@ -88,7 +88,7 @@ func TestLoadErrors(t *testing.T) {
 		{"missing env var", strings.Replace(valid, "${ORDERS_DB_URL}", "${PAYMENTS_DB_URL}", 1),
 			[]string{"orders.yaml:5: source.dsn: environment variable PAYMENTS_DB_URL is not set"}, 0},
 		{"unknown source type", strings.Replace(valid, "type: xid8", "type: xid9", 1),
-			[]string{`orders.yaml:4: source.type: unknown source type "xid9" (known: xid8)`}, 0},
+			[]string{`orders.yaml:4: source.type: unknown source type "xid9" (known: `}, 0},
 		{"missing type", strings.Replace(valid, "  type: nats\n", "", 1),
 			[]string{"orders.yaml:8: sink.type: missing: one of nats"}, 0},
 		{"injection in table name", strings.Replace(valid, "table: public.outbox", `table: "outbox; drop table x"`, 1),

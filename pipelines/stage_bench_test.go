@@ -25,8 +25,10 @@ func (discardSink) Start(context.Context) error               { return nil }
 
 type idleSource struct{}
 
-func (idleSource) Subscribe(context.Context, string) (<-chan *message.Message, error) { return nil, nil }
-func (idleSource) Close() error                                                       { return nil }
+func (idleSource) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	return nil, nil
+}
+func (idleSource) Close() error { return nil }
 
 // BenchmarkStageOverhead measures what a pipeline adds per event around
 // its transforms: the stage loop and the per-stage metrics middleware. The

@@ -28,10 +28,11 @@ type State string
 const (
 	StateStarting   State = "starting"
 	StateRunning    State = "running"
+	StatePaused     State = "paused"
 	StateBackingOff State = "backing_off"
 	StateStalled    State = "stalled"
-	StateStopped    State = "stopped"
 	StateFailed     State = "failed"
+	StateStopped    State = "stopped"
 )
 
 // Status is a pipeline's state as the supervisor sees it.
@@ -42,15 +43,25 @@ type Status struct {
 	Sink      string    `json:"sink"`
 	State     State     `json:"state"`
 	LastError string    `json:"last_error,omitempty"`
+	NextRetry time.Time `json:"next_retry,omitzero"`
 	Since     time.Time `json:"since"`
+	// Starts counts how often the pipeline was started; a restart loop shows
+	// here.
+	Starts int `json:"starts"`
+	// Health is the source's last backlog measurement, if it measures one.
+	Health *plugins.Health `json:"health,omitempty"`
+	// Flow is the source's in-flight window.
+	Flow *plugins.Flow `json:"flow,omitempty"`
+	// Lag is each segment's p50/p99 over the last minute.
+	Lag map[string]LagSummary `json:"lag"`
 }
 
 // Options configure a Supervisor.
 type Options struct {
 	// Logger for the supervisor and every pipeline; default slog.Default().
 	Logger *slog.Logger
-	// Metrics receives Watermill's router metrics and the components'
-	// collectors; nil disables metrics.
+	// Metrics receives Watermill's router metrics and Ferry's; nil disables
+	// metrics.
 	Metrics prometheus.Registerer
 	// DrainTimeout bounds how long stopping pipelines wait for in-flight
 	// messages. Default 10s.
@@ -62,14 +73,18 @@ type Options struct {
 }
 
 // Supervisor runs every pipeline of the process as a handler in one
-// Watermill router. Each pipeline starts on its own: one whose broker or
-// database is unreachable backs off and retries without holding up the rest.
+// Watermill router. Each pipeline starts, stops and fails on its own: one
+// whose broker or database is unreachable backs off and retries without
+// holding up the rest.
 type Supervisor struct {
 	opts    Options
 	log     *slog.Logger
 	router  *message.Router
 	metrics *metrics.PrometheusMetricsBuilder
 	stages  *StageMetrics
+	lag     *lagMetrics
+
+	runCtx context.Context // handlers' context, set by Run
 
 	// addMu serialises adding a handler, its middleware and RunHandlers: the
 	// router snapshots middleware when a handler starts.
@@ -79,10 +94,23 @@ type Supervisor struct {
 	pipelines map[string]*entry
 }
 
+// entry is one configured pipeline across its incarnations (restarts build
+// a new Pipeline from the same spec).
 type entry struct {
-	spec     *Spec
-	pipeline *Pipeline
-	status   Status
+	spec   *Spec
+	status Status
+	rep    *reporter
+
+	pipeline       *Pipeline
+	handlerRunning bool
+	stop           context.CancelFunc // ends the current incarnation
+	done           chan struct{}      // closed when it has fully stopped
+}
+
+func (e *entry) setState(st State) {
+	if e.status.State != st {
+		e.status.State, e.status.Since = st, time.Now()
+	}
 }
 
 // NewSupervisor returns a supervisor; Run starts it.
@@ -111,6 +139,12 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 		if s.stages, err = NewStageMetrics(opts.Metrics); err != nil {
 			return nil, err
 		}
+		if s.lag, err = newLagMetrics(opts.Metrics); err != nil {
+			return nil, err
+		}
+		if err := opts.Metrics.Register(newStateCollector(s)); err != nil {
+			return nil, err
+		}
 	}
 	// The router closes itself when its last handler stops; pipelines come and
 	// go at run time, so one idle handler keeps it open.
@@ -119,8 +153,8 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 }
 
 // Run starts every pipeline and blocks until ctx is cancelled, then stops
-// reading, lets in-flight messages finish (up to DrainTimeout), records
-// progress and returns.
+// them all: stop reading, let in-flight messages finish (up to
+// DrainTimeout), record progress.
 func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 	routerErr := make(chan error, 1)
 	go func() { routerErr <- s.router.Run(context.WithoutCancel(ctx)) }()
@@ -129,42 +163,88 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 	case err := <-routerErr:
 		return fmt.Errorf("start router: %w", err)
 	}
-
 	handlersCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
-	var starting sync.WaitGroup
-	for _, spec := range specs {
-		if err := s.add(spec); err != nil {
-			cancelHandlers()
-			_ = s.router.Close()
-			return err
-		}
-		starting.Add(1)
-		go func() {
-			defer starting.Done()
-			s.start(ctx, handlersCtx, spec.Name)
-		}()
-	}
+	s.mu.Lock()
+	s.runCtx = handlersCtx
+	s.mu.Unlock()
 
-	<-ctx.Done()
-	s.log.Info("stopping: draining in-flight events", "timeout", s.opts.DrainTimeout)
-	starting.Wait()
-	err := s.router.Close()
+	var err error
+	for _, spec := range specs {
+		if err = s.Add(spec); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		<-ctx.Done()
+		s.log.Info("stopping: draining in-flight events", "timeout", s.opts.DrainTimeout)
+	}
+	s.stopAll()
+	err = errors.Join(err, s.router.Close())
 	cancelHandlers()
 	<-routerErr
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, e := range s.pipelines {
-		if cerr := e.pipeline.Close(); cerr != nil {
-			err = errors.Join(err, cerr)
-		}
-		e.status.State, e.status.Since = StateStopped, time.Now()
-	}
 	return err
 }
 
-func (s *Supervisor) add(spec *Spec) error {
-	p, err := Build(spec, plugins.Env{Logger: s.log, Metrics: s.metricsFor(spec), DrainTimeout: s.opts.DrainTimeout})
+// Add builds and starts a pipeline. It returns once the pipeline is
+// starting; the start itself retries in the background.
+func (s *Supervisor) Add(spec *Spec) error {
+	s.mu.Lock()
+	if _, dup := s.pipelines[spec.Name]; dup {
+		s.mu.Unlock()
+		return fmt.Errorf("pipeline %q added twice", spec.Name)
+	}
+	e := &entry{spec: spec, status: Status{Name: spec.Name, Tenant: spec.Tenant, Source: spec.Source.Type,
+		Sink: spec.Sink.Type, State: StateStarting, Since: time.Now()}}
+	e.rep = s.newReporter(spec)
+	s.pipelines[spec.Name] = e
+	s.mu.Unlock()
+	return s.start(e)
+}
+
+// Stop stops a pipeline and forgets it.
+func (s *Supervisor) Stop(name string) error {
+	e, err := s.entry(name)
+	if err != nil {
+		return err
+	}
+	s.halt(e)
+	s.mu.Lock()
+	delete(s.pipelines, name)
+	s.mu.Unlock()
+	return nil
+}
+
+// Restart stops a pipeline (draining it, recording progress) and starts it
+// again from the same spec.
+func (s *Supervisor) Restart(name string) error {
+	e, err := s.entry(name)
+	if err != nil {
+		return err
+	}
+	s.halt(e)
+	return s.start(e)
+}
+
+// ErrNotFound is returned for a pipeline the supervisor does not run.
+var ErrNotFound = errors.New("no such pipeline")
+
+func (s *Supervisor) entry(name string) (*entry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.pipelines[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
+	}
+	return e, nil
+}
+
+// start builds a new incarnation of e's pipeline and runs it in the
+// background: components start with capped exponential backoff and jitter,
+// then the pipeline joins the router.
+func (s *Supervisor) start(e *entry) error {
+	rep := e.rep
+	p, err := Build(e.spec, plugins.Env{Logger: s.log, Metrics: s.metricsFor(e.spec), DrainTimeout: s.opts.DrainTimeout, Report: rep})
 	if err != nil {
 		return err
 	}
@@ -172,34 +252,69 @@ func (s *Supervisor) add(spec *Spec) error {
 		// The router only decorates the publisher it publishes handler output
 		// with; a pipeline publishes inside its handler, so decorate the sink.
 		if p.Publisher, err = s.metrics.DecoratePublisher(p.Sink); err != nil {
-			return fmt.Errorf("pipeline %s: publish metrics: %w", spec.Name, err)
+			return fmt.Errorf("pipeline %s: publish metrics: %w", e.spec.Name, err)
 		}
 		p.metrics = s.stages.forPipeline(p)
 	}
+	p.report = rep
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, dup := s.pipelines[spec.Name]; dup {
-		return fmt.Errorf("pipeline %q added twice", spec.Name)
-	}
-	s.pipelines[spec.Name] = &entry{spec: spec, pipeline: p, status: Status{Name: spec.Name, Tenant: spec.Tenant,
-		Source: spec.Source.Type, Sink: spec.Sink.Type, State: StateStarting, Since: time.Now()}}
+	e.pipeline, e.stop, e.done = p, cancel, done
+	e.status.Starts++
+	e.status.LastError, e.status.NextRetry = "", time.Time{}
+	e.setState(StateStarting)
+	runCtx := s.runCtx
+	s.mu.Unlock()
+	go func() {
+		defer close(done)
+		s.runIncarnation(ctx, runCtx, e, p)
+	}()
 	return nil
 }
 
-func (s *Supervisor) metricsFor(spec *Spec) prometheus.Registerer {
-	if s.opts.Metrics == nil {
-		return prometheus.NewRegistry() // components may register; nobody scrapes
+// halt stops e's current incarnation and waits for it.
+func (s *Supervisor) halt(e *entry) {
+	s.mu.Lock()
+	stop, done := e.stop, e.done
+	s.mu.Unlock()
+	if stop == nil {
+		return
 	}
-	return prometheus.WrapRegistererWith(prometheus.Labels{"pipeline": spec.Name, "tenant": spec.Tenant}, s.opts.Metrics)
+	stop()
+	<-done
 }
 
-// start starts the pipeline's components, retrying with capped exponential
-// backoff, then adds it to the router.
-func (s *Supervisor) start(ctx, handlersCtx context.Context, name string) {
+func (s *Supervisor) stopAll() {
 	s.mu.Lock()
-	e := s.pipelines[name]
+	entries := make([]*entry, 0, len(s.pipelines))
+	for _, e := range s.pipelines {
+		entries = append(entries, e)
+	}
 	s.mu.Unlock()
-	p := e.pipeline
+	var wg sync.WaitGroup
+	for _, e := range entries {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.halt(e) }()
+	}
+	wg.Wait()
+}
+
+// runIncarnation starts p, runs it as a router handler until ctx ends,
+// then drains and closes it.
+func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, p *Pipeline) {
+	name := e.spec.Name
+	defer func() {
+		if err := p.Close(); err != nil {
+			p.Log.Warn("close pipeline", "err", redact.Error(err))
+		}
+		s.update(name, func(e *entry) {
+			e.handlerRunning = false
+			if e.status.State != StatePaused && e.status.State != StateFailed {
+				e.setState(StateStopped)
+			}
+		})
+	}()
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval = 500*time.Millisecond, 30*time.Second
 	for {
@@ -211,7 +326,7 @@ func (s *Supervisor) start(ctx, handlersCtx context.Context, name string) {
 			return
 		}
 		d := bo.NextBackOff()
-		s.setState(name, StateBackingOff, err)
+		e.rep.Failing(err, d)
 		p.Log.Error("pipeline cannot start; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
@@ -220,12 +335,35 @@ func (s *Supervisor) start(ctx, handlersCtx context.Context, name string) {
 		}
 	}
 
-	s.addMu.Lock()
-	defer s.addMu.Unlock()
-	if ctx.Err() != nil {
+	h, err := s.addHandler(e, p, handlersCtx)
+	if err != nil {
+		e.rep.Fatal(err)
+		p.Log.Error("pipeline failed to start", "err", redact.Error(err))
 		return
 	}
-	h := s.router.AddConsumerHandler(name, e.spec.Source.Type, p.Source, p.Handle)
+	s.update(name, func(e *entry) {
+		e.handlerRunning = true
+		e.status.NextRetry = time.Time{}
+		if e.status.State == StateStarting || e.status.State == StateBackingOff {
+			e.status.LastError = ""
+			e.setState(StateRunning)
+		}
+	})
+	p.Log.Info("pipeline running", "stages", e.spec.Describe())
+	select {
+	case <-ctx.Done():
+	case <-h.Stopped(): // the source ended on its own (a fatal error)
+	}
+	// Stopping the handler cancels the source's subscription: it stops
+	// reading, drains in-flight events and records progress.
+	h.Stop()
+	<-h.Stopped()
+}
+
+func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Context) (*message.Handler, error) {
+	s.addMu.Lock()
+	defer s.addMu.Unlock()
+	h := s.router.AddConsumerHandler(e.spec.Name, e.spec.Source.Type, p.Source, p.Handle)
 	retry := *s.opts.Retry
 	// Outermost first: the error recorder sees what finally happened; the
 	// dead-letter topic takes what the retries could not fix.
@@ -233,52 +371,112 @@ func (s *Supervisor) start(ctx, handlersCtx context.Context, name string) {
 	if e.spec.DeadLetter != nil {
 		dl, err := p.deadLetterMiddleware()
 		if err != nil {
-			s.setState(name, StateFailed, err)
-			return
+			return nil, err
 		}
 		chain = append(chain, dl)
 	}
 	h.AddMiddleware(append(chain, middleware.Recoverer, retry.Middleware)...)
 	if err := s.router.RunHandlers(handlersCtx); err != nil {
-		s.setState(name, StateFailed, err)
-		p.Log.Error("pipeline failed to start", "err", redact.Error(err))
-		return
+		return nil, err
 	}
-	s.setState(name, StateRunning, nil)
-	p.Log.Info("pipeline running", "stages", e.spec.Describe())
+	return h, nil
 }
 
-func (s *Supervisor) setState(name string, st State, err error) {
+func (s *Supervisor) metricsFor(spec *Spec) prometheus.Registerer {
+	if s.opts.Metrics == nil {
+		return prometheus.NewRegistry() // components may register; nobody scrapes
+	}
+	// Each incarnation registers again: a restarted pipeline takes over its
+	// predecessor's collectors.
+	return replacingRegisterer{prometheus.WrapRegistererWith(prometheus.Labels{"pipeline": spec.Name, "tenant": spec.Tenant}, s.opts.Metrics)}
+}
+
+// replacingRegisterer unregisters an equal collector before registering, so
+// a restarted pipeline's components can register the same metrics again.
+type replacingRegisterer struct{ prometheus.Registerer }
+
+func (r replacingRegisterer) Register(c prometheus.Collector) error {
+	err := r.Registerer.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		r.Registerer.Unregister(are.ExistingCollector)
+		return r.Registerer.Register(c)
+	}
+	return err
+}
+
+func (s *Supervisor) update(name string, f func(*entry)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.pipelines[name]
-	if e == nil {
-		return
-	}
-	if e.status.State != st {
-		e.status.State, e.status.Since = st, time.Now()
-	}
-	if err != nil {
-		e.status.LastError = redact.String(err.Error())
+	if e := s.pipelines[name]; e != nil {
+		f(e)
 	}
 }
 
 // Statuses returns every pipeline's status, by name.
 func (s *Supervisor) Statuses() []Status {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Status, 0, len(s.pipelines))
+	entries := make([]*entry, 0, len(s.pipelines))
 	for _, e := range s.pipelines {
-		st := e.status
-		if st.State == StateRunning {
-			if stalled, why := e.pipeline.Stalled(); stalled {
-				st.State, st.LastError = StateStalled, why
-			}
-		}
-		out = append(out, st)
+		entries = append(entries, e)
+	}
+	s.mu.Unlock()
+	out := make([]Status, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, s.status(e))
 	}
 	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// Status returns one pipeline's status.
+func (s *Supervisor) Status(name string) (Status, error) {
+	e, err := s.entry(name)
+	if err != nil {
+		return Status{}, err
+	}
+	return s.status(e), nil
+}
+
+func (s *Supervisor) status(e *entry) Status {
+	s.mu.Lock()
+	st, p := e.status, e.pipeline
+	s.mu.Unlock()
+	if p != nil {
+		if st.State == StateRunning {
+			if stalled, why := p.Stalled(); stalled {
+				st.State, st.LastError = StateStalled, why
+			}
+		}
+		if h, ok := p.Source.(plugins.HealthReporter); ok {
+			hv := h.Health()
+			st.Health = &hv
+		}
+		if f, ok := p.Source.(plugins.FlowReporter); ok {
+			fv := f.Flow()
+			st.Flow = &fv
+		}
+	}
+	st.Lag = e.rep.lagSummaries()
+	return st
+}
+
+// Ready reports whether every pipeline is running (a stalled one is
+// running, but not ready).
+func (s *Supervisor) Ready() bool {
+	for _, st := range s.Statuses() {
+		if st.State != StateRunning {
+			return false
+		}
+	}
+	return true
+}
+
+func redactErr(err error) string {
+	if err == nil {
+		return ""
+	}
+	return redact.String(err.Error())
 }
 
 // recordError puts the final error of a failed message in its metadata

@@ -52,7 +52,26 @@ const (
 	// MetaError is set on a message the pipeline failed to deliver, after its
 	// retries, just before it is nacked: the source may record why.
 	MetaError = "ferry_error"
+	// MetaDBReadAt is the database clock when the row was read, in Unix
+	// nanoseconds (clock_timestamp() returned with the rows), so commit→read
+	// is measured on one clock.
+	MetaDBReadAt = "ferry_db_read_at"
+	// MetaCommitAt is the event's commit time on the database clock, in Unix
+	// nanoseconds, when the source knows it (wal). Without it, created_at
+	// stands in for the commit.
+	MetaCommitAt = "ferry_commit_at"
 )
+
+// Lag segments, as measured by Ferry and named in metrics and `ferry lag`.
+const (
+	SegmentCommitToRead  = "commit_to_read"  // database clock at both ends
+	SegmentReadToAck     = "read_to_ack"     // relay clock at both ends
+	SegmentCommitToAck   = "commit_to_ack"   // the two above added, so no clock is compared with another
+	SegmentAckToConsumed = "ack_to_consumed" // canaries: the relay's publish to the canary checker's read
+)
+
+// Segments lists the lag segments in pipeline order.
+var Segments = []string{SegmentCommitToRead, SegmentReadToAck, SegmentCommitToAck, SegmentAckToConsumed}
 
 // InternalPrefix marks metadata that steers Ferry and is never sent to the
 // broker as a header.
@@ -159,6 +178,72 @@ type OutboxSource interface {
 	OutboxTable() OutboxTable
 }
 
+// Reporter lets a component tell the supervisor how it is doing; the
+// pipeline's state and last error follow. Safe for concurrent use.
+type Reporter interface {
+	// Failing says the component cannot work right now (an unreachable
+	// database…) and retries in retryIn: the pipeline is backing_off.
+	Failing(err error, retryIn time.Duration)
+	// Recovered says it works again.
+	Recovered()
+	// Fatal says it stopped and will not retry (a lost replication slot): the
+	// pipeline is failed until restarted.
+	Fatal(err error)
+	// ObserveLag records one event's time in a lag segment (Segment…).
+	ObserveLag(segment string, d time.Duration)
+}
+
+// NopReporter discards reports.
+type NopReporter struct{}
+
+func (NopReporter) Failing(error, time.Duration)     {}
+func (NopReporter) Recovered()                       {}
+func (NopReporter) Fatal(error)                      {}
+func (NopReporter) ObserveLag(string, time.Duration) {}
+
+// Health is a source's view of what it has not delivered yet, refreshed on
+// a slow timer (never per read).
+type Health struct {
+	// Backlog is what is not delivered: unpublished rows (poll), rows past
+	// the cursor (xid8), unconfirmed WAL bytes (wal).
+	Backlog     int64  `json:"backlog"`
+	BacklogUnit string `json:"backlog_unit"` // "events" or "bytes"
+	// OldestAge is the age of the oldest undelivered event, on the database
+	// clock.
+	OldestAge time.Duration `json:"oldest_age"`
+	// XminHorizonAge is the age of the oldest running transaction — what
+	// holds an xid8 cursor back.
+	XminHorizonAge time.Duration `json:"xmin_horizon_age"`
+	// Details are source-specific facts (a replication slot's state…).
+	Details map[string]any `json:"details,omitempty"`
+	// CheckedAt is when this was measured; zero if never.
+	CheckedAt time.Time `json:"checked_at"`
+}
+
+// HealthReporter is implemented by sources that measure their backlog.
+type HealthReporter interface {
+	Health() Health
+}
+
+// Flow is a source's in-flight window, as counters.
+type Flow struct {
+	InFlight     int    `json:"in_flight"`    // events held (read, not yet recorded)
+	Acked        uint64 `json:"acked"`        // since start
+	Redeliveries uint64 `json:"redeliveries"` // nacked events sent again, since start
+	GivenUp      uint64 `json:"given_up"`     // nacked events given up (parked), since start
+}
+
+// FlowReporter is implemented by sources with an in-flight window.
+type FlowReporter interface {
+	Flow() Flow
+}
+
+// Prober is implemented by sources that can measure their health once,
+// without running (ferry doctor): connect, query, disconnect.
+type Prober interface {
+	Probe(ctx context.Context) (Health, error)
+}
+
 // Env is what a factory gets besides its own config: the pipeline it belongs
 // to and the process-wide facilities it may use.
 type Env struct {
@@ -181,6 +266,9 @@ type Env struct {
 	// Sink is the pipeline's sink, set when transforms are built (the canary
 	// checker reads back through it).
 	Sink Sink
+	// Report tells the supervisor about failures and lag; never nil once
+	// built by the pipelines package (NopReporter otherwise).
+	Report Reporter
 }
 
 // Config is a component's typed configuration. Validate reports every problem

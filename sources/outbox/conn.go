@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
 )
 
 // Backoff is how sources space retries of a failing database: 200ms
@@ -23,18 +25,21 @@ func Backoff() *backoff.ExponentialBackOff {
 }
 
 // Retry calls open until it succeeds or ctx ends (then ok is false), logging
-// each failure with what was being done.
-func Retry[T any](ctx context.Context, log *slog.Logger, what string, open func(context.Context) (T, error)) (v T, ok bool) {
+// and reporting each failure with what was being done: the pipeline shows
+// backing_off with the error until open succeeds.
+func Retry[T any](ctx context.Context, log *slog.Logger, rep plugins.Reporter, what string, open func(context.Context) (T, error)) (v T, ok bool) {
 	bo := Backoff()
 	for {
 		v, err := open(ctx)
 		if err == nil {
+			rep.Recovered()
 			return v, true
 		}
 		if ctx.Err() != nil {
 			return v, false
 		}
 		d := bo.NextBackOff()
+		rep.Failing(fmt.Errorf("%s: %w", what, err), d)
 		log.Error(what+"; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
 		select {
 		case <-ctx.Done():
@@ -92,5 +97,16 @@ func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake, l
 			return err
 		}
 		wake()
+	}
+}
+
+// WaitIdle waits, after a source closed its window, until the router
+// resolved every message it was given, bounded by a generous multiple of
+// the drain timeout; past it, it logs which pipeline did not go quiet.
+func WaitIdle(log *slog.Logger, drain time.Duration, idle func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(2*drain, 30*time.Second))
+	defer cancel()
+	if err := idle(ctx); err != nil {
+		log.Error("events still in flight after stopping; a restart may re-send them out of order", "err", err)
 	}
 }

@@ -159,6 +159,9 @@ type Row struct {
 	// Extra holds the columns.extra values, named by ExtraNames.
 	Extra      []pgtype.Text
 	ExtraNames []string
+	// DBReadAt is the database clock when the row was read (the source
+	// selects clock_timestamp() with it), for the commit→read segment.
+	DBReadAt time.Time
 }
 
 // Key is the ordering key of the row's aggregate: events with equal keys are
@@ -207,6 +210,9 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	md[plugins.MetaReadAt] = plugins.FormatTime(readAt)
 	md[plugins.MetaOutboxID] = strconv.FormatInt(r.ID, 10)
 	md[plugins.MetaPosition] = position
+	if !r.DBReadAt.IsZero() {
+		md[plugins.MetaDBReadAt] = strconv.FormatInt(r.DBReadAt.UnixNano(), 10)
+	}
 	for i, name := range r.ExtraNames {
 		if r.Extra[i].Valid {
 			md[plugins.ColumnKey(name)] = r.Extra[i].String

@@ -67,12 +67,13 @@ type Source struct {
 	closeOnce  sync.Once
 	done       chan struct{}
 
-	pool    *pgxpool.Pool
-	table   outbox.Table
-	sql     statements
-	backlog prometheus.Gauge
-	oldest  prometheus.Gauge
-	parked  prometheus.Gauge
+	pool   *pgxpool.Pool
+	table  outbox.Table
+	sql    statements
+	parked prometheus.Gauge
+
+	healthMu sync.Mutex
+	health   plugins.Health
 }
 
 // worker is one claim loop with its own window: per-aggregate order holds
@@ -97,6 +98,9 @@ type statements struct {
 func New(cfg *Config, env plugins.Env) *Source {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
+	}
+	if env.Report == nil {
+		env.Report = plugins.NopReporter{}
 	}
 	s := &Source{
 		cfg:     cfg,
@@ -178,9 +182,12 @@ func (s *Source) run(ctx context.Context) {
 		}
 		forwarders.Wait()
 		close(s.out)
+		for _, w := range s.workers {
+			outbox.WaitIdle(s.log, s.drainTimeout(), w.win.Idle)
+		}
 	}()
 
-	pool, ok := outbox.Retry(claimCtx, s.log, "poll source cannot start", s.open)
+	pool, ok := outbox.Retry(claimCtx, s.log, s.env.Report, "poll source cannot start", s.open)
 	if !ok {
 		return
 	}
@@ -254,6 +261,7 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, err
 	}
 	s.registerGauges()
+	s.log.Info("poll source started", "table", s.table.Schema+"."+s.table.Name, "claim", s.cfg.Claim, "workers", s.cfg.Workers)
 	return pool, nil
 }
 
@@ -271,7 +279,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	s.table = t
 	tbl := outbox.Quote(s.cfg.Table)
 	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
-	cols := s.cfg.Columns.Select("o")
+	cols := s.cfg.Columns.Select("o", "clock_timestamp()")
 	// Claimable: not delivered, and not leased (or the lease expired). The
 	// partial index on (id) WHERE published_at IS NULL serves the ORDER BY.
 	claimable := "o.published_at IS NULL AND (o.claimed_until IS NULL OR o.claimed_until < now())"
@@ -304,7 +312,6 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`SELECT %s, o.published_at, o.claimed_until, o.claimed_by, o.attempts, o.last_error FROM %s AS o LIMIT 0`, cols, tbl)); err != nil {
 		return fmt.Errorf("outbox %s lacks a column the poll source needs (see `ferry schema poll`, check source.columns): %w", s.cfg.Table, err)
 	}
-	s.log.Info("poll source started", "table", t.Schema+"."+t.Name, "claim", s.cfg.Claim, "workers", s.cfg.Workers)
 	return nil
 }
 
@@ -313,6 +320,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 // interval or a notification.
 func (w *worker) claimLoop(ctx context.Context) {
 	bo := outbox.Backoff()
+	failing := false
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -338,9 +346,15 @@ func (w *worker) claimLoop(ctx context.Context) {
 				return
 			}
 			d := bo.NextBackOff()
+			w.s.env.Report.Failing(fmt.Errorf("claim outbox rows: %w", err), d)
 			w.s.log.Error("claim outbox rows", "worker", w.id, "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+			failing = true
 			timer.Reset(d)
 			continue
+		}
+		if failing {
+			w.s.env.Report.Recovered()
+			failing = false
 		}
 		bo.Reset()
 		if n == limit {
@@ -432,7 +446,7 @@ func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) (
 	var rows []outbox.Row
 	for rs.Next() {
 		var r outbox.Row
-		if err := rs.Scan(w.s.cfg.Columns.Scan(&r)...); err != nil {
+		if err := rs.Scan(w.s.cfg.Columns.Scan(&r, &r.DBReadAt)...); err != nil {
 			return nil, err
 		}
 		rows = append(rows, r)
@@ -622,39 +636,80 @@ func (w *worker) release(ctx context.Context) {
 }
 
 func (s *Source) registerGauges() {
-	if s.env.Metrics == nil || s.backlog != nil {
+	if s.env.Metrics == nil || s.parked != nil {
 		return
 	}
-	s.backlog = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_backlog_events",
-		Help: "Events not yet delivered (poll: unpublished rows)."})
-	s.oldest = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_oldest_undelivered_seconds",
-		Help: "Age of the oldest undelivered event, on the database clock."})
+	// Backlog and oldest age are exported for every source by the
+	// supervisor, from Health.
 	s.parked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_dead_lettered_events",
 		Help: "Rows parked after max_attempts failed deliveries (poll)."})
-	for _, c := range []prometheus.Collector{s.backlog, s.oldest, s.parked} {
-		if err := s.env.Metrics.Register(c); err != nil {
-			s.log.Warn("register metric", "err", err)
-		}
+	if err := s.env.Metrics.Register(s.parked); err != nil {
+		s.log.Warn("register metric", "err", err)
 	}
 }
 
-// healthLoop refreshes the backlog gauges on a slow timer, never per poll:
-// counting unpublished rows is cheap with the partial index but not free.
-func (s *Source) healthLoop(ctx context.Context) {
-	if s.backlog == nil {
-		return
+// Health is the last backlog measurement.
+func (s *Source) Health() plugins.Health {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	return s.health
+}
+
+// Flow sums the workers' windows.
+func (s *Source) Flow() plugins.Flow {
+	var f plugins.Flow
+	for _, w := range s.workers {
+		st := w.win.Stats()
+		f.InFlight += st.Held
+		f.Acked += st.Acked
+		f.Redeliveries += st.Redeliveries
+		f.GivenUp += st.GivenUp
 	}
+	return f
+}
+
+// Probe measures the backlog once, without running (ferry doctor).
+func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
+	pool, err := pgxpool.New(ctx, s.cfg.DSN)
+	if err != nil {
+		return plugins.Health{}, err
+	}
+	defer pool.Close()
+	if err := s.prepare(ctx, pool); err != nil {
+		return plugins.Health{}, err
+	}
+	return s.measure(ctx, pool)
+}
+
+func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool) (plugins.Health, error) {
+	var n, parked int64
+	var age float64
+	if err := pool.QueryRow(ctx, s.sql.health).Scan(&n, &age, &parked); err != nil {
+		return plugins.Health{}, err
+	}
+	h := plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
+		Details: map[string]any{"dead_lettered": parked}, CheckedAt: time.Now()}
+	if hz, ok, err := outbox.OldestTransaction(ctx, pool); err == nil && ok {
+		h.XminHorizonAge = hz.Age
+	}
+	return h, nil
+}
+
+// healthLoop refreshes Health on a slow timer, never per poll: counting
+// unpublished rows is cheap with the partial index but not free.
+func (s *Source) healthLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.MetricsInterval)
 	defer t.Stop()
 	for {
-		var n, parked int64
-		var age float64
-		if err := s.pool.QueryRow(ctx, s.sql.health).Scan(&n, &age, &parked); err == nil {
-			s.backlog.Set(float64(n))
-			s.oldest.Set(age)
-			s.parked.Set(float64(parked))
+		if h, err := s.measure(ctx, s.pool); err == nil {
+			s.healthMu.Lock()
+			s.health = h
+			s.healthMu.Unlock()
+			if s.parked != nil {
+				s.parked.Set(float64(h.Details["dead_lettered"].(int64)))
+			}
 		} else if ctx.Err() == nil {
-			s.log.Warn("refresh backlog gauges", "err", redact.Error(err))
+			s.log.Warn("measure backlog", "err", redact.Error(err))
 		}
 		select {
 		case <-ctx.Done():

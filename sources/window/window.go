@@ -88,7 +88,10 @@ type Window[P any] struct {
 	resolved   chan struct{} // signalled when a dispatched message resolves
 	done       chan struct{} // closed by Close
 	closeOnce  sync.Once
-	senders    sync.WaitGroup
+	senders    sync.WaitGroup // deliveries still trying to send
+	// outstanding counts messages sent to the router and not yet acked or
+	// nacked.
+	outstanding sync.WaitGroup
 }
 
 // OnNack sets what decides the fate of a nacked message; call it before the
@@ -302,18 +305,37 @@ func (w *Window[P]) dispatchLocked(e *entry[P]) {
 }
 
 func (w *Window[P]) deliver(e *entry[P], m *message.Message) {
-	defer w.senders.Done()
 	select {
 	case w.out <- m:
 	case <-w.done:
+		w.senders.Done()
 		return
 	}
+	w.outstanding.Add(1)
+	w.senders.Done()
+	// Wait for the router's verdict even after Close: the message may still
+	// be publishing, and Idle must not report quiet until it is done.
+	defer w.outstanding.Done()
 	select {
 	case <-m.Acked():
 		w.ack(e)
 	case <-m.Nacked():
 		w.nack(e, m)
-	case <-w.done:
+	}
+}
+
+// Idle waits until every message sent to the router was acked or nacked —
+// also those still in flight when Close was called — or ctx ends. A source
+// that stops calls it after Close, so a restarted pipeline never races its
+// predecessor's late publishes (which could reorder an aggregate).
+func (w *Window[P]) Idle(ctx context.Context) error {
+	idle := make(chan struct{})
+	go func() { w.outstanding.Wait(); close(idle) }()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -359,6 +381,11 @@ func (w *Window[P]) nack(e *entry[P], m *message.Message) {
 	e.attempts++
 	attempt, decide := e.attempts, w.nacked
 	w.mu.Unlock()
+	select {
+	case <-w.done:
+		decide = nil // closed: the source is gone, nothing to decide
+	default:
+	}
 	decision := Redeliver
 	if decide != nil {
 		decision = decide(e.pos, attempt, m)

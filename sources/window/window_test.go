@@ -381,3 +381,21 @@ func TestWindowGiveUpLane(t *testing.T) {
 	}
 	w.Close()
 }
+
+// After Close, Idle still waits for messages the router holds: a restarted
+// source must not race its predecessor's late publishes.
+func TestWindowIdleWaitsForMessagesInFlightAtClose(t *testing.T) {
+	w := New[int](Config{MaxInFlight: 4})
+	_ = w.Admit(context.Background(), "a", 0, message.NewMessage("a0", nil))
+	m := <-w.Messages()
+	w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if err := w.Idle(ctx); err == nil {
+		t.Fatal("Idle returned while a message was still in flight")
+	}
+	m.Ack()
+	if err := w.Idle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -34,19 +34,24 @@ type Config struct {
 	OffsetsTable string `yaml:"offsets_table"`
 	// CommitInterval is how often the acked cursor is written. Default 200ms.
 	CommitInterval time.Duration `yaml:"commit_interval"`
+	// MetricsInterval is how often the backlog past the cursor, the oldest
+	// undelivered age and the oldest running transaction are measured.
+	// Default 15s.
+	MetricsInterval time.Duration `yaml:"metrics_interval"`
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
 	return &Config{
-		Table:          "outbox",
-		Columns:        outbox.DefaultColumns(),
-		XactIDColumn:   "xact_id",
-		BatchSize:      500,
-		PollInterval:   100 * time.Millisecond,
-		Listen:         true,
-		OffsetsTable:   "ferry_offsets",
-		CommitInterval: 200 * time.Millisecond,
+		Table:           "outbox",
+		Columns:         outbox.DefaultColumns(),
+		XactIDColumn:    "xact_id",
+		BatchSize:       500,
+		PollInterval:    100 * time.Millisecond,
+		Listen:          true,
+		OffsetsTable:    "ferry_offsets",
+		CommitInterval:  200 * time.Millisecond,
+		MetricsInterval: 15 * time.Second,
 	}
 }
 
@@ -76,6 +81,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CommitInterval < time.Millisecond {
 		p.Add("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
+	}
+	if c.MetricsInterval < time.Second {
+		p.Add("metrics_interval", "must be at least 1s, got %s", c.MetricsInterval)
 	}
 	if len(c.NotifyChannel) > 63 {
 		p.Add("notify_channel", "must be at most 63 bytes")

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
@@ -68,15 +69,22 @@ type Source struct {
 
 	// read is where the next read starts (in memory); committed is what the
 	// offsets table holds.
-	read, committed Position
-	table           outbox.Table
-	readSQL         string
+	read      Position
+	committed Position
+	table     outbox.Table
+	readSQL   string
+
+	healthMu sync.Mutex // guards health and committed (read by measure)
+	health   plugins.Health
 }
 
 // New returns a source; it does no I/O until Subscribe.
 func New(cfg *Config, env plugins.Env) *Source {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
+	}
+	if env.Report == nil {
+		env.Report = plugins.NopReporter{}
 	}
 	return &Source{
 		cfg:     cfg,
@@ -148,8 +156,9 @@ func (s *Source) run(ctx context.Context) {
 				})
 			}()
 		}
-		wg.Add(1)
+		wg.Add(2)
 		go func() { defer wg.Done(); s.commitLoop(readCtx, pool) }()
+		go func() { defer wg.Done(); s.healthLoop(readCtx, pool) }()
 		s.readLoop(readCtx, pool, wake)
 		wg.Wait()
 
@@ -167,6 +176,7 @@ func (s *Source) run(ctx context.Context) {
 		pool.Close()
 	}
 	s.win.Close()
+	outbox.WaitIdle(s.log, s.drainTimeout(), s.win.Idle)
 }
 
 func (s *Source) drainTimeout() time.Duration {
@@ -179,7 +189,7 @@ func (s *Source) drainTimeout() time.Duration {
 // connect opens the pool, prepares the offsets table and loads the cursor,
 // retrying with backoff until it works or ctx ends (then it returns nil).
 func (s *Source) connect(ctx context.Context) *pgxpool.Pool {
-	pool, _ := outbox.Retry(ctx, s.log, "xid8 source cannot start", s.open)
+	pool, _ := outbox.Retry(ctx, s.log, s.env.Report, "xid8 source cannot start", s.open)
 	return pool
 }
 
@@ -188,7 +198,7 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("source.dsn: %w", err)
 	}
-	pc.MaxConns = 3 // reader, committer, listener
+	pc.MaxConns = 4 // reader, committer, listener, health
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -223,7 +233,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		WHERE (%s, %s) > ($1::text::xid8, $2)
 		  AND %s < pg_snapshot_xmin(pg_current_snapshot())
 		ORDER BY %s, %s LIMIT $3`,
-		s.cfg.Columns.Select("o", xact+"::text AS ferry_xact_id"), outbox.Quote(s.cfg.Table), xact, id, xact, xact, id)
+		s.cfg.Columns.Select("o", xact+"::text AS ferry_xact_id", "clock_timestamp()"), outbox.Quote(s.cfg.Table), xact, id, xact, xact, id)
 	// Fail now, with the column names, rather than on every read.
 	if _, err := pool.Exec(ctx, s.readSQL, "0", 0, 0); err != nil {
 		return fmt.Errorf("read outbox %s (check source.columns): %w", s.cfg.Table, err)
@@ -260,6 +270,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 // poll interval or a notification.
 func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}) {
 	bo := outbox.Backoff()
+	failing := false
 	rows := make([]row, 0, s.cfg.BatchSize)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -280,9 +291,15 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 				return
 			}
 			d := bo.NextBackOff()
+			s.env.Report.Failing(fmt.Errorf("read outbox: %w", err), d)
 			s.log.Error("read outbox", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+			failing = true
 			timer.Reset(d)
 			continue
+		}
+		if failing {
+			s.env.Report.Recovered()
+			failing = false
 		}
 		bo.Reset()
 		readAt := time.Now()
@@ -316,7 +333,7 @@ func (s *Source) readBatch(ctx context.Context, pool *pgxpool.Pool, out []row) (
 	var xactText string
 	for rows.Next() {
 		var r row
-		if err := rows.Scan(s.cfg.Columns.Scan(&r.Row, &xactText)...); err != nil {
+		if err := rows.Scan(s.cfg.Columns.Scan(&r.Row, &xactText, &r.DBReadAt)...); err != nil {
 			return out, err
 		}
 		if r.xact, err = strconv.ParseUint(xactText, 10, 64); err != nil {
@@ -366,9 +383,96 @@ func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
+	s.healthMu.Lock()
 	s.committed = pos
+	s.healthMu.Unlock()
 	s.win.Recorded(mark)
 	return nil
+}
+
+// Health is the last backlog measurement.
+func (s *Source) Health() plugins.Health {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	return s.health
+}
+
+// Flow is the in-flight window's counters.
+func (s *Source) Flow() plugins.Flow {
+	st := s.win.Stats()
+	return plugins.Flow{InFlight: st.Held, Acked: st.Acked, Redeliveries: st.Redeliveries, GivenUp: st.GivenUp}
+}
+
+// Probe measures the backlog past the stored cursor once, without running
+// (ferry doctor). It creates nothing: a pipeline that never ran has its
+// whole table as backlog.
+func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
+	pool, err := pgxpool.New(ctx, s.cfg.DSN)
+	if err != nil {
+		return plugins.Health{}, err
+	}
+	defer pool.Close()
+	var xactText string
+	var pos Position
+	err = pool.QueryRow(ctx, `SELECT xact_id::text, id FROM `+outbox.Quote(s.cfg.OffsetsTable)+` WHERE pipeline = $1`, s.env.Pipeline).Scan(&xactText, &pos.ID)
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		pos.XactID, _ = strconv.ParseUint(xactText, 10, 64)
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42P01": // no cursor yet
+	default:
+		return plugins.Health{}, fmt.Errorf("read cursor: %w", err)
+	}
+	return s.measure(ctx, pool, pos)
+}
+
+// measure counts the rows past pos, the age of the oldest, and the oldest
+// running transaction — what holds the cursor back.
+func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool, pos Position) (plugins.Health, error) {
+	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
+	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	var n int64
+	var age float64
+	err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8
+		FROM %s WHERE (%s, %s) > ($1::text::xid8, $2)`, pgx.Identifier{s.cfg.Columns.CreatedAt}.Sanitize(),
+		outbox.Quote(s.cfg.Table), xact, id), strconv.FormatUint(pos.XactID, 10), pos.ID).Scan(&n, &age)
+	if err != nil {
+		return plugins.Health{}, err
+	}
+	h := plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
+		CheckedAt: time.Now(), Details: map[string]any{"cursor": pos.String()}}
+	hz, ok, err := outbox.OldestTransaction(ctx, pool)
+	if err != nil {
+		return plugins.Health{}, err
+	}
+	if ok {
+		h.XminHorizonAge = hz.Age
+		h.Details["oldest_transaction"] = hz.Details()
+	}
+	return h, nil
+}
+
+// healthLoop refreshes Health on a slow timer.
+func (s *Source) healthLoop(ctx context.Context, pool *pgxpool.Pool) {
+	t := time.NewTicker(s.cfg.MetricsInterval)
+	defer t.Stop()
+	for {
+		s.healthMu.Lock()
+		pos := s.committed
+		s.healthMu.Unlock()
+		if h, err := s.measure(ctx, pool, pos); err == nil {
+			s.healthMu.Lock()
+			s.health = h
+			s.healthMu.Unlock()
+		} else if ctx.Err() == nil {
+			s.log.Warn("measure backlog", "err", redact.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 var _ plugins.Source = (*Source)(nil)

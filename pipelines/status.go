@@ -1,0 +1,160 @@
+package pipelines
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// lagBuckets span 1ms … 5min: a healthy relay is in milliseconds, a stuck
+// transaction or a broker outage in minutes.
+var lagHistogramBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+// lagMetrics are the segment histograms of every pipeline of a process.
+type lagMetrics struct {
+	hists map[string]*prometheus.HistogramVec
+}
+
+var segmentHelp = map[string]string{
+	plugins.SegmentCommitToRead:  "Commit (created_at, or the WAL commit time) → the relay read the row; database clock at both ends. Blames the database and the source (an open transaction, slot lag, polling).",
+	plugins.SegmentReadToAck:     "Relay read → the broker confirmed; relay clock. Blames the relay (window, transforms) and the broker.",
+	plugins.SegmentCommitToAck:   "Commit → broker confirmed: commit→read plus read→ack, so no two clocks are compared.",
+	plugins.SegmentAckToConsumed: "Canary published → read back from the broker by the canary checker; relay clock. Blames the broker and its delivery.",
+}
+
+func newLagMetrics(reg prometheus.Registerer) (*lagMetrics, error) {
+	m := &lagMetrics{hists: map[string]*prometheus.HistogramVec{}}
+	for _, seg := range plugins.Segments {
+		h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ferry_lag_" + seg + "_seconds",
+			Help:    segmentHelp[seg],
+			Buckets: lagHistogramBuckets,
+		}, []string{"pipeline", "tenant", "source", "sink"})
+		if err := reg.Register(h); err != nil {
+			return nil, err
+		}
+		m.hists[seg] = h
+	}
+	return m, nil
+}
+
+// reporter is one pipeline's plugins.Reporter: it moves the pipeline's
+// state and feeds its lag histograms and one-minute windows.
+type reporter struct {
+	s    *Supervisor
+	name string
+
+	hists   map[string]prometheus.Observer
+	windows map[string]*lagWindow
+}
+
+func (s *Supervisor) newReporter(spec *Spec) *reporter {
+	r := &reporter{s: s, name: spec.Name, hists: map[string]prometheus.Observer{}, windows: map[string]*lagWindow{}}
+	for _, seg := range plugins.Segments {
+		r.windows[seg] = &lagWindow{}
+		if s.lag != nil {
+			r.hists[seg] = s.lag.hists[seg].WithLabelValues(spec.Name, spec.Tenant, spec.Source.Type, spec.Sink.Type)
+		}
+	}
+	return r
+}
+
+func (r *reporter) Failing(err error, retryIn time.Duration) {
+	r.s.update(r.name, func(e *entry) {
+		if e.status.State == StateRunning || e.status.State == StateBackingOff || e.status.State == StateStarting {
+			e.setState(StateBackingOff)
+		}
+		e.status.LastError = redactErr(err)
+		e.status.NextRetry = time.Now().Add(retryIn)
+	})
+}
+
+func (r *reporter) Recovered() {
+	r.s.update(r.name, func(e *entry) {
+		e.status.NextRetry = time.Time{}
+		if e.status.State == StateBackingOff && e.handlerRunning {
+			e.setState(StateRunning)
+		}
+	})
+}
+
+func (r *reporter) Fatal(err error) {
+	r.s.update(r.name, func(e *entry) {
+		e.setState(StateFailed)
+		e.status.LastError = redactErr(err)
+		e.status.NextRetry = time.Time{}
+	})
+}
+
+func (r *reporter) ObserveLag(segment string, d time.Duration) {
+	if h, ok := r.hists[segment]; ok {
+		h.Observe(d.Seconds())
+	}
+	if w, ok := r.windows[segment]; ok {
+		w.observe(d, time.Now())
+	}
+}
+
+func (r *reporter) lagSummaries() map[string]LagSummary {
+	now := time.Now()
+	out := make(map[string]LagSummary, len(r.windows))
+	for seg, w := range r.windows {
+		out[seg] = w.summary(now)
+	}
+	return out
+}
+
+// stateCollector exports each pipeline's state, starts, source health and
+// in-flight window, computed at scrape time from the supervisor.
+type stateCollector struct {
+	s                                       *Supervisor
+	state, starts, backlog, oldest, horizon *prometheus.Desc
+	inFlight, redeliveries, givenUp         *prometheus.Desc
+}
+
+func newStateCollector(s *Supervisor) *stateCollector {
+	l := []string{"pipeline", "tenant"}
+	return &stateCollector{s: s,
+		state:        prometheus.NewDesc("ferry_pipeline_state", "1 for the pipeline's current state (starting, running, paused, backing_off, stalled, failed, stopped).", append(l, "state"), nil),
+		starts:       prometheus.NewDesc("ferry_pipeline_starts_total", "Times the pipeline was started (restarts show as increases).", l, nil),
+		backlog:      prometheus.NewDesc("ferry_source_backlog", "Not yet delivered: unpublished rows (poll), rows past the cursor (xid8), unconfirmed WAL bytes (wal).", append(l, "unit"), nil),
+		oldest:       prometheus.NewDesc("ferry_source_oldest_undelivered_seconds", "Age of the oldest undelivered event, on the database clock.", l, nil),
+		horizon:      prometheus.NewDesc("ferry_source_xmin_horizon_age_seconds", "Age of the oldest running transaction on the source database: it holds xid8 cursors back.", l, nil),
+		inFlight:     prometheus.NewDesc("ferry_source_in_flight", "Events read and not yet recorded as delivered.", l, nil),
+		redeliveries: prometheus.NewDesc("ferry_source_redeliveries_total", "Events sent again after a failed delivery.", l, nil),
+		givenUp:      prometheus.NewDesc("ferry_source_given_up_total", "Events the source gave up on after failed deliveries (poll: parked after max_attempts).", l, nil),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.state, c.starts, c.backlog, c.oldest, c.horizon, c.inFlight, c.redeliveries, c.givenUp} {
+		ch <- d
+	}
+}
+
+var allStates = []State{StateStarting, StateRunning, StatePaused, StateBackingOff, StateStalled, StateFailed, StateStopped}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c.s.Statuses() {
+		for _, s := range allStates {
+			v := 0.0
+			if st.State == s {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, v, st.Name, st.Tenant, string(s))
+		}
+		ch <- prometheus.MustNewConstMetric(c.starts, prometheus.CounterValue, float64(st.Starts), st.Name, st.Tenant)
+		if h := st.Health; h != nil && !h.CheckedAt.IsZero() {
+			ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(h.Backlog), st.Name, st.Tenant, h.BacklogUnit)
+			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, h.OldestAge.Seconds(), st.Name, st.Tenant)
+			ch <- prometheus.MustNewConstMetric(c.horizon, prometheus.GaugeValue, h.XminHorizonAge.Seconds(), st.Name, st.Tenant)
+		}
+		if f := st.Flow; f != nil {
+			ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(f.InFlight), st.Name, st.Tenant)
+			ch <- prometheus.MustNewConstMetric(c.redeliveries, prometheus.CounterValue, float64(f.Redeliveries), st.Name, st.Tenant)
+			ch <- prometheus.MustNewConstMetric(c.givenUp, prometheus.CounterValue, float64(f.GivenUp), st.Name, st.Tenant)
+		}
+	}
+}

@@ -1,0 +1,53 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Horizon is the oldest transaction holding an xid on the server: every
+// xid8 cursor on the cluster waits for it.
+type Horizon struct {
+	Age         time.Duration
+	PID         int
+	Database    string
+	User        string
+	Application string
+	State       string
+	XactStart   time.Time
+	Query       string
+}
+
+type queryRower interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// OldestTransaction finds the oldest running transaction that has an xid,
+// in any database of the server (transaction ids are server-wide). ok is
+// false when there is none besides this session.
+func OldestTransaction(ctx context.Context, q queryRower) (h Horizon, ok bool, err error) {
+	var age float64
+	err = q.QueryRow(ctx, `SELECT EXTRACT(EPOCH FROM clock_timestamp() - xact_start)::float8, pid,
+		COALESCE(datname, ''), COALESCE(usename, ''), COALESCE(application_name, ''), COALESCE(state, ''),
+		xact_start, left(COALESCE(query, ''), 200)
+		FROM pg_stat_activity
+		WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+		ORDER BY xact_start LIMIT 1`).Scan(&age, &h.PID, &h.Database, &h.User, &h.Application, &h.State, &h.XactStart, &h.Query)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Horizon{}, false, nil
+	}
+	if err != nil {
+		return Horizon{}, false, err
+	}
+	h.Age = time.Duration(age * float64(time.Second))
+	return h, true, nil
+}
+
+// Details renders h for plugins.Health.Details.
+func (h Horizon) Details() map[string]any {
+	return map[string]any{"pid": h.PID, "database": h.Database, "user": h.User, "application": h.Application,
+		"state": h.State, "xact_start": h.XactStart, "query": h.Query, "age_seconds": h.Age.Seconds()}
+}
