@@ -41,13 +41,15 @@ func BenchmarkDrain(b *testing.B, h Harness, n int) {
 		}
 		elapsed := time.Since(start)
 		b.StopTimer()
+		failed := e.FailedPublishes(b)
 		stop()
 
 		recs := waitDelivered(b, e, written, 5*time.Minute)
 		v := sourcetest.Check(written, Decode(b, recs), true)
 		v.Assert(b, 0)
 		b.ReportMetric(float64(n)/elapsed.Seconds(), "events/s")
-		b.Logf("%s: drained %d events in %s = %.0f events/s", h.Type, n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds())
+		b.Logf("%s: drained %d events in %s = %.0f events/s (%d publishes failed and were retried, %d duplicates on the broker)",
+			h.Type, n, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), failed, v.Duplicates)
 	}
 }
 

@@ -86,6 +86,7 @@ type AMQPCollector struct {
 
 	mu   sync.Mutex
 	msgs []amqp.Delivery
+	seen map[string]bool // message ids appended, to drop the broker's redeliveries
 }
 
 // CollectAMQP declares exchange (a durable topic exchange, if missing) and a
@@ -93,7 +94,7 @@ type AMQPCollector struct {
 // exchange are deleted when the test ends.
 func CollectAMQP(t testing.TB, u, exchange string, keys ...string) *AMQPCollector {
 	t.Helper()
-	c := &AMQPCollector{url: u, exchange: exchange, queue: Name("ferry_q"), done: make(chan struct{})}
+	c := &AMQPCollector{url: u, exchange: exchange, queue: Name("ferry_q"), done: make(chan struct{}), seen: map[string]bool{}}
 	err := withChannel(u, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return err
@@ -163,7 +164,10 @@ func (c *AMQPCollector) run(ctx context.Context) {
 }
 
 // consume reads until the connection drops or ctx ends. A message is added
-// before it is acked, so none is lost between the two.
+// before it is acked, so none is lost between the two; when the connection
+// drops between the two, RabbitMQ delivers it again, flagged redelivered, and
+// that copy is skipped: it is the reader's duplicate, not the publisher's
+// (a publisher's re-send arrives as a new, unflagged message).
 func (c *AMQPCollector) consume(ctx context.Context) {
 	conn, err := amqp.Dial(c.url)
 	if err != nil {
@@ -190,7 +194,10 @@ func (c *AMQPCollector) consume(ctx context.Context) {
 				return
 			}
 			c.mu.Lock()
-			c.msgs = append(c.msgs, d)
+			if !d.Redelivered || !c.seen[d.MessageId] {
+				c.msgs = append(c.msgs, d)
+				c.seen[d.MessageId] = true
+			}
 			c.mu.Unlock()
 			_ = d.Ack(false)
 		}

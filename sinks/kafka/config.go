@@ -13,7 +13,8 @@ import (
 
 // Config is the `sink:` section of a Kafka pipeline.
 type Config struct {
-	// Brokers are the bootstrap brokers, host:port. Required.
+	// Brokers are the bootstrap brokers, host:port; an item may hold several,
+	// comma-separated (as one ${KAFKA_BROKERS} variable does). Required.
 	Brokers []string `yaml:"brokers"`
 	// Topic is where a message goes when no transform chose a topic. Required.
 	Topic string `yaml:"topic"`
@@ -100,12 +101,13 @@ var (
 // Validate reports every problem, named by YAML key.
 func (c *Config) Validate() error {
 	var p plugins.Problems
-	if len(c.Brokers) == 0 {
+	brokers := c.brokers()
+	if len(brokers) == 0 {
 		p.Add("brokers", "must not be empty")
 	}
-	for i, b := range c.Brokers {
+	for _, b := range brokers {
 		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || port == "" {
-			p.Add("brokers", "item %d: %q is not host:port", i, b)
+			p.Add("brokers", "%q is not host:port", b)
 		}
 	}
 	if c.Topic == "" {
@@ -165,6 +167,19 @@ func (c *Config) Validate() error {
 		}
 	}
 	return p.Err()
+}
+
+// brokers is the broker list with comma-separated items split.
+func (c *Config) brokers() []string {
+	var out []string
+	for _, item := range c.Brokers {
+		for _, b := range strings.Split(item, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				out = append(out, b)
+			}
+		}
+	}
+	return out
 }
 
 // parseVersion accepts Kafka's own spelling of versions before 1.0

@@ -102,7 +102,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		// The admin client needs full metadata to find the controller.
 		ac := *sc
 		ac.Metadata.Full = true
-		admin, err := sarama.NewClusterAdmin(s.cfg.Brokers, &ac)
+		admin, err := sarama.NewClusterAdmin(s.cfg.brokers(), &ac)
 		if err != nil {
 			return redact.Error(fmt.Errorf("connect kafka admin: %w", err))
 		}
@@ -117,7 +117,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		return err
 	}
 	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
-		Brokers:               s.cfg.Brokers,
+		Brokers:               s.cfg.brokers(),
 		Marshaler:             marshaler{},
 		OverwriteSaramaConfig: sc,
 	}, nil)
@@ -126,7 +126,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		return redact.Error(fmt.Errorf("connect kafka: %w", err))
 	}
 	s.pub, s.metrics = pub, sc.MetricRegistry
-	s.log.Info("kafka sink connected", "brokers", strings.Join(s.cfg.Brokers, ","), "topic", s.cfg.Topic,
+	s.log.Info("kafka sink connected", "brokers", strings.Join(s.cfg.brokers(), ","), "topic", s.cfg.Topic,
 		"acks", s.cfg.Acks, "idempotent", s.cfg.Idempotent)
 	return nil
 }

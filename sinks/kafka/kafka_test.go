@@ -331,7 +331,8 @@ func TestValidate(t *testing.T) {
 		want string
 	}{
 		{"no brokers", func(c *kafka.Config) { c.Brokers = nil }, "brokers: must not be empty"},
-		{"bad broker", func(c *kafka.Config) { c.Brokers = []string{"localhost"} }, `brokers: item 0: "localhost" is not host:port`},
+		{"bad broker", func(c *kafka.Config) { c.Brokers = []string{"localhost"} }, `brokers: "localhost" is not host:port`},
+		{"bad broker in a list", func(c *kafka.Config) { c.Brokers = []string{"b1:9092,b2"} }, `brokers: "b2" is not host:port`},
 		{"no topic", func(c *kafka.Config) { c.Topic = "" }, "topic: must not be empty"},
 		{"bad topic", func(c *kafka.Config) { c.Topic = "a b" }, `topic: "a b" is not a Kafka topic name`},
 		{"old version", func(c *kafka.Config) { c.Version = "0.10.2" }, "version: must be at least 0.11.0"},
@@ -366,7 +367,7 @@ func TestValidate(t *testing.T) {
 		t.Errorf("an empty config reports %d problems, want every one: %v", n, all.Validate())
 	}
 	ok := kafka.DefaultConfig()
-	ok.Brokers, ok.Topic = []string{"localhost:9092", "[::1]:9093"}, "outbox.orders"
+	ok.Brokers, ok.Topic = []string{"localhost:9092", "[::1]:9093", "b1:9092, b2:9092"}, "outbox.orders"
 	if err := ok.Validate(); err != nil {
 		t.Errorf("valid config: %v", err)
 	}
@@ -389,4 +390,21 @@ func TestYAML(t *testing.T) {
 
 func loadErr(doc string) ([]*pipelines.Spec, error) {
 	return pipelines.Loader{}.LoadBytes("p.yaml", []byte(doc))
+}
+
+// The example pipeline loads, with and without its environment variables.
+func TestExample(t *testing.T) {
+	for _, env := range []map[string]string{
+		{"ORDERS_DB_URL": "postgres://ferry:hunter2@db/app"},
+		{"ORDERS_DB_URL": "postgres://ferry@db/app", "KAFKA_BROKERS": "k1:9092,k2:9092"},
+	} {
+		l := pipelines.Loader{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
+		specs, err := l.Load("../../pipelines/examples/kafka.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := specs[0].Describe(); d != "orders-kafka (xid8 → kafka)" {
+			t.Errorf("example is %s", d)
+		}
+	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/sinktest"
 	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sinks/rabbitmq"
 )
@@ -447,5 +448,26 @@ func TestYAML(t *testing.T) {
 	s := sinktest.BuildSink(t, harness, "url: amqp://u:p@h:5672/\nexchange: outbox\nrouting_key: outbox.${aggregate_type}\nchannels: 8\n")
 	if _, ok := s.(*rabbitmq.Sink); !ok {
 		t.Fatalf("built %T", s)
+	}
+}
+
+// The example pipeline loads; its routing key template survives the
+// loader's ${VAR} interpolation.
+func TestExample(t *testing.T) {
+	l := pipelines.Loader{LookupEnv: func(k string) (string, bool) {
+		if k == "ORDERS_DB_URL" {
+			return "postgres://ferry@db/app", true
+		}
+		return "", false
+	}}
+	specs, err := l.Load("../../pipelines/examples/rabbitmq.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := specs[0].Describe(); d != "orders-rabbitmq (xid8 → rabbitmq)" {
+		t.Errorf("example is %s", d)
+	}
+	if k := specs[0].Sink.Config.(*rabbitmq.Config).RoutingKey; k != "outbox.${aggregate_type}.${event_type}" {
+		t.Errorf("routing key %q after loading", k)
 	}
 }
