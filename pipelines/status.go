@@ -1,6 +1,7 @@
 package pipelines
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,8 +44,9 @@ func newLagMetrics(reg prometheus.Registerer) (*lagMetrics, error) {
 // reporter is one pipeline's plugins.Reporter: it moves the pipeline's
 // state and feeds its lag histograms and one-minute windows.
 type reporter struct {
-	s    *Supervisor
-	name string
+	s       *Supervisor
+	name    string
+	failing atomic.Bool // so Recovered on the hot path is one load
 
 	hists   map[string]prometheus.Observer
 	windows map[string]*lagWindow
@@ -62,16 +64,23 @@ func (s *Supervisor) newReporter(spec *Spec) *reporter {
 }
 
 func (r *reporter) Failing(err error, retryIn time.Duration) {
+	r.failing.Store(true)
 	r.s.update(r.name, func(e *entry) {
 		if e.status.State == StateRunning || e.status.State == StateBackingOff || e.status.State == StateStarting {
 			e.setState(StateBackingOff)
 		}
 		e.status.LastError = redactErr(err)
-		e.status.NextRetry = time.Now().Add(retryIn)
+		e.status.NextRetry = time.Time{}
+		if retryIn > 0 {
+			e.status.NextRetry = time.Now().Add(retryIn)
+		}
 	})
 }
 
 func (r *reporter) Recovered() {
+	if !r.failing.Swap(false) {
+		return
+	}
 	r.s.update(r.name, func(e *entry) {
 		e.status.NextRetry = time.Time{}
 		if e.status.State == StateBackingOff && e.handlerRunning {

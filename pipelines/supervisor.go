@@ -367,7 +367,7 @@ func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Conte
 	retry := *s.opts.Retry
 	// Outermost first: the error recorder sees what finally happened; the
 	// dead-letter topic takes what the retries could not fix.
-	chain := []message.HandlerMiddleware{recordError}
+	chain := []message.HandlerMiddleware{reportOutcome(e.rep), recordError}
 	if e.spec.DeadLetter != nil {
 		dl, err := p.deadLetterMiddleware()
 		if err != nil {
@@ -477,6 +477,24 @@ func redactErr(err error) string {
 		return ""
 	}
 	return redact.String(err.Error())
+}
+
+// reportOutcome tells the pipeline's reporter whether events get through:
+// an event that failed after its retries puts the pipeline in backing_off
+// with the error (the source redelivers it with backoff); the next success
+// brings it back to running.
+func reportOutcome(rep *reporter) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err != nil {
+				rep.Failing(err, 0)
+			} else {
+				rep.Recovered()
+			}
+			return out, err
+		}
+	}
 }
 
 // recordError puts the final error of a failed message in its metadata

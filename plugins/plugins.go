@@ -151,6 +151,25 @@ type Reader interface {
 	Read(ctx context.Context, topic string, handle func(*message.Message)) error
 }
 
+// Pinger is implemented by sinks that can check the broker is reachable
+// without publishing (ferry doctor). Ping is called after Start.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// GroupLag is how far one consumer group is behind on one topic.
+type GroupLag struct {
+	Group string `json:"group"`
+	Topic string `json:"topic"`
+	Lag   int64  `json:"lag"` // messages not yet consumed, summed over partitions
+}
+
+// ConsumerLagger is implemented by sinks that can tell how far the
+// consumers named in their config are behind (Kafka consumer groups).
+type ConsumerLagger interface {
+	ConsumerLag(ctx context.Context) ([]GroupLag, error)
+}
+
 // Staller is implemented by components that can tell a stalled pipeline from
 // a quiet one (the canary): Stalled reports whether the pipeline is stalled,
 // and why.

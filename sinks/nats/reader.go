@@ -3,10 +3,12 @@ package nats
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
 
+	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -41,3 +43,19 @@ func (s *Sink) Read(ctx context.Context, topic string, handle func(*message.Mess
 }
 
 var _ plugins.Reader = (*Sink)(nil)
+
+// Ping checks the server answers: a round trip on the connection.
+func (s *Sink) Ping(ctx context.Context) error {
+	s.mu.Lock()
+	conn := s.conn
+	s.mu.Unlock()
+	if conn == nil {
+		return errors.New("nats sink: not started")
+	}
+	if !conn.IsConnected() {
+		return fmt.Errorf("not connected to %s (status %s)", redact.String(s.cfg.URL), conn.Status())
+	}
+	return conn.FlushWithContext(ctx)
+}
+
+var _ plugins.Pinger = (*Sink)(nil)

@@ -15,7 +15,9 @@ import (
 	"github.com/ferryhq/ferry/internal/redact"
 
 	// Ferry's built-in components.
+	_ "github.com/ferryhq/ferry/sinks/kafka"
 	_ "github.com/ferryhq/ferry/sinks/nats"
+	_ "github.com/ferryhq/ferry/sinks/rabbitmq"
 	_ "github.com/ferryhq/ferry/sources/poll"
 	_ "github.com/ferryhq/ferry/sources/xid8"
 	_ "github.com/ferryhq/ferry/transforms/canary"
@@ -37,6 +39,8 @@ func commands() []command {
 	return []command{
 		{"run", "run pipelines until SIGINT/SIGTERM", runCmd},
 		{"validate", "check pipeline files without connecting", validateCmd},
+		{"lag", "show a running ferry's pipelines: state, backlog, lag per segment", lagCmd},
+		{"doctor", "walk each pipeline's path and name the first unhealthy stage", doctorCmd},
 		{"schema", "print the outbox DDL for a source", schemaCmd},
 		{"demo", "run an end-to-end demo on embedded PostgreSQL and NATS", demoCmd},
 		{"version", "print the version", versionCmd},

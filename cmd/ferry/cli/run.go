@@ -26,7 +26,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("run", "-c PATH [-c PATH…] [--http ADDR]", stderr)
 	var files paths
 	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable)")
-	httpAddr := fs.String("http", "", "serve /metrics, /healthz and /api/v1/pipelines on this address, e.g. 127.0.0.1:9090")
+	httpAddr := fs.String("http", "", "serve /metrics, /healthz, /readyz and /api/v1/pipelines on this address, e.g. 127.0.0.1:9090")
 	drain := fs.Duration("drain-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long to wait for in-flight events")
 	var lf logFlags
 	lf.register(fs, "info")
@@ -88,6 +88,13 @@ func serveHTTP(addr string, reg *prometheus.Registry, sup *pipelines.Supervisor,
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !sup.Ready() {
+			http.Error(w, "not ready: a pipeline is not running", http.StatusServiceUnavailable)
+			return
+		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /api/v1/pipelines", func(w http.ResponseWriter, _ *http.Request) {

@@ -1,0 +1,410 @@
+// Package doctor is the on-call runbook as code. For each pipeline it
+// measures the symptom — how old is the oldest undelivered event — and then
+// walks the path an event takes, stopping at the first stage that is
+// unhealthy: the relay, the source position, the broker, the consumers. Each
+// finding carries its evidence and the next thing to do.
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Stages, in the order the doctor walks them.
+const (
+	StageBacklog  = "backlog"
+	StageRelay    = "relay"
+	StageSource   = "source"
+	StageBroker   = "broker"
+	StageConsumer = "consumer"
+)
+
+// Verdicts of one check.
+const (
+	OK        = "ok"
+	Unhealthy = "unhealthy"
+	Unknown   = "unknown" // could not check
+	Skipped   = "n/a"     // nothing to check for this pipeline
+)
+
+// Options tune the checks.
+type Options struct {
+	// URL of a running Ferry's HTTP listener; when set, the relay check reads
+	// the pipeline's state there. Without it, the doctor looks for the
+	// relay's session on the source database.
+	URL string
+	// MaxAge is the oldest undelivered event age that counts as unhealthy.
+	// Default 1m.
+	MaxAge time.Duration
+	// MaxTransactionAge is how old the oldest running transaction may be
+	// before it counts as blocking (xid8). Default 5m.
+	MaxTransactionAge time.Duration
+	// MaxConsumerLag is how many unconsumed messages count as behind.
+	// Default 1000.
+	MaxConsumerLag int64
+	// Sample is the gap between two backlog measurements, to see growth.
+	// Default 2s; 0 measures once.
+	Sample time.Duration
+	// Timeout bounds each check. Default 10s.
+	Timeout time.Duration
+	// Registry builds the components; nil means plugins.Default.
+	Registry *plugins.Registry
+}
+
+func (o *Options) defaults() {
+	if o.MaxAge == 0 {
+		o.MaxAge = time.Minute
+	}
+	if o.MaxTransactionAge == 0 {
+		o.MaxTransactionAge = 5 * time.Minute
+	}
+	if o.MaxConsumerLag == 0 {
+		o.MaxConsumerLag = 1000
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Second
+	}
+}
+
+// Check is one stage's verdict.
+type Check struct {
+	Stage    string   `json:"stage"`
+	Status   string   `json:"status"`
+	Evidence []string `json:"evidence,omitempty"`
+	Action   string   `json:"action,omitempty"`
+}
+
+// Diagnosis is one pipeline's walk: the checks up to and including the
+// first unhealthy one.
+type Diagnosis struct {
+	Pipeline string  `json:"pipeline"`
+	Tenant   string  `json:"tenant,omitempty"`
+	Healthy  bool    `json:"healthy"`
+	Stage    string  `json:"stage,omitempty"` // the first unhealthy stage
+	Checks   []Check `json:"checks"`
+}
+
+// Report is the doctor's answer for every pipeline.
+type Report struct {
+	Pipelines []Diagnosis `json:"pipelines"`
+}
+
+// ExitCode is 0 when every pipeline is healthy, 1 when one is not, 2 when
+// something could not be checked (and nothing was found unhealthy).
+func (r Report) ExitCode() int {
+	code := 0
+	for _, d := range r.Pipelines {
+		if d.Stage != "" {
+			return 1
+		}
+		for _, c := range d.Checks {
+			if c.Status == Unknown {
+				code = 2
+			}
+		}
+	}
+	return code
+}
+
+// Run diagnoses every pipeline.
+func Run(ctx context.Context, specs []*pipelines.Spec, o Options) Report {
+	o.defaults()
+	var r Report
+	for _, s := range specs {
+		r.Pipelines = append(r.Pipelines, diagnose(ctx, s, o))
+	}
+	return r
+}
+
+func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
+	d := Diagnosis{Pipeline: spec.Name, Tenant: spec.Tenant}
+	p, err := pipelines.Build(spec, plugins.Env{})
+	if err != nil {
+		d.Checks = append(d.Checks, Check{Stage: StageBacklog, Status: Unknown, Evidence: []string{err.Error()}})
+		return d
+	}
+	defer p.Close()
+
+	backlog, health := checkBacklog(ctx, p, o)
+	checks := []func() Check{
+		func() Check { return checkRelay(ctx, spec, o) },
+		func() Check { return checkSource(health, o) },
+		func() Check { return checkBroker(ctx, p, o) },
+		func() Check { return checkConsumers(ctx, p, o) },
+	}
+	d.Checks = append(d.Checks, backlog)
+	for _, c := range checks {
+		ch := c()
+		d.Checks = append(d.Checks, ch)
+		if ch.Status == Unhealthy {
+			d.Stage = ch.Stage
+			return d
+		}
+	}
+	if backlog.Status == Unhealthy {
+		// Every stage works, yet events age: the relay cannot keep up.
+		d.Stage = StageBacklog
+		return d
+	}
+	d.Healthy = backlog.Status == OK
+	return d
+}
+
+// checkBacklog measures the oldest undelivered event, twice, Sample apart.
+func checkBacklog(ctx context.Context, p *pipelines.Pipeline, o Options) (Check, *plugins.Health) {
+	c := Check{Stage: StageBacklog}
+	pr, ok := p.Source.(plugins.Prober)
+	if !ok {
+		c.Status = Skipped
+		c.Evidence = []string{fmt.Sprintf("the %s source cannot be measured", p.Spec.Source.Type)}
+		return c, nil
+	}
+	probe := func() (plugins.Health, error) {
+		ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+		return pr.Probe(ctx)
+	}
+	h, err := probe()
+	if err != nil {
+		c.Status, c.Evidence = Unknown, []string{"cannot measure the backlog: " + redact.String(err.Error())}
+		c.Action = "check that the source database is reachable with the pipeline's dsn"
+		return c, nil
+	}
+	c.Evidence = append(c.Evidence, fmt.Sprintf("backlog %d %s, oldest undelivered %s (budget %s)", h.Backlog, h.BacklogUnit, h.OldestAge.Round(time.Millisecond), o.MaxAge))
+	if o.Sample > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(o.Sample):
+		}
+		if h2, err := probe(); err == nil {
+			c.Evidence = append(c.Evidence, fmt.Sprintf("%s later: backlog %d (%+d)", o.Sample, h2.Backlog, h2.Backlog-h.Backlog))
+			h = h2
+		}
+	}
+	c.Status = OK
+	if h.OldestAge > o.MaxAge {
+		c.Status = Unhealthy
+		c.Action = "events are ageing: the stages below say why"
+	}
+	return c, &h
+}
+
+// checkRelay asks a running Ferry about the pipeline, or, without one,
+// looks for the relay's session on the source database.
+func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) Check {
+	c := Check{Stage: StageRelay}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	if o.URL != "" {
+		st, err := fetchStatus(ctx, o.URL, spec.Name)
+		if err != nil {
+			c.Status, c.Evidence = Unhealthy, []string{"cannot read the pipeline from " + o.URL + ": " + err.Error()}
+			c.Action = "is `ferry run` up, with --http, and does it run this pipeline?"
+			return c
+		}
+		c.Evidence = append(c.Evidence, fmt.Sprintf("state %s since %s, started %d times", st.State, st.Since.Format(time.RFC3339), st.Starts))
+		if st.LastError != "" {
+			c.Evidence = append(c.Evidence, "last error: "+st.LastError)
+		}
+		switch st.State {
+		case pipelines.StateRunning:
+			c.Status = OK
+		case pipelines.StateStalled:
+			c.Status, c.Action = Unhealthy, "canaries stopped arriving: check the broker and its consumers of the canary topic"
+		case pipelines.StatePaused:
+			c.Status, c.Action = Unhealthy, "the pipeline is paused: POST /api/v1/pipelines/"+spec.Name+"/resume"
+		default:
+			c.Status, c.Action = Unhealthy, "the relay is not running the pipeline: fix the last error (database or broker unreachable?) — it retries on its own"
+		}
+		return c
+	}
+	o2, ok := spec.Source.Config.(plugins.OutboxSource)
+	if !ok {
+		c.Status, c.Evidence = Unknown, []string{"no --url, and the source has no database to look at"}
+		return c
+	}
+	conn, err := pgx.Connect(ctx, o2.OutboxTable().DSN)
+	if err != nil {
+		c.Status, c.Evidence = Unknown, []string{"cannot connect to the source database: " + redact.String(err.Error())}
+		return c
+	}
+	defer conn.Close(context.Background())
+	var n int
+	var since *time.Time
+	var clients []string
+	err = conn.QueryRow(ctx, `SELECT count(*), min(backend_start), COALESCE(array_agg(DISTINCT COALESCE(host(client_addr), 'local')) FILTER (WHERE pid IS NOT NULL), '{}')
+		FROM pg_stat_activity WHERE application_name = $1`, "ferry:"+spec.Name).Scan(&n, &since, &clients)
+	if err != nil {
+		c.Status, c.Evidence = Unknown, []string{"cannot read pg_stat_activity: " + err.Error()}
+		return c
+	}
+	if n == 0 {
+		c.Status = Unhealthy
+		c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s on the source database: no Ferry instance is running this pipeline", spec.Name))
+		c.Action = "start it: ferry run -c <the file defining " + spec.Name + ">"
+		return c
+	}
+	c.Status = OK
+	c.Evidence = append(c.Evidence, fmt.Sprintf("%d session(s) of ferry:%s connected since %s from %s", n, spec.Name, since.Format(time.RFC3339), strings.Join(clients, ", ")))
+	return c
+}
+
+func fetchStatus(ctx context.Context, base, name string) (pipelines.Status, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/api/v1/pipelines", nil)
+	if err != nil {
+		return pipelines.Status{}, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return pipelines.Status{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return pipelines.Status{}, fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	var body struct {
+		Pipelines []pipelines.Status `json:"pipelines"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return pipelines.Status{}, err
+	}
+	for _, s := range body.Pipelines {
+		if s.Name == name {
+			return s, nil
+		}
+	}
+	return pipelines.Status{}, fmt.Errorf("that Ferry does not run pipeline %q", name)
+}
+
+// checkSource looks at what holds the source's position back: the oldest
+// running transaction (xid8), a replication slot (wal).
+func checkSource(h *plugins.Health, o Options) Check {
+	c := Check{Stage: StageSource}
+	if h == nil {
+		c.Status = Skipped
+		return c
+	}
+	c.Status = OK
+	if slot, ok := h.Details["slot"].(map[string]any); ok {
+		return checkSlot(c, slot)
+	}
+	if h.XminHorizonAge > 0 {
+		c.Evidence = append(c.Evidence, fmt.Sprintf("oldest running transaction %s old (limit %s)", h.XminHorizonAge.Round(time.Second), o.MaxTransactionAge))
+	}
+	if tx, ok := h.Details["oldest_transaction"].(map[string]any); ok && h.XminHorizonAge > o.MaxTransactionAge {
+		c.Status = Unhealthy
+		c.Evidence = append(c.Evidence, fmt.Sprintf("pid %v (user %v, application %q, database %v) in state %q, transaction started %v, last query: %v",
+			tx["pid"], tx["user"], tx["application"], tx["database"], tx["state"], tx["xact_start"], tx["query"]))
+		c.Action = fmt.Sprintf("that transaction holds every xid8 cursor on the server: end it (COMMIT/ROLLBACK in its session, or SELECT pg_terminate_backend(%v))", tx["pid"])
+	}
+	return c
+}
+
+// checkSlot judges a replication slot from the details the wal source
+// reports: active, confirmed position advancing, WAL retained vs what the
+// server may keep.
+func checkSlot(c Check, slot map[string]any) Check {
+	c.Evidence = append(c.Evidence, fmt.Sprintf("slot %v: active %v, wal_status %v, retained %v bytes, safe_wal_size %v",
+		slot["name"], slot["active"], slot["wal_status"], slot["retained_bytes"], slot["safe_wal_size"]))
+	switch {
+	case slot["wal_status"] == "lost":
+		c.Status = Unhealthy
+		c.Action = "the slot was invalidated: events may have been missed; see the WAL source's 'slot lost' steps in the README"
+	case slot["active"] == false:
+		c.Status = Unhealthy
+		c.Action = "no relay reads the slot and it retains WAL: start the pipeline, or drop the slot if the pipeline is gone (SELECT pg_drop_replication_slot(...))"
+	case slot["wal_status"] == "unreserved":
+		c.Status = Unhealthy
+		c.Action = "the slot is about to be invalidated (past max_slot_wal_keep_size): the relay must catch up now"
+	}
+	return c
+}
+
+// checkBroker connects the sink and checks the broker answers.
+func checkBroker(ctx context.Context, p *pipelines.Pipeline, o Options) Check {
+	c := Check{Stage: StageBroker}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	if err := p.Sink.Start(ctx); err != nil {
+		c.Status, c.Evidence = Unhealthy, []string{"cannot connect: " + redact.String(err.Error())}
+		c.Action = "check the broker is up and reachable with the sink's settings"
+		return c
+	}
+	pg, ok := p.Sink.(plugins.Pinger)
+	if !ok {
+		c.Status, c.Evidence = OK, []string{"connected"}
+		return c
+	}
+	if err := pg.Ping(ctx); err != nil {
+		c.Status, c.Evidence = Unhealthy, []string{"the broker does not answer: " + redact.String(err.Error())}
+		c.Action = "check the broker is up and reachable with the sink's settings"
+		return c
+	}
+	c.Status, c.Evidence = OK, []string{"the broker answers"}
+	return c
+}
+
+// checkConsumers asks the broker how far the consumers named in the sink's
+// config are behind.
+func checkConsumers(ctx context.Context, p *pipelines.Pipeline, o Options) Check {
+	c := Check{Stage: StageConsumer}
+	cl, ok := p.Sink.(plugins.ConsumerLagger)
+	if !ok {
+		c.Status = Skipped
+		return c
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	lags, err := cl.ConsumerLag(ctx)
+	if err != nil {
+		c.Status, c.Evidence = Unknown, []string{"cannot read consumer lag: " + redact.String(err.Error())}
+		return c
+	}
+	if len(lags) == 0 {
+		c.Status = Skipped
+		return c
+	}
+	c.Status = OK
+	for _, l := range lags {
+		c.Evidence = append(c.Evidence, fmt.Sprintf("group %s on %s: %d behind", l.Group, l.Topic, l.Lag))
+		if l.Lag > o.MaxConsumerLag {
+			c.Status = Unhealthy
+			c.Action = fmt.Sprintf("the consumers of group %s are behind: Ferry delivered, they did not consume — scale or fix them", l.Group)
+		}
+	}
+	return c
+}
+
+// Print writes the report for people: per pipeline, each check walked.
+func (r Report) Print(w io.Writer) {
+	for _, d := range r.Pipelines {
+		verdict := "healthy"
+		if d.Stage != "" {
+			verdict = "UNHEALTHY at " + d.Stage
+		} else if !d.Healthy {
+			verdict = "could not check everything"
+		}
+		fmt.Fprintf(w, "%s: %s\n", d.Pipeline, verdict)
+		for i, c := range d.Checks {
+			fmt.Fprintf(w, "  %d. %-8s %s\n", i+1, c.Stage, c.Status)
+			for _, e := range c.Evidence {
+				fmt.Fprintf(w, "       %s\n", e)
+			}
+			if c.Action != "" && c.Status != OK {
+				fmt.Fprintf(w, "       → %s\n", c.Action)
+			}
+		}
+	}
+}
