@@ -443,8 +443,13 @@ func (s *Supervisor) status(e *entry) Status {
 	st, p := e.status, e.pipeline
 	s.mu.Unlock()
 	if p != nil {
-		if st.State == StateRunning {
+		// The canary's verdict wins over running and backing_off: whatever the
+		// pipeline thinks of itself, events do not make it through.
+		if st.State == StateRunning || st.State == StateBackingOff {
 			if stalled, why := p.Stalled(); stalled {
+				if st.LastError != "" && st.State == StateBackingOff {
+					why += "; last error: " + st.LastError
+				}
 				st.State, st.LastError = StateStalled, why
 			}
 		}
