@@ -33,6 +33,9 @@ const Name = "canary"
 // EventType is the type of canary rows.
 const EventType = "FerryCanary"
 
+// SentAtHeader carries a canary's publish time to the checker.
+const SentAtHeader = "canary_sent_at"
+
 // Register adds the canary transform to r.
 func Register(r *plugins.Registry) {
 	plugins.RegisterTransform(r, Name, DefaultConfig, func(c *Config, env plugins.Env) (plugins.Transform, error) {
@@ -71,6 +74,9 @@ func New(cfg *Config, env plugins.Env) *Canary {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
 	}
+	if env.Report == nil {
+		env.Report = plugins.NopReporter{}
+	}
 	return &Canary{cfg: cfg, env: env, log: env.Logger.With("transform", Name),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "ferry_canary_latency_seconds",
@@ -90,6 +96,8 @@ func (c *Canary) Process(msg *message.Message) ([]*message.Message, error) {
 	if msg.Metadata.Get(plugins.MetaAggregateType) == c.cfg.AggregateType {
 		msg.Metadata.Set(plugins.MetaTopic, c.cfg.Topic)
 		msg.Metadata.Set(plugins.MetaFinal, "true")
+		// Stamped at publish, read back by the checker: ack → consumed.
+		msg.Metadata.Set(plugins.MetaSentAtHeader, SentAtHeader)
 	}
 	return []*message.Message{msg}, nil
 }
@@ -203,6 +211,9 @@ func (c *Canary) arrived(msg *message.Message) {
 		return
 	}
 	c.latency.Observe(time.Since(p.GeneratedAt).Seconds())
+	if sent, err := plugins.ParseTime(msg.Metadata.Get(SentAtHeader)); err == nil {
+		c.env.Report.ObserveLag(plugins.SegmentAckToConsumed, max(time.Since(sent), 0))
+	}
 	c.mu.Lock()
 	c.lastSeen = time.Now()
 	c.mu.Unlock()

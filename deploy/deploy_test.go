@@ -1,0 +1,196 @@
+// Package deploy_test checks the operations files: the Grafana dashboard and
+// the Prometheus alert rules parse, and every metric they reference is one
+// Ferry exports — checked against a live scrape of pipelines with every
+// source, a canary and traffic.
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"gopkg.in/yaml.v3"
+
+	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/sources/poll"
+	"github.com/ferryhq/ferry/sources/wal"
+	"github.com/ferryhq/ferry/sources/xid8"
+	_ "github.com/ferryhq/ferry/transforms/canary"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+var metricName = regexp.MustCompile(`\bferry_[a-z0-9_]+`)
+
+func referenced(exprs []string) []string {
+	seen := map[string]bool{}
+	for _, e := range exprs {
+		for _, m := range metricName.FindAllString(e, -1) {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				m = strings.TrimSuffix(m, suffix)
+			}
+			seen[m] = true
+		}
+	}
+	var out []string
+	for m := range seen {
+		out = append(out, m)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func dashboardExprs(t *testing.T) []string {
+	b, err := os.ReadFile("grafana/ferry.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Title  string
+		Panels []struct {
+			Title   string
+			Type    string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("grafana/ferry.json: %v", err)
+	}
+	var exprs []string
+	rows := 0
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			rows++
+		}
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	if rows < 4 || len(exprs) < 15 {
+		t.Fatalf("dashboard has %d rows and %d queries", rows, len(exprs))
+	}
+	return exprs
+}
+
+func alertExprs(t *testing.T) []string {
+	b, err := os.ReadFile("prometheus/alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Name  string
+			Rules []struct {
+				Alert, Expr string
+				For         string
+				Annotations map[string]string
+			}
+		}
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatalf("prometheus/alerts.yaml: %v", err)
+	}
+	var exprs, names []string
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" || r.Expr == "" || r.Annotations["summary"] == "" {
+				t.Errorf("rule %+v lacks alert, expr or summary", r)
+			}
+			if r.For != "" {
+				if _, err := time.ParseDuration(r.For); err != nil {
+					t.Errorf("%s: for %q: %v", r.Alert, r.For, err)
+				}
+			}
+			exprs, names = append(exprs, r.Expr), append(names, r.Alert)
+		}
+	}
+	for _, want := range []string{"FerryOldestUndeliveredOverBudget", "FerryBacklogGrowing", "FerryCanaryMissing",
+		"FerryWalRetainedGrowing", "FerrySlotInactive", "FerryXminHorizonOld", "FerryPipelineFailed"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("no alert %s", want)
+		}
+	}
+	return exprs
+}
+
+// TestEveryReferencedMetricIsExported runs an xid8 pipeline with a canary,
+// a poll and a wal pipeline, with traffic, and scrapes them.
+func TestEveryReferencedMetricIsExported(t *testing.T) {
+	exprs := append(dashboardExprs(t), alertExprs(t)...)
+
+	x := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	p := sourcetest.Setup(t, sourcetest.Harness{Type: poll.Name, Schema: poll.Schema})
+	w := sourcetest.Setup(t, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	walName := strings.ToLower(testenv.Name("ops_wal"))
+	y := fmt.Sprintf(`name: ops-xid8
+source: {type: xid8, dsn: %q, poll_interval: 20ms, metrics_interval: 1s}
+transforms:
+  - {type: canary, topic: %s.canary, generate: {interval: 200ms}}
+sink: {type: nats, url: %q, subject: %s}
+---
+name: ops-poll
+source: {type: poll, dsn: %q, poll_interval: 20ms, metrics_interval: 1s}
+sink: {type: nats, url: %q, subject: %s}
+---
+name: %s
+source: {type: wal, dsn: %q}
+sink: {type: nats, url: %q, subject: %s}
+`, x.DSN, x.Subject, x.NATS, x.Subject, p.DSN, p.NATS, p.Subject, walName, w.DSN, w.NATS, w.Subject)
+	specs, err := pipelines.Loader{}.LoadBytes("ops.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	sup, err := pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx, specs) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	for _, e := range []*sourcetest.Env{x, p, w} {
+		if _, err := sourcetest.Insert(ctx, e.Pool, "agg-1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exported := map[string]bool{}
+	refs := referenced(exprs)
+	// Some appear only after a slow timer's first tick or a canary's round
+	// trip: scrape until all are there or the deadline passes.
+	var missing []string
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			exported[mf.GetName()] = true
+		}
+		missing = missing[:0]
+		for _, r := range refs {
+			if !exported[r] {
+				missing = append(missing, r)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("referenced but not exported: %v", missing)
+	}
+	t.Logf("%d metrics referenced by the dashboard and alerts, all exported", len(refs))
+}
