@@ -64,7 +64,7 @@ type Sink struct {
 	metrics metrics.Registry
 	closed  bool
 
-	topicsMu sync.Mutex
+	topicsMu sync.RWMutex
 	topics   map[string]bool // created or known to exist (create_topics only)
 }
 
@@ -75,9 +75,9 @@ func New(cfg *Config, env plugins.Env) *Sink {
 	}
 	s := &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), topics: map[string]bool{}}
 	if env.Metrics != nil {
-		// Registering twice (a pipeline rebuilt on reload) is not an error
-		// worth failing a pipeline for; the first registration keeps working
-		// only while its sink lives, which is fine for a gauge.
+		// The supervisor's registerer lets a restarted pipeline's sink take
+		// over its predecessor's collector; a failure to register only loses
+		// the batching gauges, not worth failing the pipeline for.
 		_ = env.Metrics.Register(statsCollector{s})
 	}
 	return s
@@ -153,6 +153,9 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	if topic == "" {
 		topic = s.cfg.Topic
 	}
+	if !ValidTopic(topic) {
+		return plugins.Permanent("no_route", fmt.Errorf("%q is not a Kafka topic name", topic))
+	}
 	if err := s.ensureTopic(topic); err != nil {
 		return err
 	}
@@ -181,13 +184,16 @@ func (s *Sink) ensureTopic(topic string) error {
 	if s.admin == nil {
 		return nil
 	}
+	s.topicsMu.RLock()
+	known := s.topics[topic]
+	s.topicsMu.RUnlock()
+	if known {
+		return nil
+	}
 	s.topicsMu.Lock()
 	defer s.topicsMu.Unlock()
 	if s.topics[topic] {
 		return nil
-	}
-	if !ValidTopic(topic) {
-		return plugins.Permanent("no_route", fmt.Errorf("%q is not a Kafka topic name", topic))
 	}
 	spec := s.cfg.CreateTopics
 	detail := &sarama.TopicDetail{NumPartitions: -1, ReplicationFactor: -1}

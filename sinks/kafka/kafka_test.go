@@ -306,6 +306,37 @@ func TestCreateTopics(t *testing.T) {
 	}
 }
 
+// A topic that does not exist fails the publish, but not permanently: the
+// pipeline retries it (the topic may yet be created) and never acks it. An
+// oversize record and an invalid topic name are permanent: dead-lettered.
+func TestFailuresTransientAndPermanent(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	topic := testenv.Name("ferry") + ".small"
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 1)
+	s := newSink(t, srv.Addr(), topic, func(c *kafka.Config) { c.MaxMessageBytes = 1000 })
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Publish(testenv.Name("ferry")+".missing", message.NewMessage("m-1", []byte("x")))
+	if err == nil {
+		t.Fatal("publish to a missing topic succeeded")
+	}
+	if reason, ok := plugins.IsPermanent(err); ok {
+		t.Errorf("missing topic is permanent (%s): %v", reason, err)
+	}
+	err = s.Publish("", message.NewMessage("big-1", make([]byte, 2000)))
+	if reason, ok := plugins.IsPermanent(err); !ok || reason != "oversize" {
+		t.Errorf("oversize record: %v (permanent %q %v)", err, reason, ok)
+	}
+	err = s.Publish("orders/eu", message.NewMessage("bad-topic-1", []byte("x")))
+	if reason, ok := plugins.IsPermanent(err); !ok || reason != "no_route" {
+		t.Errorf("invalid topic name: %v (permanent %q %v)", err, reason, ok)
+	}
+	if err := s.Publish("", message.NewMessage("ok-1", []byte("x"))); err != nil {
+		t.Fatalf("the sink is unusable after failures: %v", err)
+	}
+}
+
 // An unreachable cluster fails Start (the supervisor retries it).
 func TestStartFailsWithoutBroker(t *testing.T) {
 	srv := testenv.StartKafka(t)

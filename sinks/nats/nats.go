@@ -3,6 +3,11 @@
 // it. Each message carries Nats-Msg-Id = event id, and JetStream drops re-sends
 // of an id within the stream's duplicate window (default 2m) — the re-sends an
 // at-least-once relay makes after a crash.
+//
+// The connection authenticates with user/password, a token or a .creds file
+// and may use TLS. It has no reconnect buffer: while disconnected a publish
+// fails at once, instead of being buffered, timing out here and reaching the
+// stream later behind newer events.
 package nats
 
 import (
