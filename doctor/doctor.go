@@ -137,13 +137,17 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	defer p.Close()
 
 	backlog, health := checkBacklog(ctx, p, o)
+	relay, suspect := checkRelay(ctx, spec, o)
+	d.Checks = append(d.Checks, backlog, relay)
+	if relay.Status == Unhealthy {
+		d.Stage = StageRelay
+		return d
+	}
 	checks := []func() Check{
-		func() Check { return checkRelay(ctx, spec, o) },
 		func() Check { return checkSource(health, o) },
 		func() Check { return checkBroker(ctx, p, o) },
 		func() Check { return checkConsumers(ctx, p, o) },
 	}
-	d.Checks = append(d.Checks, backlog)
 	for _, c := range checks {
 		ch := c()
 		d.Checks = append(d.Checks, ch)
@@ -151,6 +155,13 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 			d.Stage = ch.Stage
 			return d
 		}
+	}
+	if suspect != "" {
+		// The relay runs but says it fails or stalls, and no stage after it
+		// explains why: the relay itself is the place to look.
+		d.Checks[1].Status, d.Checks[1].Action = Unhealthy, suspect
+		d.Stage = StageRelay
+		return d
 	}
 	if backlog.Status == Unhealthy {
 		// Every stage works, yet events age: the relay cannot keep up.
@@ -201,9 +212,11 @@ func checkBacklog(ctx context.Context, p *pipelines.Pipeline, o Options) (Check,
 }
 
 // checkRelay asks a running Ferry about the pipeline, or, without one,
-// looks for the relay's session on the source database.
-func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) Check {
-	c := Check{Stage: StageRelay}
+// looks for the relay's session on the source database. A relay that runs
+// but reports trouble (backing_off, stalled) is not judged here: the stages
+// after it may explain why; suspect is the action if none does.
+func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, suspect string) {
+	c = Check{Stage: StageRelay}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	if o.URL != "" {
@@ -211,7 +224,7 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) Check {
 		if err != nil {
 			c.Status, c.Evidence = Unhealthy, []string{"cannot read the pipeline from " + o.URL + ": " + err.Error()}
 			c.Action = "is `ferry run` up, with --http, and does it run this pipeline?"
-			return c
+			return c, ""
 		}
 		c.Evidence = append(c.Evidence, fmt.Sprintf("state %s since %s, started %d times", st.State, st.Since.Format(time.RFC3339), st.Starts))
 		if st.LastError != "" {
@@ -221,23 +234,27 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) Check {
 		case pipelines.StateRunning:
 			c.Status = OK
 		case pipelines.StateStalled:
-			c.Status, c.Action = Unhealthy, "canaries stopped arriving: check the broker and its consumers of the canary topic"
+			c.Status = OK
+			suspect = "canaries stopped arriving, yet the source, the broker and the consumers look fine: read the relay's logs around the last error"
+		case pipelines.StateBackingOff:
+			c.Status = OK
+			suspect = "the relay keeps failing: fix its last error — it retries on its own"
 		case pipelines.StatePaused:
 			c.Status, c.Action = Unhealthy, "the pipeline is paused: POST /api/v1/pipelines/"+spec.Name+"/resume"
 		default:
-			c.Status, c.Action = Unhealthy, "the relay is not running the pipeline: fix the last error (database or broker unreachable?) — it retries on its own"
+			c.Status, c.Action = Unhealthy, "the relay is not running the pipeline: fix the last error and restart it"
 		}
-		return c
+		return c, suspect
 	}
 	o2, ok := spec.Source.Config.(plugins.OutboxSource)
 	if !ok {
 		c.Status, c.Evidence = Unknown, []string{"no --url, and the source has no database to look at"}
-		return c
+		return c, ""
 	}
 	conn, err := pgx.Connect(ctx, o2.OutboxTable().DSN)
 	if err != nil {
 		c.Status, c.Evidence = Unknown, []string{"cannot connect to the source database: " + redact.String(err.Error())}
-		return c
+		return c, ""
 	}
 	defer conn.Close(context.Background())
 	var n int
@@ -247,17 +264,17 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) Check {
 		FROM pg_stat_activity WHERE application_name = $1`, "ferry:"+spec.Name).Scan(&n, &since, &clients)
 	if err != nil {
 		c.Status, c.Evidence = Unknown, []string{"cannot read pg_stat_activity: " + err.Error()}
-		return c
+		return c, ""
 	}
 	if n == 0 {
 		c.Status = Unhealthy
 		c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s on the source database: no Ferry instance is running this pipeline", spec.Name))
 		c.Action = "start it: ferry run -c <the file defining " + spec.Name + ">"
-		return c
+		return c, ""
 	}
 	c.Status = OK
 	c.Evidence = append(c.Evidence, fmt.Sprintf("%d session(s) of ferry:%s connected since %s from %s", n, spec.Name, since.Format(time.RFC3339), strings.Join(clients, ", ")))
-	return c
+	return c, ""
 }
 
 func fetchStatus(ctx context.Context, base, name string) (pipelines.Status, error) {
