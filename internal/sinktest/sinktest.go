@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -317,5 +318,39 @@ func Consistently(t testing.TB, d time.Duration, what string, cond func() error)
 			t.Fatalf("%s: %v", what, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ReadBack runs r.Read on topic and publishes canary-like events to topic
+// until one is read back (a reader sees what is published once it is in
+// place), then stops the reader and returns the event it read.
+func ReadBack(t testing.TB, r plugins.Reader, topic string, publish func(string, ...*message.Message) error) *message.Message {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan *message.Message, 100)
+	readErr := make(chan error, 1)
+	go func() { readErr <- r.Read(ctx, topic, func(m *message.Message) { got <- m }) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; ; i++ {
+		m := message.NewMessage(fmt.Sprintf("canary-%d", i), []byte(`{"canary":true}`))
+		m.Metadata.Set(plugins.MetaAggregateID, "canary")
+		if err := publish(topic, m); err != nil && time.Now().After(deadline) {
+			t.Fatalf("publish to %s: %v", topic, err)
+		}
+		select {
+		case m := <-got:
+			cancel()
+			if err := <-readErr; err != nil {
+				t.Fatalf("Read: %v", err)
+			}
+			return m
+		case err := <-readErr:
+			t.Fatalf("Read ended before reading anything: %v", err)
+		case <-time.After(200 * time.Millisecond): // the next canary's interval
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing read back from %s in 30s", topic)
+		}
 	}
 }

@@ -439,3 +439,31 @@ func TestExample(t *testing.T) {
 		}
 	}
 }
+
+// Read delivers what is published from now on (the canary checker's read
+// back); Ping answers while the broker is up and fails when it is down.
+func TestReadBackAndPing(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	topic := testenv.Name("ferry") + ".canary"
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 4)
+	s := newSink(t, srv.Addr(), topic, nil)
+	if err := s.Ping(context.Background()); err == nil {
+		t.Fatal("Ping before Start succeeded")
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m := sinktest.ReadBack(t, s, topic, s.Publish)
+	if m.Metadata.Get(plugins.MetaAggregateID) == "" || string(m.Payload) != `{"canary":true}` {
+		t.Fatalf("read back %s %q %v", m.UUID, m.Payload, m.Metadata)
+	}
+	srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Ping(ctx); err == nil {
+		t.Fatal("Ping succeeded with the broker down")
+	}
+}

@@ -118,6 +118,13 @@ func (s *Sink) Start(ctx context.Context) error {
 	return nil
 }
 
+// Connection settings: a dead broker is noticed within two heartbeats, and
+// an unanswered dial gives up after dialTimeout.
+const (
+	dialHeartbeat = 10 * time.Second
+	dialTimeout   = 10 * time.Second
+)
+
 // session is one connection and its channel pool.
 type session struct {
 	conn *amqp.Connection
@@ -130,11 +137,11 @@ func (s *Sink) connect() (*session, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("ferry:" + s.env.Pipeline)
 	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
-		Heartbeat:       10 * time.Second,
+		Heartbeat:       dialHeartbeat,
 		Locale:          "en_US",
 		Properties:      props,
 		TLSClientConfig: s.tls,
-		Dial:            amqp.DefaultDial(10 * time.Second),
+		Dial:            amqp.DefaultDial(dialTimeout),
 	})
 	if err != nil {
 		return nil, redact.Error(fmt.Errorf("connect rabbitmq: %w", err))

@@ -471,3 +471,23 @@ func TestExample(t *testing.T) {
 		t.Errorf("routing key %q after loading", k)
 	}
 }
+
+// Read delivers what is routed with a routing key from now on (the canary
+// checker's read back) through its own exclusive queue; Ping answers.
+func TestReadBackAndPing(t *testing.T) {
+	f := newFixture(t, "ferry.default")
+	s := f.sink(t, nil)
+	if err := s.Ping(context.Background()); err == nil {
+		t.Fatal("Ping before Start succeeded")
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m := sinktest.ReadBack(t, s, "ferry.canary", s.Publish)
+	if m.Metadata.Get(plugins.MetaAggregateID) == "" || string(m.Payload) != `{"canary":true}` {
+		t.Fatalf("read back %s %q %v", m.UUID, m.Payload, m.Metadata)
+	}
+}
