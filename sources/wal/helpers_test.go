@@ -3,6 +3,7 @@ package wal_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"os"
@@ -15,6 +16,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/sourcetest"
@@ -266,4 +269,80 @@ func dropSlotsOf(t *testing.T, pool *pgxpool.Pool) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	})
+}
+
+// leanStream reads a memory-storage JetStream stream over subject and keeps
+// per message only what the checks need: for 100,000 events the shared
+// collector's copies of every header cost more than the relay under test.
+type leanStream struct {
+	mu      sync.Mutex
+	got     []sourcetest.Delivered
+	latency []time.Duration // broker store time − commit time
+}
+
+func collectLean(t testing.TB, url, subject string) *leanStream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	name := strings.ToUpper(testenv.Name("lean"))
+	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject},
+		Storage: jetstream.MemoryStorage, Duplicates: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &leanStream{}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		var body struct {
+			Agg string `json:"agg"`
+			Seq int    `json:"seq"`
+		}
+		_ = json.Unmarshal(m.Data(), &body)
+		id, _ := strconv.ParseInt(m.Headers().Get(plugins.MetaOutboxID), 10, 64)
+		d := sourcetest.Delivered{OutboxID: id, Aggregate: body.Agg, Seq: body.Seq}
+		var lat time.Duration
+		if md, err := m.Metadata(); err == nil {
+			if committed, err := plugins.ParseTime(m.Headers().Get(wal.MetaCommittedAt)); err == nil {
+				lat = md.Timestamp.Sub(committed)
+			}
+		}
+		l.mu.Lock()
+		l.got = append(l.got, d)
+		l.latency = append(l.latency, lat)
+		l.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cc.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, name)
+		nc.Close()
+	})
+	return l
+}
+
+func (l *leanStream) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.got)
+}
+
+func (l *leanStream) delivered() []sourcetest.Delivered {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]sourcetest.Delivered(nil), l.got...)
 }
