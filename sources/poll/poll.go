@@ -67,10 +67,11 @@ type Source struct {
 	closeOnce  sync.Once
 	done       chan struct{}
 
-	pool   *pgxpool.Pool
-	table  outbox.Table
-	sql    statements
-	parked prometheus.Gauge
+	pool    *pgxpool.Pool
+	table   outbox.Table
+	sql     statements
+	parked  prometheus.Gauge
+	batches *outbox.BatchMetrics
 
 	healthMu sync.Mutex
 	health   plugins.Health
@@ -336,6 +337,7 @@ func (w *worker) claimLoop(ctx context.Context) {
 		limit := min(w.s.cfg.BatchSize, w.win.Room())
 		var n int
 		var err error
+		start := time.Now()
 		if w.s.cfg.Claim == ClaimTransaction {
 			n, err = w.claimInTransaction(ctx, limit)
 		} else {
@@ -352,6 +354,7 @@ func (w *worker) claimLoop(ctx context.Context) {
 			timer.Reset(d)
 			continue
 		}
+		w.s.batches.Observe(n, time.Since(start))
 		if failing {
 			w.s.env.Report.Recovered()
 			failing = false
@@ -641,6 +644,7 @@ func (s *Source) registerGauges() {
 	}
 	// Backlog and oldest age are exported for every source by the
 	// supervisor, from Health.
+	s.batches = outbox.NewBatchMetrics(s.env.Metrics, s.log)
 	s.parked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_dead_lettered_events",
 		Help: "Rows parked after max_attempts failed deliveries (poll)."})
 	if err := s.env.Metrics.Register(s.parked); err != nil {

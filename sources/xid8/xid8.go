@@ -76,6 +76,7 @@ type Source struct {
 
 	healthMu sync.Mutex // guards health and committed (read by measure)
 	health   plugins.Health
+	batches  *outbox.BatchMetrics
 }
 
 // New returns a source; it does no I/O until Subscribe.
@@ -261,6 +262,9 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 	s.read, s.committed = pos, pos
+	if s.batches == nil {
+		s.batches = outbox.NewBatchMetrics(s.env.Metrics, s.log)
+	}
 	s.log.Info("xid8 source started", "table", t.Schema+"."+t.Name, "cursor", pos.String())
 	return nil
 }
@@ -285,7 +289,11 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			return
 		}
 		var err error
+		start := time.Now()
 		rows, err = s.readBatch(ctx, pool, rows[:0])
+		if err == nil {
+			s.batches.Observe(len(rows), time.Since(start))
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
