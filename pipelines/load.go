@@ -3,6 +3,8 @@ package pipelines
 import (
 	"bytes"
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -239,6 +241,11 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 	if len(d.errs) > 0 {
 		return nil, d.errs
 	}
+	// The document as Ferry understood it, variables filled in: a reload
+	// restarts a pipeline only when this changed.
+	canonical, _ := yaml.Marshal(root)
+	sum := sha256.Sum256(canonical)
+	spec.Hash = hex.EncodeToString(sum[:8])
 	return spec, nil
 }
 

@@ -28,6 +28,9 @@ type Spec struct {
 	Limits     Limits
 	// DeadLetter, when set, receives events that cannot be delivered.
 	DeadLetter *DeadLetter
+	// Hash identifies the pipeline's configuration after interpolation; a
+	// reload restarts only pipelines whose hash changed.
+	Hash string
 }
 
 // DeadLetter is the pipeline's dead-letter topic, on the pipeline's sink.

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,23 +10,28 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "-c PATH [-c PATH…] [--http ADDR]", stderr)
+	fs := newFlags("run", "-c PATH [-c PATH…] [--http ADDR] [--admin-token-file FILE] [--watch]", stderr)
 	var files paths
 	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable)")
-	httpAddr := fs.String("http", "", "serve /metrics, /healthz, /readyz and /api/v1/pipelines on this address, e.g. 127.0.0.1:9090")
-	drain := fs.Duration("drain-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long to wait for in-flight events")
+	httpAddr := fs.String("http", "", "serve /metrics, /healthz, /readyz and /api/v1 on this address; a bare port binds 127.0.0.1 (write 0.0.0.0:PORT for every interface)")
+	tokenFile := fs.String("admin-token-file", "", "file holding the bearer token for the admin endpoints (else $FERRY_ADMIN_TOKEN; neither: admin endpoints disabled)")
+	shutdown := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long pipelines may take to drain in-flight events")
+	watch := fs.Bool("watch", false, "reload when the pipeline files change (SIGHUP and POST /api/v1/reload always do)")
 	var lf logFlags
 	lf.register(fs, "info")
 	if code, ok := parse(fs, args); !ok {
@@ -35,6 +39,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	files = append(files, fs.Args()...)
 	log, err := lf.logger(stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	token, err := adminToken(*tokenFile)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
@@ -49,21 +58,51 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *drain})
+	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown})
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
+	}
+	// One reload at a time, whichever asked: SIGHUP, the API, --watch.
+	var reloadMu sync.Mutex
+	reload := func() (pipelines.ReloadResult, error) {
+		reloadMu.Lock()
+		defer reloadMu.Unlock()
+		specs, err := pipelines.Load(files...)
+		if err != nil {
+			return pipelines.ReloadResult{}, err
+		}
+		return sup.Reload(specs)
+	}
+	logReload := func(why string) {
+		res, err := reload()
+		if err != nil {
+			log.Error("reload refused: the new configuration is invalid; nothing changed", "trigger", why, "err", err)
+			return
+		}
+		log.Info("reloaded", "trigger", why, "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped, "unchanged", len(res.Unchanged))
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if *httpAddr != "" {
-		srv, err := serveHTTP(*httpAddr, reg, sup, log)
+		srv, err := serveHTTP(*httpAddr, httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, AdminToken: token, Reload: reload, Logger: log}), log)
 		if err != nil {
 			fmt.Fprintf(stderr, "--http: %v\n", err)
 			return 1
 		}
 		defer srv.Close()
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			logReload("SIGHUP")
+		}
+	}()
+	if *watch {
+		go watchFiles(ctx, files, 2*time.Second, func() { logReload("files changed") })
 	}
 	go func() {
 		// A second signal while draining means "now".
@@ -75,7 +114,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		log.Warn("second signal: exiting without waiting for in-flight events")
 		os.Exit(1)
 	}()
-	log.Info("ferry starting", "version", version(), "pipelines", len(specs))
+	log.Info("ferry starting", "version", version(), "pipelines", len(specs), "admin", token != "")
 	if err := sup.Run(ctx, specs); err != nil {
 		log.Error("ferry stopped with an error", "err", err)
 		return 1
@@ -84,28 +123,40 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func serveHTTP(addr string, reg *prometheus.Registry, sup *pipelines.Supervisor, log *slog.Logger) (*http.Server, error) {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !sup.Ready() {
-			http.Error(w, "not ready: a pipeline is not running", http.StatusServiceUnavailable)
-			return
+// adminToken reads the admin token from a file, else $FERRY_ADMIN_TOKEN.
+func adminToken(file string) (string, error) {
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("--admin-token-file: %w", err)
 		}
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /api/v1/pipelines", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{"pipelines": sup.Statuses()})
-	})
-	ln, err := net.Listen("tcp", addr)
+		t := strings.TrimSpace(string(b))
+		if t == "" {
+			return "", fmt.Errorf("--admin-token-file: %s is empty", file)
+		}
+		return t, nil
+	}
+	return strings.TrimSpace(os.Getenv("FERRY_ADMIN_TOKEN")), nil
+}
+
+// listenAddr binds a bare port to 127.0.0.1: the admin API and metrics are
+// not for the whole network unless asked for.
+func listenAddr(addr string) string {
+	if !strings.Contains(addr, ":") {
+		return "127.0.0.1:" + addr
+	}
+	if strings.HasPrefix(addr, ":") {
+		return "127.0.0.1" + addr
+	}
+	return addr
+}
+
+func serveHTTP(addr string, h http.Handler, log *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", listenAddr(addr))
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server", "err", err)
@@ -113,4 +164,48 @@ func serveHTTP(addr string, reg *prometheus.Registry, sup *pipelines.Supervisor,
 	}()
 	log.Info("http listening", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// watchFiles calls changed when a pipeline file is added, removed or
+// modified. It polls modification times: portable, and a config directory
+// holds a handful of files.
+func watchFiles(ctx context.Context, paths []string, every time.Duration, changed func()) {
+	last := fingerprint(paths)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if fp := fingerprint(paths); fp != last {
+			last = fp
+			changed()
+		}
+	}
+}
+
+func fingerprint(paths []string) string {
+	var b strings.Builder
+	add := func(p string) {
+		if st, err := os.Stat(p); err == nil {
+			fmt.Fprintf(&b, "%s %d %d\n", p, st.Size(), st.ModTime().UnixNano())
+		}
+	}
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if !st.IsDir() {
+			add(p)
+			continue
+		}
+		matches, _ := filepath.Glob(filepath.Join(p, "*.y*ml"))
+		for _, m := range matches {
+			add(m)
+		}
+	}
+	return b.String()
 }
