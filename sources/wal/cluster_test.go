@@ -15,7 +15,7 @@ import (
 )
 
 // startCluster runs a throwaway cluster with settings, removed at the end.
-func startCluster(t *testing.T, settings map[string]string) *pgcluster.Cluster {
+func startCluster(t testing.TB, settings map[string]string) *pgcluster.Cluster {
 	t.Helper()
 	if testenv.Cluster(t) == nil {
 		t.Skip("needs its own PostgreSQL cluster; TEST_DATABASE_URL points at a shared server")

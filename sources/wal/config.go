@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/outbox"
 )
@@ -88,7 +89,7 @@ func (c *Config) Validate() error {
 	if c.DSN == "" {
 		p.Add("dsn", "must not be empty")
 	} else if _, err := pgx.ParseConfig(c.DSN); err != nil {
-		p.Add("dsn", "not a PostgreSQL connection string: %v", err)
+		p.Add("dsn", "not a PostgreSQL connection string: %v", redact.Error(err))
 	}
 	if _, _, err := outbox.ParseTable(c.Table); err != nil {
 		p.Add("table", "%v", err)

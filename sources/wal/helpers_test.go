@@ -181,7 +181,7 @@ type slotRow struct {
 	restart   pglogrepl.LSN
 }
 
-func readSlot(t *testing.T, pool *pgxpool.Pool, name string) slotRow {
+func readSlot(t testing.TB, pool *pgxpool.Pool, name string) slotRow {
 	t.Helper()
 	var r slotRow
 	var confirmed, restart, status *string
@@ -206,7 +206,7 @@ func readSlot(t *testing.T, pool *pgxpool.Pool, name string) slotRow {
 	return r
 }
 
-func currentLSN(t *testing.T, pool *pgxpool.Pool) pglogrepl.LSN {
+func currentLSN(t testing.TB, pool *pgxpool.Pool) pglogrepl.LSN {
 	t.Helper()
 	var s string
 	if err := pool.QueryRow(context.Background(), `SELECT pg_current_wal_insert_lsn()::text`).Scan(&s); err != nil {
@@ -219,7 +219,7 @@ func currentLSN(t *testing.T, pool *pgxpool.Pool) pglogrepl.LSN {
 	return lsn
 }
 
-func newPool(t *testing.T, dsn string) *pgxpool.Pool {
+func newPool(t testing.TB, dsn string) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
@@ -231,7 +231,7 @@ func newPool(t *testing.T, dsn string) *pgxpool.Pool {
 
 // createOutbox creates the outbox (wal.Schema) and the agg_seq table
 // sourcetest.InsertSQL uses, for tests on their own database or cluster.
-func createOutbox(t *testing.T, pool *pgxpool.Pool) {
+func createOutbox(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	ddl, err := wal.Schema("outbox")
 	if err != nil {
@@ -244,7 +244,7 @@ func createOutbox(t *testing.T, pool *pgxpool.Pool) {
 
 // waitStreaming waits until the pipeline's permanent slot exists and is
 // being streamed (after the first start's initial snapshot was promoted).
-func waitStreaming(t *testing.T, pool *pgxpool.Pool, slot string) {
+func waitStreaming(t testing.TB, pool *pgxpool.Pool, slot string) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, "slot "+slot+" streamed", func() bool {
 		r := readSlot(t, pool, slot)
@@ -254,7 +254,7 @@ func waitStreaming(t *testing.T, pool *pgxpool.Pool, slot string) {
 
 // dropSlotsOf drops a test's slots when it ends, so the shared cluster's
 // max_replication_slots is not used up (and its database can be dropped).
-func dropSlotsOf(t *testing.T, pool *pgxpool.Pool) {
+func dropSlotsOf(t testing.TB, pool *pgxpool.Pool) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -271,7 +271,7 @@ func dropSlotsOf(t *testing.T, pool *pgxpool.Pool) {
 	})
 }
 
-// leanStream reads a memory-storage JetStream stream over subject and keeps
+// leanStream reads a JetStream stream over subject and keeps
 // per message only what the checks need: for 100,000 events the shared
 // collector's copies of every header cost more than the relay under test.
 type leanStream struct {
@@ -280,7 +280,7 @@ type leanStream struct {
 	latency []time.Duration // broker store time − commit time
 }
 
-func collectLean(t testing.TB, url, subject string) *leanStream {
+func collectLean(t testing.TB, url, subject string, storage jetstream.StorageType) *leanStream {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -294,7 +294,7 @@ func collectLean(t testing.TB, url, subject string) *leanStream {
 	defer cancel()
 	name := strings.ToUpper(testenv.Name("lean"))
 	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject},
-		Storage: jetstream.MemoryStorage, Duplicates: 100 * time.Millisecond})
+		Storage: storage, Duplicates: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

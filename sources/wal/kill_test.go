@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -158,7 +159,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	ctx := context.Background()
 	name := testenv.Name("big")
 	e.Subject = "ferry.test.big." + name
-	lean := collectLean(t, e.NATS, e.Subject)
+	lean := collectLean(t, e.NATS, e.Subject, jetstream.MemoryStorage)
 	child := sourcetest.StartChild(t, writePipeline(t, e.YAML(name, 500)))
 	waitStreaming(t, e.Pool, wal.DefaultName(name))
 	idle := rssKB(t, child.Pid(), "VmRSS")

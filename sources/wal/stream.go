@@ -297,11 +297,30 @@ func (st *streamer) sendStatus() error {
 // server has processed the confirmation before the connection closes.
 func (st *streamer) finish() error {
 	s := st.s
-	drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout())
-	if err := s.win.Drain(drainCtx); err != nil {
-		s.log.Warn("drain timed out; unacked events will be sent again on restart", "held", s.win.Stats().Held)
+	// Drain in status-interval steps: a drain timeout longer than the
+	// server's wal_sender_timeout must not cost the connection (and with it
+	// the final confirmation).
+	deadline := time.Now().Add(s.drainTimeout())
+	for {
+		step := st.nextStatus
+		if deadline.Before(step) {
+			step = deadline
+		}
+		drainCtx, cancel := context.WithDeadline(context.Background(), step)
+		err := s.win.Drain(drainCtx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if !time.Now().Before(deadline) {
+			s.log.Warn("drain timed out; unacked events will be sent again on restart", "held", s.win.Stats().Held)
+			break
+		}
+		if err := st.sendStatus(); err != nil {
+			s.log.Error("confirm progress while draining", "err", redact.Error(err))
+			return nil
+		}
 	}
-	cancel()
 	if err := st.sendStatus(); err != nil {
 		s.log.Error("confirm progress at shutdown", "err", redact.Error(err))
 		return nil

@@ -393,6 +393,28 @@ func TestGuardrails(t *testing.T) {
 			t.Fatal("another consumer's slot was dropped")
 		}
 	})
+	t.Run("SlotDroppedWhileStreaming", func(t *testing.T) {
+		dsn := testenv.Postgres(t)
+		pool := newPool(t, dsn)
+		dropSlotsOf(t, pool)
+		createOutbox(t, pool)
+		name := testenv.Name("dropped")
+		slot := wal.DefaultName(name)
+		d := startDirect(t, dsn, name, 10, nil)
+		waitStreaming(t, pool, slot)
+		testenv.Eventually(t, 10*time.Second, "the slot dropped", func() bool {
+			_, _ = pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot)
+			_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+			return err == nil
+		})
+		err := d.waitFailed(t, 30*time.Second)
+		if !strings.Contains(err.Error(), "no longer exists") || !strings.Contains(err.Error(), "may have been missed") {
+			t.Fatalf("error %q does not say the slot was lost", err)
+		}
+		if readSlot(t, pool, slot).exists {
+			t.Fatal("the source recreated the dropped slot")
+		}
+	})
 	t.Run("SlotOfAnotherDatabase", func(t *testing.T) {
 		dsn := testenv.Postgres(t)
 		pool := newPool(t, dsn)

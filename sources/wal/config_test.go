@@ -1,0 +1,91 @@
+package wal_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/wal"
+)
+
+func TestConfigValidate(t *testing.T) {
+	valid := func() *wal.Config {
+		c := wal.DefaultConfig()
+		c.DSN = "postgres://ferry:secret@db/orders"
+		return c
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*wal.Config)
+		want   []string // "path: message" prefixes, in order
+	}{
+		{"defaults with a dsn", func(*wal.Config) {}, nil},
+		{"every option", func(c *wal.Config) {
+			c.Table, c.Publication, c.Slot = "app.outbox", "orders_pub", "orders_slot"
+			c.TemporarySlot, c.DropSlotOnStop, c.InitialSnapshot = true, true, false
+			c.OnSlotLost, c.HeartbeatInterval, c.StatusInterval, c.SlotCheckInterval = wal.OnSlotLostRecreate, 0, 30*time.Second, time.Second
+		}, nil},
+		{"no dsn", func(c *wal.Config) { c.DSN = "" }, []string{"dsn: must not be empty"}},
+		{"bad dsn", func(c *wal.Config) { c.DSN = "postgres://ferry:secret@h:notaport/db" }, []string{"dsn: not a PostgreSQL connection string"}},
+		{"bad table", func(c *wal.Config) { c.Table = "a.b.c" }, []string{"table: "}},
+		{"bad column", func(c *wal.Config) { c.Columns.ID = "id; drop" }, []string{"columns.id: "}},
+		{"slot with upper case", func(c *wal.Config) { c.Slot = "Orders" }, []string{"slot: \"Orders\""}},
+		{"publication with a dash", func(c *wal.Config) { c.Publication = "a-b" }, []string{"publication: \"a-b\""}},
+		{"on_slot_lost", func(c *wal.Config) { c.OnSlotLost = "ignore" }, []string{"on_slot_lost: want \"fail\" or \"recreate\""}},
+		{"negative heartbeat", func(c *wal.Config) { c.HeartbeatInterval = -time.Second }, []string{"heartbeat_interval: "}},
+		{"status interval beyond wal_sender_timeout/2", func(c *wal.Config) { c.StatusInterval = time.Minute }, []string{"status_interval: "}},
+		{"slot check interval", func(c *wal.Config) { c.SlotCheckInterval = 0 }, []string{"slot_check_interval: "}},
+		{"all at once", func(c *wal.Config) { c.DSN, c.Slot, c.StatusInterval = "", "x-y", 0 },
+			[]string{"dsn: ", "slot: ", "status_interval: "}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := valid()
+			tc.mutate(c)
+			errs := plugins.Flatten(c.Validate())
+			if len(errs) != len(tc.want) {
+				t.Fatalf("got %v, want %d problems %v", errs, len(tc.want), tc.want)
+			}
+			for i, e := range errs {
+				if !strings.HasPrefix(e.Error(), tc.want[i]) {
+					t.Errorf("problem %d: %q, want prefix %q", i, e, tc.want[i])
+				}
+				if strings.Contains(e.Error(), "secret") {
+					t.Errorf("problem %q shows the password", e)
+				}
+			}
+		})
+	}
+}
+
+func TestConfigFromYAML(t *testing.T) {
+	const doc = `name: orders-outbox
+source:
+  type: wal
+  dsn: postgres://ferry@db/orders
+  table: public.outbox
+  heartbeat_interval: 30s
+  on_slot_lost: recreate
+sink:
+  type: nats
+  subject: outbox.orders
+`
+	specs, err := pipelines.Loader{}.LoadBytes("orders.yaml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := specs[0].Source.Config.(*wal.Config)
+	if c.HeartbeatInterval != 30*time.Second || c.OnSlotLost != "recreate" || c.StatusInterval != time.Second ||
+		!c.InitialSnapshot || c.Slot != "" || c.Columns.ID != "id" {
+		t.Fatalf("decoded %+v", c)
+	}
+	if got := wal.DefaultName("orders-outbox"); got != "ferry_orders_outbox" {
+		t.Fatalf("default slot and publication name %q", got)
+	}
+
+	_, err = pipelines.Loader{}.LoadBytes("orders.yaml", []byte(strings.Replace(doc, "  on_slot_lost", "  on_slot_lots", 1)))
+	if err == nil || !strings.Contains(err.Error(), "source.on_slot_lots: unknown key") || !strings.Contains(err.Error(), "on_slot_lost") {
+		t.Fatalf("unknown key: %v", err)
+	}
+}
