@@ -56,6 +56,7 @@ func (e *StageError) Unwrap() error { return e.Err }
 func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 	env.Pipeline, env.Tenant = spec.Name, spec.Tenant
 	env.MaxInFlight = spec.Limits.MaxInFlight
+	env.MaxConnections = spec.Limits.MaxConnections
 	if env.Logger == nil {
 		env.Logger = slog.Default()
 	}

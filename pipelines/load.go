@@ -66,6 +66,7 @@ func (l Loader) Load(paths ...string) ([]*Spec, error) {
 		return nil, err
 	}
 	var specs []*Spec
+	var tenants []*TenantSpec
 	var errs []*Error
 	for _, f := range files {
 		data, err := os.ReadFile(f)
@@ -73,11 +74,12 @@ func (l Loader) Load(paths ...string) ([]*Spec, error) {
 			errs = append(errs, &Error{File: f, Msg: err.Error()})
 			continue
 		}
-		s, e := l.parse(f, data)
-		specs = append(specs, s...)
+		s, t, e := l.parse(f, data)
+		specs, tenants = append(specs, s...), append(tenants, t...)
 		errs = append(errs, e...)
 	}
 	errs = append(errs, uniqueNames(specs)...)
+	errs = append(errs, applyTenants(specs, tenants)...)
 	if len(errs) > 0 {
 		slices.SortStableFunc(errs, func(a, b *Error) int {
 			return cmp.Or(cmp.Compare(a.File, b.File), cmp.Compare(a.Line, b.Line))
@@ -93,8 +95,9 @@ func (l Loader) Load(paths ...string) ([]*Spec, error) {
 
 // LoadBytes parses pipelines from data as if read from file name.
 func (l Loader) LoadBytes(name string, data []byte) ([]*Spec, error) {
-	specs, errs := l.parse(name, data)
+	specs, tenants, errs := l.parse(name, data)
 	errs = append(errs, uniqueNames(specs)...)
+	errs = append(errs, applyTenants(specs, tenants)...)
 	if len(errs) > 0 {
 		joined := make([]error, len(errs))
 		for i, e := range errs {
@@ -155,6 +158,7 @@ func uniqueNames(specs []*Spec) []*Error {
 // document is the top level of a pipeline file. Component sections stay as
 // nodes: their schema depends on their `type`.
 type document struct {
+	Kind       string      `yaml:"kind"`
 	Name       string      `yaml:"name"`
 	Tenant     string      `yaml:"tenant"`
 	Source     yaml.Node   `yaml:"source"`
@@ -164,9 +168,56 @@ type document struct {
 	DeadLetter *DeadLetter `yaml:"dead_letter"`
 }
 
-func (l Loader) parse(file string, data []byte) ([]*Spec, []*Error) {
+// tenantDocument is a `kind: tenant` document.
+type tenantDocument struct {
+	Kind   string `yaml:"kind"`
+	Name   string `yaml:"name"`
+	Limits Limits `yaml:"limits"`
+}
+
+func isTenantDoc(root *yaml.Node) bool {
+	if root.Kind != yaml.MappingNode {
+		return false
+	}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if root.Content[i].Value == "kind" {
+			return root.Content[i+1].Value == "tenant"
+		}
+	}
+	return false
+}
+
+func (l Loader) parseTenant(file string, root *yaml.Node) (*TenantSpec, []*Error) {
+	d := &decoder{file: file, lines: map[string]int{}, lookup: l.lookup()}
+	d.index(root, "")
+	var doc tenantDocument // zero limits: no cap
+	d.decode(root, "", &doc)
+	if !pipelineName.MatchString(doc.Name) {
+		d.fail("name", "%q is not a tenant name: lowercase letters, digits, _ or -, starting with a letter", doc.Name)
+	}
+	if doc.Limits.MaxInFlight < 0 {
+		d.fail("limits.max_in_flight", "must not be negative (0 is no cap)")
+	}
+	// Rate and max_connections follow the pipeline rules; max_in_flight 0 is
+	// allowed here (no tenant cap).
+	d.validate("limits", Limits{MaxInFlight: 1, Rate: doc.Limits.Rate, MaxConnections: doc.Limits.MaxConnections}.Validate())
+	if len(d.errs) > 0 {
+		return nil, d.errs
+	}
+	return &TenantSpec{Name: doc.Name, File: file, Line: root.Line, Limits: doc.Limits}, nil
+}
+
+func (l Loader) lookup() func(string) (string, bool) {
+	if l.LookupEnv != nil {
+		return l.LookupEnv
+	}
+	return os.LookupEnv
+}
+
+func (l Loader) parse(file string, data []byte) ([]*Spec, []*TenantSpec, []*Error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var specs []*Spec
+	var tenants []*TenantSpec
 	var errs []*Error
 	for {
 		var root yaml.Node
@@ -175,9 +226,17 @@ func (l Loader) parse(file string, data []byte) ([]*Spec, []*Error) {
 			break
 		}
 		if err != nil {
-			return specs, append(errs, syntaxError(file, err))
+			return specs, tenants, append(errs, syntaxError(file, err))
 		}
 		if len(root.Content) == 0 {
+			continue
+		}
+		if isTenantDoc(root.Content[0]) {
+			t, e := l.parseTenant(file, root.Content[0])
+			if t != nil {
+				tenants = append(tenants, t)
+			}
+			errs = append(errs, e...)
 			continue
 		}
 		s, e := l.parseDocument(file, root.Content[0])
@@ -186,18 +245,53 @@ func (l Loader) parse(file string, data []byte) ([]*Spec, []*Error) {
 		}
 		errs = append(errs, e...)
 	}
-	if len(specs) == 0 && len(errs) == 0 {
+	if len(specs) == 0 && len(tenants) == 0 && len(errs) == 0 {
 		errs = append(errs, &Error{File: file, Msg: "no pipeline in file"})
 	}
-	return specs, errs
+	return specs, tenants, errs
+}
+
+// applyTenants attaches each tenant's limits to its pipelines, and checks
+// its connection budget can give each of them one.
+func applyTenants(specs []*Spec, tenants []*TenantSpec) []*Error {
+	var errs []*Error
+	byName := map[string]*TenantSpec{}
+	for _, t := range tenants {
+		if first, dup := byName[t.Name]; dup {
+			errs = append(errs, &Error{File: t.File, Line: t.Line, Path: "name",
+				Msg: fmt.Sprintf("tenant %q is already defined at %s:%d", t.Name, first.File, first.Line)})
+			continue
+		}
+		byName[t.Name] = t
+	}
+	count := map[string]int{}
+	for _, s := range specs {
+		count[s.Tenant]++
+	}
+	for _, s := range specs {
+		t, ok := byName[s.Tenant]
+		if !ok {
+			continue
+		}
+		limits := t.Limits
+		s.TenantLimits = &limits
+		if c := t.Limits.MaxConnections; c > 0 {
+			share := c / count[s.Tenant]
+			if share < 1 {
+				errs = append(errs, &Error{File: t.File, Line: t.Line, Path: "limits.max_connections",
+					Msg: fmt.Sprintf("%d connections cannot give each of tenant %s's %d pipelines one", c, t.Name, count[s.Tenant])})
+				continue
+			}
+			if s.Limits.MaxConnections == 0 || s.Limits.MaxConnections > share {
+				s.Limits.MaxConnections = share
+			}
+		}
+	}
+	return errs
 }
 
 func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
-	lookup := l.LookupEnv
-	if lookup == nil {
-		lookup = os.LookupEnv
-	}
-	d := &decoder{file: file, lines: map[string]int{}, lookup: lookup}
+	d := &decoder{file: file, lines: map[string]int{}, lookup: l.lookup()}
 	if root.Kind != yaml.MappingNode {
 		return nil, []*Error{{File: file, Line: root.Line, Msg: "a pipeline must be a mapping with name, source, sink"}}
 	}
@@ -206,6 +300,9 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 	var doc document
 	doc.Limits = DefaultLimits()
 	d.decode(root, "", &doc)
+	if doc.Kind != "" && doc.Kind != "pipeline" {
+		d.fail("kind", "must be pipeline (the default) or tenant, got %q", doc.Kind)
+	}
 	spec := &Spec{Name: doc.Name, Tenant: doc.Tenant, File: file, Line: root.Line, Limits: doc.Limits}
 
 	switch {

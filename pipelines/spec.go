@@ -31,6 +31,9 @@ type Spec struct {
 	// Hash identifies the pipeline's configuration after interpolation; a
 	// reload restarts only pipelines whose hash changed.
 	Hash string
+	// TenantLimits are the limits of the pipeline's tenant, when a `kind:
+	// tenant` document sets them.
+	TenantLimits *Limits
 }
 
 // DeadLetter is the pipeline's dead-letter topic, on the pipeline's sink.
@@ -65,8 +68,15 @@ type Component struct {
 // Limits bound what one pipeline may hold or use.
 type Limits struct {
 	// MaxInFlight is the most events read but not yet confirmed by the broker.
-	// Default 1000.
+	// Default 1000. For a tenant: the most events of all its pipelines being
+	// transformed and published at once.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// Rate caps events per second (Watermill's throttle); 0 is no cap. For a
+	// tenant: shared by all its pipelines.
+	Rate int `yaml:"rate"`
+	// MaxConnections caps the source's connections to its database; 0 lets
+	// the source decide. For a tenant: split evenly among its pipelines.
+	MaxConnections int `yaml:"max_connections"`
 }
 
 // DefaultLimits are the limits of a pipeline that sets none.
@@ -78,7 +88,22 @@ func (l Limits) Validate() error {
 	if l.MaxInFlight < 1 {
 		p.Add("max_in_flight", "must be at least 1, got %d", l.MaxInFlight)
 	}
+	if l.Rate < 0 {
+		p.Add("rate", "must not be negative (0 is no cap)")
+	}
+	if l.MaxConnections < 0 {
+		p.Add("max_connections", "must not be negative (0 lets the source decide)")
+	}
 	return p.Err()
+}
+
+// TenantSpec is a `kind: tenant` document: limits shared by every pipeline
+// of one tenant.
+type TenantSpec struct {
+	Name   string
+	File   string
+	Line   int
+	Limits Limits
 }
 
 // Describe is a one-line summary without secrets: "orders (xid8 → nats)".

@@ -92,6 +92,45 @@ type Supervisor struct {
 
 	mu        sync.Mutex
 	pipelines map[string]*entry
+	tenants   map[string]*tenantLimiter
+}
+
+// tenantLimiter is shared by every pipeline of one tenant.
+type tenantLimiter struct {
+	throttle message.HandlerMiddleware // nil: no rate cap
+	slots    chan struct{}             // nil: no in-flight cap
+}
+
+// tenantLimiter returns the tenant's shared limiter, made from the first
+// pipeline that brings its limits.
+func (s *Supervisor) tenantLimiter(spec *Spec) *tenantLimiter {
+	if spec.TenantLimits == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.tenants[spec.Tenant]; ok {
+		return t
+	}
+	t := &tenantLimiter{}
+	if r := spec.TenantLimits.Rate; r > 0 {
+		t.throttle = middleware.NewThrottle(int64(r), time.Second).Middleware
+	}
+	if n := spec.TenantLimits.MaxInFlight; n > 0 {
+		t.slots = make(chan struct{}, n)
+	}
+	s.tenants[spec.Tenant] = t
+	return t
+}
+
+// inFlight holds one of the tenant's slots while an event is transformed
+// and published.
+func (t *tenantLimiter) inFlight(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		t.slots <- struct{}{}
+		defer func() { <-t.slots }()
+		return h(msg)
+	}
 }
 
 // entry is one configured pipeline across its incarnations (restarts build
@@ -131,7 +170,7 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Supervisor{opts: opts, log: opts.Logger, router: router, pipelines: map[string]*entry{}}
+	s := &Supervisor{opts: opts, log: opts.Logger, router: router, pipelines: map[string]*entry{}, tenants: map[string]*tenantLimiter{}}
 	if opts.Metrics != nil {
 		b := metrics.NewPrometheusMetricsBuilder(opts.Metrics, "ferry", "router")
 		b.AddPrometheusRouterMetrics(router)
@@ -368,6 +407,19 @@ func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Conte
 	// Outermost first: the error recorder sees what finally happened; the
 	// dead-letter topic takes what the retries could not fix.
 	chain := []message.HandlerMiddleware{reportOutcome(e.rep), recordError}
+	// Limits: the tenant's shared rate and in-flight cap, then the
+	// pipeline's own rate (Watermill's throttle).
+	if t := s.tenantLimiter(e.spec); t != nil {
+		if t.throttle != nil {
+			chain = append(chain, t.throttle)
+		}
+		if t.slots != nil {
+			chain = append(chain, t.inFlight)
+		}
+	}
+	if r := e.spec.Limits.Rate; r > 0 {
+		chain = append(chain, middleware.NewThrottle(int64(r), time.Second).Middleware)
+	}
 	if e.spec.DeadLetter != nil {
 		dl, err := p.deadLetterMiddleware()
 		if err != nil {

@@ -272,6 +272,9 @@ type Env struct {
 	Tenant string
 	// MaxInFlight is the pipeline's limits.max_in_flight.
 	MaxInFlight int
+	// MaxConnections, when positive, caps the source's database connections
+	// (limits.max_connections, or the pipeline's share of its tenant's).
+	MaxConnections int
 	// DrainTimeout bounds how long a stopping source waits for in-flight
 	// messages before it records progress and closes.
 	DrainTimeout time.Duration

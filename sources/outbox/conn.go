@@ -64,10 +64,18 @@ func NotifyChannel(table string) string {
 // wake on every notification, reconnecting with backoff, until ctx ends.
 // Notifications are hints: they are lost while disconnected, which is why
 // sources keep polling.
-func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, wake func()) {
+//
+// listening, if not nil, is told when notifications start and stop coming:
+// while they do, a source may poll a quiet table less often.
+func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, wake func(), listening func(bool)) {
+	if listening == nil {
+		listening = func(bool) {}
+	}
+	defer listening(false)
 	bo := Backoff()
 	for ctx.Err() == nil {
-		err := listenOnce(ctx, pool, channel, wake, bo.Reset)
+		err := listenOnce(ctx, pool, channel, wake, func() { bo.Reset(); listening(true) })
+		listening(false)
 		if ctx.Err() != nil {
 			return
 		}

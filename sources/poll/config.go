@@ -54,6 +54,11 @@ type Config struct {
 	Listen bool `yaml:"listen"`
 	// NotifyChannel is the LISTEN channel. Default "ferry_<table>".
 	NotifyChannel string `yaml:"notify_channel"`
+	// IdlePollInterval is how often a quiet table is polled while
+	// notifications arrive (LISTEN is up): a commit wakes the source at
+	// once, so idle pipelines cost next to nothing. Never shorter than
+	// poll_interval. Default 5s.
+	IdlePollInterval time.Duration `yaml:"idle_poll_interval"`
 	// OnDelivered is mark (set published_at) or delete. Default mark.
 	OnDelivered string `yaml:"on_delivered"`
 	// MaxAttempts is how many failed deliveries a row gets before it is
@@ -70,18 +75,19 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
 	return &Config{
-		Table:           "outbox",
-		Columns:         outbox.DefaultColumns(),
-		Claim:           ClaimLease,
-		Lease:           30 * time.Second,
-		BatchSize:       500,
-		Workers:         1,
-		PollInterval:    100 * time.Millisecond,
-		Listen:          true,
-		OnDelivered:     DeliveredMark,
-		MaxAttempts:     10,
-		MarkInterval:    100 * time.Millisecond,
-		MetricsInterval: 15 * time.Second,
+		Table:            "outbox",
+		Columns:          outbox.DefaultColumns(),
+		Claim:            ClaimLease,
+		Lease:            30 * time.Second,
+		BatchSize:        500,
+		Workers:          1,
+		PollInterval:     100 * time.Millisecond,
+		Listen:           true,
+		IdlePollInterval: 5 * time.Second,
+		OnDelivered:      DeliveredMark,
+		MaxAttempts:      10,
+		MarkInterval:     100 * time.Millisecond,
+		MetricsInterval:  15 * time.Second,
 	}
 }
 
@@ -114,6 +120,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PollInterval < time.Millisecond {
 		p.Add("poll_interval", "must be at least 1ms, got %s", c.PollInterval)
+	}
+	if c.IdlePollInterval < time.Millisecond {
+		p.Add("idle_poll_interval", "must be at least 1ms, got %s", c.IdlePollInterval)
 	}
 	if len(c.NotifyChannel) > 63 {
 		p.Add("notify_channel", "must be at most 63 bytes")

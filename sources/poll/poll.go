@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -72,6 +73,8 @@ type Source struct {
 	sql     statements
 	parked  prometheus.Gauge
 	batches *outbox.BatchMetrics
+
+	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
 
 	healthMu sync.Mutex
 	health   plugins.Health
@@ -200,13 +203,14 @@ func (s *Source) run(ctx context.Context) {
 		loops.Add(1)
 		go func() { defer loops.Done(); f() }()
 	}
-	if s.cfg.Listen {
+	// A listener holds a connection for good: with one allowed, poll only.
+	if s.cfg.Listen && pool.Config().MaxConns > 1 {
 		spawn(func() {
 			outbox.Listen(claimCtx, pool, s.cfg.channel(), s.log, func() {
 				for _, w := range s.workers {
 					signal(w.wake)
 				}
-			})
+			}, s.listening.Store)
 		})
 	}
 	spawn(func() { s.healthLoop(claimCtx) })
@@ -252,6 +256,9 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	// Per worker: claims (and the open transaction in transaction mode),
 	// marks and renewals; plus the listener and the health query.
 	pc.MaxConns = int32(2*s.cfg.Workers + 2)
+	if c := s.env.MaxConnections; c > 0 && c < int(pc.MaxConns) {
+		pc.MaxConns = int32(c) // workers share: claims queue for a connection
+	}
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -324,12 +331,14 @@ func (w *worker) claimLoop(ctx context.Context) {
 	failing := false
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var lastWake time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		case <-w.wake:
+			lastWake = time.Now()
 		}
 		if err := w.win.WaitRoom(ctx); err != nil {
 			return
@@ -360,9 +369,13 @@ func (w *worker) claimLoop(ctx context.Context) {
 			failing = false
 		}
 		bo.Reset()
-		if n == limit {
+		switch {
+		case n == limit:
 			timer.Reset(0)
-		} else {
+		case n == 0 && w.s.listening.Load() && time.Since(lastWake) > time.Second:
+			// Quiet, and a commit's notification will wake us: poll rarely.
+			timer.Reset(max(w.s.cfg.IdlePollInterval, w.s.cfg.PollInterval))
+		default:
 			timer.Reset(w.s.cfg.PollInterval)
 		}
 	}

@@ -29,6 +29,11 @@ type Config struct {
 	Listen bool `yaml:"listen"`
 	// NotifyChannel is the LISTEN channel. Default "ferry_<table>".
 	NotifyChannel string `yaml:"notify_channel"`
+	// IdlePollInterval is how often a quiet table is polled while
+	// notifications arrive (LISTEN is up): a commit wakes the source at
+	// once, so idle pipelines cost next to nothing. Never shorter than
+	// poll_interval. Default 5s.
+	IdlePollInterval time.Duration `yaml:"idle_poll_interval"`
 	// OffsetsTable stores each pipeline's cursor on the source database;
 	// created if missing. Default "ferry_offsets".
 	OffsetsTable string `yaml:"offsets_table"`
@@ -43,15 +48,16 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
 	return &Config{
-		Table:           "outbox",
-		Columns:         outbox.DefaultColumns(),
-		XactIDColumn:    "xact_id",
-		BatchSize:       500,
-		PollInterval:    100 * time.Millisecond,
-		Listen:          true,
-		OffsetsTable:    "ferry_offsets",
-		CommitInterval:  200 * time.Millisecond,
-		MetricsInterval: 15 * time.Second,
+		Table:            "outbox",
+		Columns:          outbox.DefaultColumns(),
+		XactIDColumn:     "xact_id",
+		BatchSize:        500,
+		PollInterval:     100 * time.Millisecond,
+		Listen:           true,
+		IdlePollInterval: 5 * time.Second,
+		OffsetsTable:     "ferry_offsets",
+		CommitInterval:   200 * time.Millisecond,
+		MetricsInterval:  15 * time.Second,
 	}
 }
 
@@ -84,6 +90,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MetricsInterval < time.Second {
 		p.Add("metrics_interval", "must be at least 1s, got %s", c.MetricsInterval)
+	}
+	if c.IdlePollInterval < time.Millisecond {
+		p.Add("idle_poll_interval", "must be at least 1ms, got %s", c.IdlePollInterval)
 	}
 	if len(c.NotifyChannel) > 63 {
 		p.Add("notify_channel", "must be at most 63 bytes")

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -73,6 +74,8 @@ type Source struct {
 	committed Position
 	table     outbox.Table
 	readSQL   string
+
+	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
 
 	healthMu sync.Mutex // guards health and committed (read by measure)
 	health   plugins.Health
@@ -145,7 +148,8 @@ func (s *Source) run(ctx context.Context) {
 	if pool != nil {
 		var wg sync.WaitGroup
 		wake := make(chan struct{}, 1)
-		if s.cfg.Listen {
+		// A listener holds a connection for good: with one allowed, poll only.
+		if s.cfg.Listen && pool.Config().MaxConns > 1 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -154,7 +158,7 @@ func (s *Source) run(ctx context.Context) {
 					case wake <- struct{}{}:
 					default:
 					}
-				})
+				}, s.listening.Store)
 			}()
 		}
 		wg.Add(2)
@@ -199,7 +203,7 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("source.dsn: %w", err)
 	}
-	pc.MaxConns = 4 // reader, committer, listener, health
+	pc.MaxConns = capConns(4, s.env.MaxConnections) // reader, committer, listener, health
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -278,12 +282,14 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 	rows := make([]row, 0, s.cfg.BatchSize)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var lastWake time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		case <-wake:
+			lastWake = time.Now()
 		}
 		if err := s.win.WaitRoom(ctx); err != nil {
 			return
@@ -319,12 +325,23 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			}
 			s.read = pos
 		}
-		if len(rows) == s.cfg.BatchSize {
-			timer.Reset(0)
-		} else {
-			timer.Reset(s.cfg.PollInterval)
-		}
+		timer.Reset(nextPoll(len(rows), s.cfg.BatchSize, s.listening.Load(), lastWake, s.cfg.PollInterval, s.cfg.IdlePollInterval))
 	}
+}
+
+// nextPoll is when to read again: at once after a full batch; after
+// idle once nothing came and no notification arrived for a second while
+// notifications are flowing (a commit will wake the reader); else after
+// poll. The second of fast polls after a notification catches rows that
+// become visible just after their commit was notified.
+func nextPoll(rows, batch int, listening bool, lastWake time.Time, poll, idle time.Duration) time.Duration {
+	switch {
+	case rows == batch:
+		return 0
+	case rows == 0 && listening && time.Since(lastWake) > time.Second:
+		return max(idle, poll)
+	}
+	return poll
 }
 
 type row struct {
@@ -484,3 +501,11 @@ func (s *Source) healthLoop(ctx context.Context, pool *pgxpool.Pool) {
 }
 
 var _ plugins.Source = (*Source)(nil)
+
+// capConns applies limits.max_connections to what a source would use.
+func capConns(want, limit int) int32 {
+	if limit > 0 && limit < want {
+		return int32(limit)
+	}
+	return int32(want)
+}
