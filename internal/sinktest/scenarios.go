@@ -221,7 +221,14 @@ func testOrder(t *testing.T, h Harness) {
 	}
 	recs := waitDelivered(t, e, written, 2*time.Minute)
 	v := sourcetest.Check(written, Decode(t, recs), true)
-	v.Assert(t, 0)
+	// A publish that timed out on a loaded machine is retried and may
+	// have been stored after all: a duplicate within the window. Without a
+	// failed publish there is no reason for one.
+	failed := e.FailedPublishes(t)
+	v.Assert(t, 1000)
+	if v.Duplicates > 0 && failed == 0 {
+		t.Errorf("%d duplicates, yet no publish failed", v.Duplicates)
+	}
 	streams := map[string]map[string]bool{}
 	for _, r := range recs {
 		var body struct{ Agg string }
@@ -236,7 +243,8 @@ func testOrder(t *testing.T, h Harness) {
 			t.Errorf("aggregate %s is spread over streams %v", agg, s)
 		}
 	}
-	t.Logf("10000 events over 100 aggregates delivered in order in %s (%d duplicates)", time.Since(start).Round(time.Millisecond), v.Duplicates)
+	t.Logf("10000 events over 100 aggregates delivered in order in %s (%d publishes failed and were retried, %d duplicates)",
+		time.Since(start).Round(time.Millisecond), failed, v.Duplicates)
 }
 
 // waitDelivered waits until every written event is on the broker.

@@ -46,7 +46,7 @@ func natsTarget(t testing.TB) *sinktest.Target {
 	stream := strings.ToUpper(strings.ReplaceAll(base, "-", "_"))
 	tg := &sinktest.Target{Default: base + ".default", Routed: base + ".routed"}
 	tg.SinkYAML = func(dest string) string {
-		return fmt.Sprintf("url: %s\nsubject: %s\npublish_timeout: 2s\ncreate_stream: {name: %s, subjects: [\"%s.>\"]}\n", url, dest, stream, base)
+		return fmt.Sprintf("url: %s\nsubject: %s\ncreate_stream: {name: %s, subjects: [\"%s.>\"]}\n", url, dest, stream, base)
 	}
 	r := &streamReader{url: url, stream: stream, next: 1}
 	t.Cleanup(r.close)
@@ -184,7 +184,7 @@ func publishOne(t *testing.T, cfg *natssink.Config) error {
 
 func secureConfig(url string) *natssink.Config {
 	cfg := natssink.DefaultConfig()
-	cfg.URL, cfg.Subject, cfg.PublishTimeout = url, "ferry.secure", time.Second
+	cfg.URL, cfg.Subject = url, "ferry.secure"
 	cfg.CreateStream = &natssink.StreamConfig{Name: "SECURE"}
 	return cfg
 }
@@ -321,7 +321,6 @@ func newSink(t *testing.T, url, subject string, stream *natssink.StreamConfig) *
 	t.Helper()
 	cfg := natssink.DefaultConfig()
 	cfg.URL, cfg.Subject, cfg.CreateStream = url, subject, stream
-	cfg.PublishTimeout = time.Second
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

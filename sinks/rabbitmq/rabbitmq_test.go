@@ -36,7 +36,7 @@ func rabbitTarget(t testing.TB) *sinktest.Target {
 	tg := &sinktest.Target{Default: base + ".default", Routed: base + ".routed", Unroutable: base + ".unbound"}
 	coll := testenv.CollectAMQP(t, u, exchange, tg.Default, tg.Routed)
 	tg.SinkYAML = func(dest string) string {
-		return fmt.Sprintf("url: %s\nexchange: %s\nrouting_key: %s\npublish_timeout: 2s\nreconnect_interval: 200ms\n", u, exchange, dest)
+		return fmt.Sprintf("url: %s\nexchange: %s\nrouting_key: %s\nreconnect_interval: 200ms\n", u, exchange, dest)
 	}
 	tg.Received = func() []sinktest.Record { return records(coll.All(), coll.Queue()) }
 	tg.BindUnroutable = func(t testing.TB) { coll.Bind(t, tg.Unroutable) }
