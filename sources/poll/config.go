@@ -67,6 +67,9 @@ type Config struct {
 	// MarkInterval is how often acked rows are marked, in one statement per
 	// worker. Default 100ms.
 	MarkInterval time.Duration `yaml:"mark_interval"`
+	// Retention, when set, deletes rows published longer than
+	// retention.after ago.
+	Retention *outbox.Retention `yaml:"retention"`
 	// MetricsInterval is how often backlog and oldest-age gauges are
 	// refreshed. Default 15s.
 	MetricsInterval time.Duration `yaml:"metrics_interval"`
@@ -138,6 +141,10 @@ func (c *Config) Validate() error {
 	}
 	if c.MetricsInterval < time.Second {
 		p.Add("metrics_interval", "must be at least 1s, got %s", c.MetricsInterval)
+	}
+	if c.Retention != nil {
+		c.Retention.Defaults()
+		p.Nest("retention", c.Retention.Validate())
 	}
 	return p.Err()
 }

@@ -95,7 +95,7 @@ type worker struct {
 }
 
 type statements struct {
-	claimLease, claimTx, mark, delete, nack, renew, release, health string
+	claimLease, claimTx, mark, delete, nack, renew, release, health, retention string
 }
 
 // New returns a source; it does no I/O until Subscribe.
@@ -214,6 +214,14 @@ func (s *Source) run(ctx context.Context) {
 		})
 	}
 	spawn(func() { s.healthLoop(claimCtx) })
+	if r := s.cfg.Retention; r != nil {
+		spawn(func() {
+			outbox.RunRetention(claimCtx, r, s.env.Metrics, s.log, func(ctx context.Context) (int64, error) {
+				tag, err := pool.Exec(ctx, s.sql.retention, r.After.Seconds(), r.Batch)
+				return tag.RowsAffected(), err
+			})
+		})
+	}
 	for _, w := range s.workers {
 		spawn(func() { w.claimLoop(claimCtx) })
 		if s.cfg.Claim == ClaimLease {
@@ -311,6 +319,11 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 			WHERE %s = ANY($1) AND claimed_by = $3 AND published_at IS NULL`, tbl, id),
 		release: fmt.Sprintf(`UPDATE %s SET claimed_until = NULL, claimed_by = NULL
 			WHERE %s = ANY($1) AND claimed_by = $2 AND published_at IS NULL`, tbl, id),
+		// Oldest ids first: published rows cluster there, so the primary key
+		// serves this without an index on published_at.
+		retention: fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (
+			SELECT %[2]s FROM %[1]s WHERE published_at < now() - make_interval(secs => $1)
+			ORDER BY %[2]s LIMIT $2)`, tbl, id),
 		health: fmt.Sprintf(`SELECT count(*),
 			COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8,
 			count(*) FILTER (WHERE claimed_by = '%s')

@@ -238,3 +238,5 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestRetentionNeverDeletesUndelivered(t *testing.T) { sourcetest.TestRetention(t, harness) }

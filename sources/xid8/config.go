@@ -39,6 +39,9 @@ type Config struct {
 	OffsetsTable string `yaml:"offsets_table"`
 	// CommitInterval is how often the acked cursor is written. Default 200ms.
 	CommitInterval time.Duration `yaml:"commit_interval"`
+	// Retention, when set, deletes rows behind the recorded cursor once they
+	// are older than retention.after.
+	Retention *outbox.Retention `yaml:"retention"`
 	// MetricsInterval is how often the backlog past the cursor, the oldest
 	// undelivered age and the oldest running transaction are measured.
 	// Default 15s.
@@ -96,6 +99,10 @@ func (c *Config) Validate() error {
 	}
 	if len(c.NotifyChannel) > 63 {
 		p.Add("notify_channel", "must be at most 63 bytes")
+	}
+	if c.Retention != nil {
+		c.Retention.Defaults()
+		p.Nest("retention", c.Retention.Validate())
 	}
 	return p.Err()
 }

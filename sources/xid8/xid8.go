@@ -164,6 +164,15 @@ func (s *Source) run(ctx context.Context) {
 		wg.Add(2)
 		go func() { defer wg.Done(); s.commitLoop(readCtx, pool) }()
 		go func() { defer wg.Done(); s.healthLoop(readCtx, pool) }()
+		if r := s.cfg.Retention; r != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				outbox.RunRetention(readCtx, r, s.env.Metrics, s.log, func(ctx context.Context) (int64, error) {
+					return s.deleteDelivered(ctx, pool, r)
+				})
+			}()
+		}
 		s.readLoop(readCtx, pool, wake)
 		wg.Wait()
 
@@ -413,6 +422,25 @@ func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
 	s.healthMu.Unlock()
 	s.win.Recorded(mark)
 	return nil
+}
+
+// deleteDelivered deletes a batch of rows at or behind the recorded cursor
+// — delivered, by the cursor's guarantee — and older than retention.after.
+func (s *Source) deleteDelivered(ctx context.Context, pool *pgxpool.Pool, r *outbox.Retention) (int64, error) {
+	s.healthMu.Lock()
+	cursor := s.committed
+	s.healthMu.Unlock()
+	if cursor == (Position{}) {
+		return 0, nil
+	}
+	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
+	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	tbl := outbox.Quote(s.cfg.Table)
+	tag, err := pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (
+		SELECT %[2]s FROM %[1]s WHERE (%[3]s, %[2]s) <= ($1::text::xid8, $2) AND %[4]s < now() - make_interval(secs => $3)
+		ORDER BY %[3]s, %[2]s LIMIT $4)`, tbl, id, xact, pgx.Identifier{s.cfg.Columns.CreatedAt}.Sanitize()),
+		strconv.FormatUint(cursor.XactID, 10), cursor.ID, r.After.Seconds(), r.Batch)
+	return tag.RowsAffected(), err
 }
 
 // Health is the last backlog measurement.

@@ -187,3 +187,5 @@ func TestOrderAcrossXidDigitBoundary(t *testing.T) {
 	e.Coll.WaitFor(t, 10*time.Second, "5 events", func(m []testenv.Received) bool { return len(m) >= 5 })
 	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 }
+
+func TestRetentionNeverDeletesUndelivered(t *testing.T) { sourcetest.TestRetention(t, harness) }
