@@ -2,10 +2,12 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,6 +71,16 @@ func StopRabbitMQ(t testing.TB, u string) (start func(testing.TB)) {
 		})
 	}
 	t.Cleanup(func() { start(t) })
+	// Cleanups do not run when the test binary dies (a -timeout panic, a
+	// kill): a detached watchdog starts the broker once this process is
+	// gone. When the test restored it already, start_app does nothing.
+	watchdog := exec.Command("sh", "-c", fmt.Sprintf(
+		"while kill -0 %d 2>/dev/null; do sleep 1; done; rabbitmqctl start_app >/dev/null 2>&1", os.Getpid()))
+	watchdog.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := watchdog.Start(); err != nil {
+		t.Fatalf("start the RabbitMQ watchdog: %v", err)
+	}
+	go func() { _ = watchdog.Wait() }()
 	if out, err := exec.Command("rabbitmqctl", "stop_app").CombinedOutput(); err != nil {
 		t.Fatalf("rabbitmqctl stop_app: %v\n%s", err, out)
 	}
