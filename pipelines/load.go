@@ -166,6 +166,7 @@ type document struct {
 	Sink       yaml.Node   `yaml:"sink"`
 	Limits     Limits      `yaml:"limits"`
 	DeadLetter *DeadLetter `yaml:"dead_letter"`
+	Ownership  string      `yaml:"ownership"`
 }
 
 // tenantDocument is a `kind: tenant` document.
@@ -335,6 +336,17 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 		}
 	}
 	spec.Sink, _ = d.component(reg, plugins.KindSink, &doc.Sink, "sink", true)
+	switch doc.Ownership {
+	case "", OwnershipExclusive:
+		spec.Ownership = OwnershipExclusive
+	case OwnershipShared:
+		spec.Ownership = OwnershipShared
+		if sh, ok := spec.Source.Config.(plugins.Shareable); spec.Source.Config != nil && (!ok || !sh.Shareable()) {
+			d.fail("ownership", "shared needs a source that many instances can read at once (poll); %s keeps one position", spec.Source.Type)
+		}
+	default:
+		d.fail("ownership", "must be exclusive or shared, got %q", doc.Ownership)
+	}
 	if len(d.errs) > 0 {
 		return nil, d.errs
 	}

@@ -13,9 +13,14 @@ var ErrConflict = errors.New("conflict")
 // Pause stops reading, lets in-flight events finish and records progress;
 // the pipeline stays paused until Resume.
 func (s *Supervisor) Pause(name string) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
 	e, err := s.entry(name)
 	if err != nil {
 		return err
+	}
+	if s.exclusive(e) && !s.owns(e) {
+		return fmt.Errorf("%w: %s is owned by another instance", ErrConflict, name)
 	}
 	s.mu.Lock()
 	if e.status.State == StatePaused {
@@ -30,6 +35,8 @@ func (s *Supervisor) Pause(name string) error {
 
 // Resume starts a paused pipeline again from its recorded progress.
 func (s *Supervisor) Resume(name string) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
 	e, err := s.entry(name)
 	if err != nil {
 		return err
@@ -56,6 +63,8 @@ type ReloadResult struct {
 // new ones start, and unchanged ones are left alone (no restart, no lost
 // position). Validation happens before: Reload only gets a valid set.
 func (s *Supervisor) Reload(specs []*Spec) (ReloadResult, error) {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
 	var r ReloadResult
 	want := map[string]*Spec{}
 	for _, sp := range specs {
@@ -71,7 +80,7 @@ func (s *Supervisor) Reload(specs []*Spec) (ReloadResult, error) {
 	var errs []error
 	for name := range current {
 		if _, keep := want[name]; !keep {
-			errs = append(errs, s.Stop(name))
+			errs = append(errs, s.stop(name))
 			r.Stopped = append(r.Stopped, name)
 		}
 	}
@@ -79,15 +88,18 @@ func (s *Supervisor) Reload(specs []*Spec) (ReloadResult, error) {
 		e, exists := current[name]
 		switch {
 		case !exists:
-			errs = append(errs, s.Add(sp))
+			errs = append(errs, s.add(sp))
 			r.Started = append(r.Started, name)
 		case e.spec.Hash != sp.Hash:
 			s.halt(e)
 			s.mu.Lock()
 			e.spec = sp
 			e.status.Tenant, e.status.Source, e.status.Sink = sp.Tenant, sp.Source.Type, sp.Sink.Type
+			standby := e.status.State == StateStandby
 			s.mu.Unlock()
-			errs = append(errs, s.start(e))
+			if !standby {
+				errs = append(errs, s.start(e))
+			}
 			r.Restarted = append(r.Restarted, name)
 		default:
 			r.Unchanged = append(r.Unchanged, name)

@@ -34,7 +34,16 @@ type Spec struct {
 	// TenantLimits are the limits of the pipeline's tenant, when a `kind:
 	// tenant` document sets them.
 	TenantLimits *Limits
+	// Ownership is exclusive (one instance at a time; the default) or shared
+	// (every instance runs it; poll only).
+	Ownership string
 }
+
+// Ownership modes.
+const (
+	OwnershipExclusive = "exclusive"
+	OwnershipShared    = "shared"
+)
 
 // DeadLetter is the pipeline's dead-letter topic, on the pipeline's sink.
 // Events that no retry can fix — no route, a payload the broker refuses,

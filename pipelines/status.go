@@ -126,7 +126,7 @@ type stateCollector struct {
 func newStateCollector(s *Supervisor) *stateCollector {
 	l := []string{"pipeline", "tenant"}
 	return &stateCollector{s: s,
-		state:        prometheus.NewDesc("ferry_pipeline_state", "1 for the pipeline's current state (starting, running, paused, backing_off, stalled, failed, stopped).", append(l, "state"), nil),
+		state:        prometheus.NewDesc("ferry_pipeline_state", "1 for the pipeline's current state (starting, running, paused, backing_off, stalled, failed, stopped, standby: owned by another instance).", append(l, "state"), nil),
 		starts:       prometheus.NewDesc("ferry_pipeline_starts_total", "Times the pipeline was started (restarts show as increases).", l, nil),
 		backlog:      prometheus.NewDesc("ferry_source_backlog", "Not yet delivered: unpublished rows (poll), rows past the cursor (xid8), unconfirmed WAL bytes (wal).", append(l, "unit"), nil),
 		oldest:       prometheus.NewDesc("ferry_source_oldest_undelivered_seconds", "Age of the oldest undelivered event, on the database clock.", l, nil),
@@ -143,7 +143,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-var allStates = []State{StateStarting, StateRunning, StatePaused, StateBackingOff, StateStalled, StateFailed, StateStopped}
+var allStates = []State{StateStarting, StateRunning, StatePaused, StateBackingOff, StateStalled, StateFailed, StateStopped, StateStandby}
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.s.Statuses() {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/ownership"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -33,6 +34,9 @@ const (
 	StateStalled    State = "stalled"
 	StateFailed     State = "failed"
 	StateStopped    State = "stopped"
+	// StateStandby: another instance owns the pipeline; this one takes over
+	// if it goes away.
+	StateStandby State = "standby"
 )
 
 // Status is a pipeline's state as the supervisor sees it.
@@ -70,6 +74,9 @@ type Options struct {
 	// nacked and redelivered by its source. Default: 3 retries, 100ms doubling
 	// to 2s.
 	Retry *middleware.Retry
+	// Ownership, when set, runs each exclusive pipeline only while this
+	// instance owns it (high availability across instances).
+	Ownership *Ownership
 }
 
 // Supervisor runs every pipeline of the process as a handler in one
@@ -86,6 +93,9 @@ type Supervisor struct {
 
 	runCtx context.Context // handlers' context, set by Run
 
+	// opMu serialises lifecycle operations: API actions, reloads and the
+	// ownership coordinator's rounds.
+	opMu sync.Mutex
 	// addMu serialises adding a handler, its middleware and RunHandlers: the
 	// router snapshots middleware when a handler starts.
 	addMu sync.Mutex
@@ -93,6 +103,7 @@ type Supervisor struct {
 	mu        sync.Mutex
 	pipelines map[string]*entry
 	tenants   map[string]*tenantLimiter
+	registry  *ownership.Registry // set by the ownership coordinator
 }
 
 // tenantLimiter is shared by every pipeline of one tenant.
@@ -142,6 +153,7 @@ type entry struct {
 
 	pipeline       *Pipeline
 	handlerRunning bool
+	lock           *ownership.Lock // held while this instance owns the pipeline
 	stop           context.CancelFunc // ends the current incarnation
 	done           chan struct{}      // closed when it has fully stopped
 }
@@ -214,11 +226,21 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 			break
 		}
 	}
+	coordinated := make(chan struct{})
+	coordCtx, stopCoordinating := context.WithCancel(context.Background())
+	if s.opts.Ownership != nil && err == nil {
+		go func() { defer close(coordinated); s.coordinate(coordCtx) }()
+	} else {
+		close(coordinated)
+	}
 	if err == nil {
 		<-ctx.Done()
 		s.log.Info("stopping: draining in-flight events", "timeout", s.opts.DrainTimeout)
 	}
+	stopCoordinating()
+	<-coordinated
 	s.stopAll()
+	s.releaseAll()
 	err = errors.Join(err, s.router.Close())
 	cancelHandlers()
 	<-routerErr
@@ -226,8 +248,15 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 }
 
 // Add builds and starts a pipeline. It returns once the pipeline is
-// starting; the start itself retries in the background.
+// starting; the start itself retries in the background. With ownership, an
+// exclusive pipeline waits in standby until this instance owns it.
 func (s *Supervisor) Add(spec *Spec) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	return s.add(spec)
+}
+
+func (s *Supervisor) add(spec *Spec) error {
 	s.mu.Lock()
 	if _, dup := s.pipelines[spec.Name]; dup {
 		s.mu.Unlock()
@@ -237,17 +266,31 @@ func (s *Supervisor) Add(spec *Spec) error {
 		Sink: spec.Sink.Type, State: StateStarting, Since: time.Now()}}
 	e.rep = s.newReporter(spec)
 	s.pipelines[spec.Name] = e
+	standby := s.exclusive(e)
+	if standby {
+		e.setState(StateStandby)
+	}
 	s.mu.Unlock()
+	if standby {
+		return nil
+	}
 	return s.start(e)
 }
 
-// Stop stops a pipeline and forgets it.
+// Stop stops a pipeline, releases its ownership and forgets it.
 func (s *Supervisor) Stop(name string) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
+	return s.stop(name)
+}
+
+func (s *Supervisor) stop(name string) error {
 	e, err := s.entry(name)
 	if err != nil {
 		return err
 	}
 	s.halt(e)
+	s.release(e)
 	s.mu.Lock()
 	delete(s.pipelines, name)
 	s.mu.Unlock()
@@ -257,9 +300,14 @@ func (s *Supervisor) Stop(name string) error {
 // Restart stops a pipeline (draining it, recording progress) and starts it
 // again from the same spec.
 func (s *Supervisor) Restart(name string) error {
+	s.opMu.Lock()
+	defer s.opMu.Unlock()
 	e, err := s.entry(name)
 	if err != nil {
 		return err
+	}
+	if s.exclusive(e) && !s.owns(e) {
+		return fmt.Errorf("%w: %s is owned by another instance", ErrConflict, name)
 	}
 	s.halt(e)
 	return s.start(e)
@@ -349,7 +397,7 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 		}
 		s.update(name, func(e *entry) {
 			e.handlerRunning = false
-			if e.status.State != StatePaused && e.status.State != StateFailed {
+			if e.status.State != StatePaused && e.status.State != StateFailed && e.status.State != StateStandby {
 				e.setState(StateStopped)
 			}
 		})
@@ -522,7 +570,7 @@ func (s *Supervisor) status(e *entry) Status {
 // running, but not ready).
 func (s *Supervisor) Ready() bool {
 	for _, st := range s.Statuses() {
-		if st.State != StateRunning {
+		if st.State != StateRunning && st.State != StateStandby {
 			return false
 		}
 	}

@@ -184,6 +184,13 @@ type LastStage interface {
 	LastStage()
 }
 
+// Shareable is implemented by source configs whose pipeline may run on
+// several instances at once (`ownership: shared`): the poll source, whose
+// SKIP LOCKED claims make that safe.
+type Shareable interface {
+	Shareable() bool
+}
+
 // OutboxTable describes the outbox table a pipeline reads, for components
 // that write to it (the canary generator). Column names are as mapped in the
 // source's `columns`.

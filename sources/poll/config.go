@@ -159,3 +159,7 @@ func (c *Config) channel() string {
 // OutboxTable tells components that write to the outbox (the canary
 // generator) where it is.
 func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }
+
+// Shareable: SKIP LOCKED claims let the pipeline run on every instance at
+// once (ownership: shared).
+func (*Config) Shareable() bool { return true }

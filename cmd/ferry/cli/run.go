@@ -32,6 +32,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	tokenFile := fs.String("admin-token-file", "", "file holding the bearer token for the admin endpoints (else $FERRY_ADMIN_TOKEN; neither: admin endpoints disabled)")
 	shutdown := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long pipelines may take to drain in-flight events")
 	watch := fs.Bool("watch", false, "reload when the pipeline files change (SIGHUP and POST /api/v1/reload always do)")
+	ha := fs.Bool("ha", true, "run each pipeline on one instance at a time (an advisory lock on its source database), sharing them fairly among live instances; off: run everything here")
+	host, _ := os.Hostname()
+	instance := fs.String("instance-id", fmt.Sprintf("%s/%d", host, os.Getpid()), "this instance's name in the heartbeat table (--ha)")
+	coordination := fs.String("coordination-dsn", "", "database holding the heartbeat table (--ha); default: the first pipeline's source database")
+	haInterval := fs.Duration("ha-interval", 2*time.Second, "ownership round interval: failover after an owner dies takes about four")
 	var lf logFlags
 	lf.register(fs, "info")
 	if code, ok := parse(fs, args); !ok {
@@ -58,7 +63,21 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown})
+	opts := pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown}
+	if *ha {
+		dsn := *coordination
+		for _, sp := range specs {
+			if o, ok := sp.Source.Config.(plugins.OutboxSource); ok && dsn == "" {
+				dsn = o.OutboxTable().DSN
+			}
+		}
+		if dsn == "" {
+			fmt.Fprintln(stderr, "--ha needs --coordination-dsn: no pipeline has a source database")
+			return 2
+		}
+		opts.Ownership = &pipelines.Ownership{Instance: *instance, CoordinationDSN: dsn, Interval: *haInterval}
+	}
+	sup, err := pipelines.NewSupervisor(opts)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

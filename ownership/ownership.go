@@ -1,0 +1,139 @@
+// Package ownership lets several Ferry instances run the same pipelines
+// with each pipeline owned by exactly one of them at a time.
+//
+// Ownership is a PostgreSQL session advisory lock on the pipeline's source
+// database, held on a dedicated connection: a dead instance's connection
+// closes and its locks go with it, and an instance that loses its
+// connection has lost ownership. Instances also heartbeat into a small
+// table on a coordination database, so each can compute its fair share
+// (pipelines ÷ live instances, rounded up) and hand back the excess: adding
+// an instance moves work onto it.
+package ownership
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LockKey is the advisory lock key of a pipeline: stable across instances
+// and versions, so every instance contends for the same lock.
+func LockKey(pipeline string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("ferry/pipeline/" + pipeline))
+	return int64(h.Sum64() &^ (1 << 63)) // non-negative: pg_locks shows it as two oids
+}
+
+// Lock is an advisory lock held on its own connection.
+type Lock struct {
+	conn *pgx.Conn
+	key  int64
+}
+
+// TryLock connects to dsn and takes the lock without waiting. ok is false
+// when another session holds it.
+func TryLock(ctx context.Context, dsn, application string, key int64) (l *Lock, ok bool, err error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, false, err
+	}
+	cfg.RuntimeParams["application_name"] = application
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil || !ok {
+		conn.Close(context.Background())
+		return nil, false, err
+	}
+	return &Lock{conn: conn, key: key}, true, nil
+}
+
+// Held checks the lock's connection is alive: if it is not, the lock is
+// gone and another instance may own the pipeline already.
+func (l *Lock) Held(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var held bool
+	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+		AND granted AND ((classid::bigint << 32) | objid::bigint) = $1)`, l.key).Scan(&held)
+	if err != nil {
+		return fmt.Errorf("ownership connection lost: %w", err)
+	}
+	if !held {
+		return errors.New("ownership lock no longer held")
+	}
+	return nil
+}
+
+// Release unlocks and closes the connection. Safe on a dead connection.
+func (l *Lock) Release() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, l.key)
+	_ = l.conn.Close(ctx)
+}
+
+// Registry is the heartbeat table on the coordination database.
+type Registry struct {
+	dsn, instance string
+	every         time.Duration
+	conn          *pgx.Conn
+}
+
+// NewRegistry describes instance's membership; no I/O until Beat.
+func NewRegistry(dsn, instance string, every time.Duration) *Registry {
+	return &Registry{dsn: dsn, instance: instance, every: every}
+}
+
+// Beat records that this instance is alive and how many pipelines it owns,
+// and returns how many instances are alive (heartbeat within three
+// intervals), this one included.
+func (r *Registry) Beat(ctx context.Context, owned int) (live int, err error) {
+	if r.conn == nil || r.conn.IsClosed() {
+		if r.conn, err = pgx.Connect(ctx, r.dsn); err != nil {
+			return 0, err
+		}
+		if _, err := r.conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS ferry_instances (
+			id text PRIMARY KEY, heartbeat_at timestamptz NOT NULL, owned int NOT NULL, started_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			r.conn.Close(ctx)
+			r.conn = nil
+			return 0, err
+		}
+	}
+	err = r.conn.QueryRow(ctx, `WITH beat AS (
+			INSERT INTO ferry_instances (id, heartbeat_at, owned) VALUES ($1, now(), $2)
+			ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), owned = $2)
+		SELECT count(*) + 1 FROM ferry_instances WHERE id <> $1 AND heartbeat_at > now() - make_interval(secs => $3)`,
+		r.instance, owned, 3*r.every.Seconds()).Scan(&live)
+	if err != nil {
+		r.conn.Close(ctx)
+		r.conn = nil
+	}
+	return live, err
+}
+
+// Leave removes this instance from the table, so the others take over its
+// share at once rather than after its heartbeat expires.
+func (r *Registry) Leave() {
+	if r.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = r.conn.Exec(ctx, `DELETE FROM ferry_instances WHERE id = $1`, r.instance)
+	_ = r.conn.Close(ctx)
+	r.conn = nil
+}
+
+// FairShare is how many of n pipelines one of live instances should own.
+func FairShare(n, live int) int {
+	if live < 1 {
+		live = 1
+	}
+	return (n + live - 1) / live
+}
