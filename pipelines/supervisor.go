@@ -153,7 +153,7 @@ type entry struct {
 
 	pipeline       *Pipeline
 	handlerRunning bool
-	lock           *ownership.Lock // held while this instance owns the pipeline
+	lock           *ownership.Lock    // held while this instance owns the pipeline
 	stop           context.CancelFunc // ends the current incarnation
 	done           chan struct{}      // closed when it has fully stopped
 }
