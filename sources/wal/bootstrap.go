@@ -140,7 +140,7 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *idSet, snapshot st
 			return err
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT `+s.cfg.Columns.Select("o")+` FROM `+outbox.Quote(s.cfg.Table)+
+	rows, err := tx.Query(ctx, `SELECT `+s.cfg.Columns.Select("o", "clock_timestamp()")+` FROM `+outbox.Quote(s.cfg.Table)+
 		` AS o ORDER BY o.`+pgx.Identifier{s.cfg.Columns.ID}.Sanitize())
 	if err != nil {
 		return err
@@ -148,7 +148,7 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *idSet, snapshot st
 	defer rows.Close()
 	for rows.Next() {
 		var r outbox.Row
-		if err := rows.Scan(s.cfg.Columns.Scan(&r)...); err != nil {
+		if err := rows.Scan(s.cfg.Columns.Scan(&r, &r.DBReadAt)...); err != nil {
 			return err
 		}
 		if delivered.has(r.ID) {

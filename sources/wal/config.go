@@ -61,9 +61,10 @@ type Config struct {
 	// server asks). Must stay well below the server's wal_sender_timeout.
 	// Default 1s.
 	StatusInterval time.Duration `yaml:"status_interval"`
-	// SlotCheckInterval is how often the slot's health (retained WAL, status,
-	// safe_wal_size) is read for the gauges. Default 15s.
-	SlotCheckInterval time.Duration `yaml:"slot_check_interval"`
+	// MetricsInterval is how often the slot's health (unconfirmed and
+	// retained WAL, wal_status, safe_wal_size) and the oldest undelivered
+	// event's age are measured. Default 15s.
+	MetricsInterval time.Duration `yaml:"metrics_interval"`
 }
 
 // DefaultConfig returns the defaults.
@@ -75,7 +76,7 @@ func DefaultConfig() *Config {
 		InitialSnapshot:   true,
 		HeartbeatInterval: time.Minute,
 		StatusInterval:    time.Second,
-		SlotCheckInterval: 15 * time.Second,
+		MetricsInterval:   15 * time.Second,
 	}
 }
 
@@ -112,8 +113,8 @@ func (c *Config) Validate() error {
 	if c.StatusInterval < 10*time.Millisecond || c.StatusInterval > 30*time.Second {
 		p.Add("status_interval", "must be between 10ms and 30s, got %s", c.StatusInterval)
 	}
-	if c.SlotCheckInterval < 10*time.Millisecond {
-		p.Add("slot_check_interval", "must be at least 10ms, got %s", c.SlotCheckInterval)
+	if c.MetricsInterval < 100*time.Millisecond {
+		p.Add("metrics_interval", "must be at least 100ms, got %s", c.MetricsInterval)
 	}
 	return p.Err()
 }

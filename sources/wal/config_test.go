@@ -25,7 +25,7 @@ func TestConfigValidate(t *testing.T) {
 		{"every option", func(c *wal.Config) {
 			c.Table, c.Publication, c.Slot = "app.outbox", "orders_pub", "orders_slot"
 			c.TemporarySlot, c.DropSlotOnStop, c.InitialSnapshot = true, true, false
-			c.OnSlotLost, c.HeartbeatInterval, c.StatusInterval, c.SlotCheckInterval = wal.OnSlotLostRecreate, 0, 30*time.Second, time.Second
+			c.OnSlotLost, c.HeartbeatInterval, c.StatusInterval, c.MetricsInterval = wal.OnSlotLostRecreate, 0, 30*time.Second, time.Second
 		}, nil},
 		{"no dsn", func(c *wal.Config) { c.DSN = "" }, []string{"dsn: must not be empty"}},
 		{"bad dsn", func(c *wal.Config) { c.DSN = "postgres://ferry:secret@h:notaport/db" }, []string{"dsn: not a PostgreSQL connection string"}},
@@ -36,7 +36,7 @@ func TestConfigValidate(t *testing.T) {
 		{"on_slot_lost", func(c *wal.Config) { c.OnSlotLost = "ignore" }, []string{"on_slot_lost: want \"fail\" or \"recreate\""}},
 		{"negative heartbeat", func(c *wal.Config) { c.HeartbeatInterval = -time.Second }, []string{"heartbeat_interval: "}},
 		{"status interval beyond wal_sender_timeout/2", func(c *wal.Config) { c.StatusInterval = time.Minute }, []string{"status_interval: "}},
-		{"slot check interval", func(c *wal.Config) { c.SlotCheckInterval = 0 }, []string{"slot_check_interval: "}},
+		{"slot check interval", func(c *wal.Config) { c.MetricsInterval = 0 }, []string{"metrics_interval: "}},
 		{"all at once", func(c *wal.Config) { c.DSN, c.Slot, c.StatusInterval = "", "x-y", 0 },
 			[]string{"dsn: ", "slot: ", "status_interval: "}},
 	} {

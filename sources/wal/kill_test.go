@@ -164,10 +164,12 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	waitStreaming(t, e.Pool, wal.DefaultName(name))
 	idle := rssKB(t, child.Pid(), "VmRSS")
 
-	// Aggregate k gets rows k, k+100, …: seq counts its rows in id order.
+	// Aggregate k gets rows k, k+1000, …: seq counts its rows in id order.
+	// A thousand aggregates, so that up to max_in_flight events are
+	// published at once.
 	var written []sourcetest.Written
 	r, err := e.Pool.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
-		SELECT 'order', 'agg-' || (i % 100), 'Big', jsonb_build_object('agg', 'agg-' || (i % 100), 'seq', i / 100 + 1, 'pad', repeat('x', 600))
+		SELECT 'order', 'agg-' || (i % 1000), 'Big', jsonb_build_object('agg', 'agg-' || (i % 1000), 'seq', i / 1000 + 1, 'pad', repeat('x', 600))
 		FROM generate_series(0, $1 - 1) AS i
 		RETURNING id, aggregate_id, (payload->>'seq')::int`, rows)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
 )
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -103,25 +104,33 @@ func (s *Source) startBackground(ctx context.Context) {
 	}
 }
 
-// watchSlot reads the slot's health every SlotCheckInterval into the gauges
-// and warns when the slot is about to be, or was, invalidated.
+// watchSlot measures the slot every MetricsInterval: the gauges, Health,
+// and warnings when the slot is about to be, or was, invalidated.
 func (s *Source) watchSlot(ctx context.Context) {
-	t := time.NewTicker(s.cfg.SlotCheckInterval)
+	t := time.NewTicker(s.cfg.MetricsInterval)
 	defer t.Stop()
 	last := ""
 	for {
-		status, err := s.readSlotHealth(ctx)
-		if err != nil && ctx.Err() == nil {
-			s.log.Debug("read slot health", "err", redact.Error(err))
-		}
-		if status != last {
-			switch status {
-			case "unreserved":
-				s.log.Warn("replication slot is about to be invalidated (wal_status unreserved): the server keeps no more WAL for it than max_slot_wal_keep_size allows; the pipeline must catch up")
-			case "lost":
-				s.log.Error("replication slot was invalidated (wal_status lost): events may have been missed")
+		sh, err := readSlotHealth(ctx, s.pool, s.slot)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("measure replication slot", "err", redact.Error(err))
 			}
-			last = status
+		} else {
+			s.metrics.set(sh)
+			h := sh.health(s.oldestPending())
+			s.healthMu.Lock()
+			s.health = h
+			s.healthMu.Unlock()
+			if sh.status != last {
+				switch sh.status {
+				case "unreserved":
+					s.log.Warn("replication slot is about to be invalidated (wal_status unreserved): the server keeps no more WAL for it than max_slot_wal_keep_size allows; the pipeline must catch up")
+				case "lost":
+					s.log.Error("replication slot was invalidated (wal_status lost): events may have been missed")
+				}
+				last = sh.status
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -131,44 +140,80 @@ func (s *Source) watchSlot(ctx context.Context) {
 	}
 }
 
-func (s *Source) readSlotHealth(ctx context.Context) (string, error) {
-	var (
-		active              bool
-		status              string
-		retained, unconfirm *float64
-		safe                *int64
-	)
+// slotHealth is a measurement of the slot, on the database clock.
+type slotHealth struct {
+	slot                 string
+	exists, active       bool
+	status               string
+	retained, unconfirmd *float64 // bytes; nil when the server reports NULL
+	safe                 *int64
+	confirmed            string
+	dbNow                time.Time
+}
+
+type queryRower interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func readSlotHealth(ctx context.Context, q queryRower, slot string) (slotHealth, error) {
 	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	err := s.pool.QueryRow(qctx, `SELECT active, coalesce(wal_status, ''),
-			pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::float8,
-			pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8,
-			safe_wal_size
-		FROM pg_replication_slots WHERE slot_name = $1`, s.slot).Scan(&active, &status, &retained, &unconfirm, &safe)
-	m := s.metrics
-	if errors.Is(err, pgx.ErrNoRows) {
+	sh := slotHealth{slot: slot}
+	err := q.QueryRow(qctx, `SELECT clock_timestamp(), s.slot_name IS NOT NULL, coalesce(s.active, false), coalesce(s.wal_status, ''),
+			pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::float8,
+			pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::float8,
+			s.safe_wal_size, coalesce(s.confirmed_flush_lsn::text, '')
+		FROM (SELECT 1) AS one LEFT JOIN pg_replication_slots s ON s.slot_name = $1`, slot).
+		Scan(&sh.dbNow, &sh.exists, &sh.active, &sh.status, &sh.retained, &sh.unconfirmd, &sh.safe, &sh.confirmed)
+	return sh, err
+}
+
+// health turns a measurement into plugins.Health: the backlog is the WAL
+// not confirmed yet; the oldest undelivered event is the first transaction
+// read and not confirmed (oldest commit time), when there is one.
+func (sh slotHealth) health(oldest time.Time) plugins.Health {
+	h := plugins.Health{BacklogUnit: "bytes", CheckedAt: time.Now(), Details: map[string]any{"slot": sh.slot, "slot_exists": sh.exists}}
+	if !sh.exists {
+		return h
+	}
+	if sh.unconfirmd != nil {
+		h.Backlog = int64(*sh.unconfirmd)
+	}
+	if !oldest.IsZero() && sh.dbNow.After(oldest) {
+		h.OldestAge = sh.dbNow.Sub(oldest)
+	}
+	h.Details["active"] = sh.active
+	h.Details["wal_status"] = sh.status
+	h.Details["confirmed_lsn"] = sh.confirmed
+	if sh.retained != nil {
+		h.Details["retained_wal_bytes"] = int64(*sh.retained)
+	}
+	if sh.safe != nil {
+		h.Details["safe_wal_size_bytes"] = *sh.safe
+	}
+	return h
+}
+
+func (m *slotMetrics) set(sh slotHealth) {
+	if !sh.exists {
 		m.active.WithLabelValues(m.slot).Set(0)
-		return "", nil
+		return
 	}
-	if err != nil {
-		return "", err
+	m.active.WithLabelValues(m.slot).Set(boolGauge(sh.active))
+	if sh.retained != nil {
+		m.retained.WithLabelValues(m.slot).Set(*sh.retained)
 	}
-	m.active.WithLabelValues(m.slot).Set(boolGauge(active))
-	if retained != nil {
-		m.retained.WithLabelValues(m.slot).Set(*retained)
+	if sh.unconfirmd != nil {
+		m.unconfirmed.WithLabelValues(m.slot).Set(*sh.unconfirmd)
 	}
-	if unconfirm != nil {
-		m.unconfirmed.WithLabelValues(m.slot).Set(*unconfirm)
-	}
-	if safe != nil {
-		m.safe.WithLabelValues(m.slot).Set(float64(*safe))
+	if sh.safe != nil {
+		m.safe.WithLabelValues(m.slot).Set(float64(*sh.safe))
 	} else {
 		m.safe.WithLabelValues(m.slot).Set(-1)
 	}
 	for _, st := range walStatuses {
-		m.status.WithLabelValues(m.slot, st).Set(boolGauge(st == status))
+		m.status.WithLabelValues(m.slot, st).Set(boolGauge(st == sh.status))
 	}
-	return status, nil
 }
 
 func boolGauge(b bool) float64 {

@@ -95,6 +95,7 @@ func (s *Source) session(ctx context.Context) error {
 	if slot == s.slot && !s.cfg.TemporarySlot {
 		s.hadSlot = true
 	}
+	s.env.Report.Recovered()
 	s.log.Info("wal source streaming", "stream_slot", slot, "publication", s.publication,
 		"table", s.table.Schema+"."+s.table.Name, "from", s.readEnd.String())
 	return s.stream(ctx, conn, slot)

@@ -44,6 +44,9 @@ type streamer struct {
 	commitTime time.Time
 	prevEnd    pglogrepl.LSN // end of the transaction before this one
 	ordinal    int
+	// serverTime is the server's clock when it sent the message being
+	// decoded: the database-clock read time of the commit→read lag.
+	serverTime time.Time
 	// held is the transaction's latest event, admitted only when the next
 	// event or the COMMIT arrives: then it is known whether it is the last
 	// one, and so whether acking it completes the transaction (see Position).
@@ -143,6 +146,7 @@ func (st *streamer) handle(ctx context.Context, data []byte) error {
 		if err != nil {
 			return err
 		}
+		st.serverTime = xld.ServerTime
 		return st.decode(ctx, xld.WALData)
 	}
 	return nil
@@ -210,9 +214,14 @@ func (st *streamer) insert(ctx context.Context, rel *relation, tuple *pglogrepl.
 		}
 	}
 	st.ordinal++
+	if st.ordinal == 1 {
+		s.notePending(st.commitLSN, st.commitTime)
+	}
+	row.DBReadAt = st.serverTime
 	msg := s.table.Message(&row, positionText(st.commitLSN, st.ordinal), time.Now())
 	msg.Metadata[MetaCommitLSN] = st.commitLSN.String()
 	msg.Metadata[MetaCommittedAt] = plugins.FormatTime(st.commitTime)
+	msg.Metadata[plugins.MetaCommitAt] = strconv.FormatInt(st.commitTime.UnixNano(), 10)
 	if st.held != nil {
 		// Not the transaction's last event: acking it completes only the
 		// transactions before this one.
@@ -284,6 +293,7 @@ func (st *streamer) sendStatus() error {
 		return fmt.Errorf("send status update: %w", err)
 	}
 	s.advanceConfirmed(confirm)
+	s.confirmedPending(confirm)
 	// Confirmed to the server: these events will not be sent again after a
 	// crash, except inside a transaction not yet complete, which the slot
 	// can only re-send whole (the unconfirmed tail).

@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -93,6 +92,13 @@ type Source struct {
 	err     error
 	metrics *slotMetrics
 
+	healthMu sync.Mutex // guards health and pending
+	health   plugins.Health
+	// pending holds the commit LSN and time of each transaction whose events
+	// were read and not confirmed yet, oldest first (at most one per event in
+	// the window): the oldest undelivered event's age is measured from it.
+	pending []pendingTx
+
 	// Owned by the run goroutine (and, during the initial snapshot, by the
 	// snapshot reader while the run goroutine waits for it).
 	pool      *pgxpool.Pool
@@ -112,6 +118,11 @@ type Source struct {
 	confirmed atomic.Uint64 // the LSN last confirmed to the server
 }
 
+type pendingTx struct {
+	commitLSN  pglogrepl.LSN
+	commitTime time.Time
+}
+
 // confirmPoint is an LSN that may be confirmed once the first count admitted
 // messages were acked: a commit or keepalive seen between transactions.
 type confirmPoint struct {
@@ -126,6 +137,9 @@ func New(cfg *Config, env plugins.Env) *Source {
 	}
 	if env.MaxInFlight <= 0 {
 		env.MaxInFlight = 1000
+	}
+	if env.Report == nil {
+		env.Report = plugins.NopReporter{}
 	}
 	s := &Source{
 		cfg:         cfg,
@@ -197,6 +211,69 @@ func (s *Source) Err() error {
 // Window exposes the in-flight window's counters (for status and tests).
 func (s *Source) Window() window.Stats { return s.win.Stats() }
 
+// Flow is the in-flight window's counters.
+func (s *Source) Flow() plugins.Flow {
+	st := s.win.Stats()
+	return plugins.Flow{InFlight: st.Held, Acked: st.Acked, Redeliveries: st.Redeliveries, GivenUp: st.GivenUp}
+}
+
+// Health is the last measurement of the slot: the backlog is the WAL not
+// confirmed yet, in bytes; Details hold the slot's state.
+func (s *Source) Health() plugins.Health {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	return s.health
+}
+
+// Probe measures the slot once, without running (ferry doctor). It creates
+// nothing; a pipeline that never ran has no slot yet.
+func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
+	pool, err := pgxpool.New(ctx, s.cfg.DSN)
+	if err != nil {
+		return plugins.Health{}, err
+	}
+	defer pool.Close()
+	sh, err := readSlotHealth(ctx, pool, s.slot)
+	if err != nil {
+		return plugins.Health{}, err
+	}
+	return sh.health(time.Time{}), nil
+}
+
+// notePending records a transaction whose first event was read.
+func (s *Source) notePending(commit pglogrepl.LSN, at time.Time) {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	if n := len(s.pending); n > 0 && s.pending[n-1].commitLSN >= commit {
+		return // read again after a reconnect
+	}
+	s.pending = append(s.pending, pendingTx{commit, at})
+}
+
+// confirmedPending drops the transactions the slot was confirmed past.
+func (s *Source) confirmedPending(confirmed pglogrepl.LSN) {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	i := 0
+	for i < len(s.pending) && s.pending[i].commitLSN < confirmed {
+		i++
+	}
+	if i > 0 {
+		s.pending = append(s.pending[:0], s.pending[i:]...)
+	}
+}
+
+// oldestPending is the commit time of the oldest transaction read and not
+// confirmed, or zero.
+func (s *Source) oldestPending() time.Time {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	if len(s.pending) == 0 {
+		return time.Time{}
+	}
+	return s.pending[0].commitTime
+}
+
 // ConfirmedLSN is the LSN this source last confirmed to the server.
 func (s *Source) ConfirmedLSN() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) }
 
@@ -227,7 +304,7 @@ func (s *Source) run(ctx context.Context) {
 	s.metrics.register(s.env.Metrics, s.log)
 	defer s.metrics.unregister(s.env.Metrics)
 
-	bo := newBackoff()
+	bo := outbox.Backoff()
 	for runCtx.Err() == nil {
 		err := s.session(runCtx)
 		if runCtx.Err() != nil {
@@ -246,6 +323,7 @@ func (s *Source) run(ctx context.Context) {
 			err = errors.New("replication stream ended")
 		}
 		d := bo.NextBackOff()
+		s.env.Report.Failing(fmt.Errorf("wal source: %w", err), d)
 		s.log.Error("wal source cannot stream; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
 		select {
 		case <-runCtx.Done():
@@ -266,6 +344,7 @@ func (s *Source) run(ctx context.Context) {
 		s.pool.Close()
 	}
 	s.win.Close()
+	outbox.WaitIdle(s.log, s.drainTimeout(), s.win.Idle)
 }
 
 // fail stops the source for good: it logs err at error level, makes it
@@ -275,6 +354,7 @@ func (s *Source) fail(err error) {
 	s.errMu.Lock()
 	s.err = redact.Error(err)
 	s.errMu.Unlock()
+	s.env.Report.Fatal(s.err)
 	close(s.failed)
 }
 
@@ -283,13 +363,6 @@ func (s *Source) drainTimeout() time.Duration {
 		return s.env.DrainTimeout
 	}
 	return 10 * time.Second
-}
-
-func newBackoff() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = 30 * time.Second
-	return bo
 }
 
 // positionText renders a position for the position metadata: the commit

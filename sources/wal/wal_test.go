@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -469,5 +470,54 @@ func TestSchema(t *testing.T) {
 	}
 	if !ins || upd || del {
 		t.Fatalf("publication publishes insert=%v update=%v delete=%v, want inserts only", ins, upd, del)
+	}
+}
+
+// What the supervisor reads: the lag timestamps on each event (commit and
+// read on the database clock), the slot's health with the oldest
+// undelivered event's age, the window's flow, and Probe for ferry doctor.
+func TestHealthFlowAndLag(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	pool := newPool(t, dsn)
+	dropSlotsOf(t, pool)
+	createOutbox(t, pool)
+	name := testenv.Name("health")
+	slot := wal.DefaultName(name)
+	cfg := wal.DefaultConfig()
+	cfg.DSN = dsn
+	probe, err := wal.New(cfg, plugins.Env{Pipeline: name}).Probe(context.Background())
+	if err != nil || probe.Details["slot_exists"] != false {
+		t.Fatalf("probe before the first start: %+v, %v", probe, err)
+	}
+
+	d := startDirect(t, dsn, name, 10, nil)
+	waitStreaming(t, pool, slot)
+	d.hold()
+	id := insertEvent(t, pool, "agg-1", 1)
+	testenv.Eventually(t, 10*time.Second, "the event", func() bool { return d.outboxIDs()[id] == 1 })
+	md := d.messages()[0].Metadata
+	commitAt, err1 := strconv.ParseInt(md.Get(plugins.MetaCommitAt), 10, 64)
+	readAt, err2 := strconv.ParseInt(md.Get(plugins.MetaDBReadAt), 10, 64)
+	if err1 != nil || err2 != nil || readAt < commitAt || time.Duration(readAt-commitAt) > 10*time.Second {
+		t.Fatalf("commit at %q, read at %q on the database clock", md.Get(plugins.MetaCommitAt), md.Get(plugins.MetaDBReadAt))
+	}
+	testenv.Eventually(t, 10*time.Second, "the held event's age and backlog in Health", func() bool {
+		h := d.src.Health()
+		return h.BacklogUnit == "bytes" && h.Backlog > 0 && h.OldestAge > 0 && h.Details["wal_status"] == "reserved"
+	})
+	if f := d.src.Flow(); f.InFlight != 1 || f.Acked != 0 {
+		t.Fatalf("flow %+v, want one event in flight", f)
+	}
+	d.release()
+	testenv.Eventually(t, 10*time.Second, "nothing undelivered", func() bool {
+		h := d.src.Health()
+		return h.OldestAge == 0 && d.src.Flow().Acked == 1
+	})
+	if _, recovered, fatal := d.rep.snapshot(); recovered == 0 || fatal != nil {
+		t.Fatalf("reported recovered %d times, fatal %v", recovered, fatal)
+	}
+	probe, err = d.src.Probe(context.Background())
+	if err != nil || probe.Details["slot_exists"] != true || probe.Details["active"] != true {
+		t.Fatalf("probe while running: %+v, %v", probe, err)
 	}
 }
