@@ -26,6 +26,8 @@ import (
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
 	_ "github.com/ferryhq/ferry/transforms/canary"
+	_ "github.com/ferryhq/ferry/transforms/headers"
+	_ "github.com/ferryhq/ferry/transforms/router"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -193,4 +195,42 @@ sink: {type: nats, url: %q, subject: %s}
 		t.Fatalf("referenced but not exported: %v", missing)
 	}
 	t.Logf("%d metrics referenced by the dashboard and alerts, all exported", len(refs))
+}
+
+// The Kubernetes manifests parse, the Deployment runs two replicas with
+// both probes, and the pipelines in the ConfigMap load.
+func TestKubernetesManifests(t *testing.T) {
+	kinds := map[string]map[string]any{}
+	for _, f := range []string{"configmap.yaml", "secret.yaml", "deployment.yaml", "service.yaml"} {
+		b, err := os.ReadFile("kubernetes/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc map[string]any
+		if err := yaml.Unmarshal(b, &doc); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		kinds[doc["kind"].(string)] = doc
+	}
+	dep := kinds["Deployment"]["spec"].(map[string]any)
+	if dep["replicas"] != 2 {
+		t.Errorf("replicas %v, want 2", dep["replicas"])
+	}
+	c := dep["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+	if c["livenessProbe"].(map[string]any)["httpGet"].(map[string]any)["path"] != "/healthz" ||
+		c["readinessProbe"].(map[string]any)["httpGet"].(map[string]any)["path"] != "/readyz" {
+		t.Errorf("probes: %v %v", c["livenessProbe"], c["readinessProbe"])
+	}
+	env := map[string]string{"ORDERS_DB_URL": "postgres://ferry@db/orders", "NATS_URL": "nats://nats:4222"}
+	var all strings.Builder
+	for _, v := range kinds["ConfigMap"]["data"].(map[string]any) {
+		all.WriteString("---\n" + v.(string))
+	}
+	specs, err := pipelines.Loader{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}.LoadBytes("configmap", []byte(all.String()))
+	if err != nil {
+		t.Fatalf("the ConfigMap's pipelines do not load: %v", err)
+	}
+	if len(specs) != 1 || specs[0].TenantLimits == nil || specs[0].TenantLimits.Rate != 5000 {
+		t.Fatalf("specs %+v", specs)
+	}
 }
