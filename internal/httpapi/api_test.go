@@ -82,12 +82,10 @@ func (f *fixture) call(t *testing.T, method, path, bearer string) (int, map[stri
 	return resp.StatusCode, body
 }
 
+// state is the pipeline's status; zero until the supervisor added it.
 func (f *fixture) state(t *testing.T, name string) pipelines.Status {
 	t.Helper()
-	st, err := f.sup.Status(name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, _ := f.sup.Status(name)
 	return st
 }
 
