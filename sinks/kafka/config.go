@@ -52,6 +52,9 @@ type Config struct {
 	// routed topic before its first publish, if missing. Default: topics
 	// must exist (or the brokers auto-create them).
 	CreateTopics *TopicSpec `yaml:"create_topics"`
+	// ConsumerGroups are the consumer groups that read Ferry's topics;
+	// `ferry doctor` reports how far behind they are. Default none.
+	ConsumerGroups []string `yaml:"consumer_groups"`
 }
 
 // SASLConfig is the `sasl:` block.
@@ -156,6 +159,11 @@ func (c *Config) Validate() error {
 		}
 		if s.Password == "" {
 			p.Add("sasl.password", "must not be empty")
+		}
+	}
+	for i, g := range c.ConsumerGroups {
+		if g == "" {
+			p.Add("consumer_groups", "item %d: must not be empty", i)
 		}
 	}
 	if t := c.CreateTopics; t != nil {

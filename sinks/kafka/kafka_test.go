@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
@@ -465,5 +466,47 @@ func TestReadBackAndPing(t *testing.T) {
 	defer cancel()
 	if err := s.Ping(ctx); err == nil {
 		t.Fatal("Ping succeeded with the broker down")
+	}
+}
+
+// ConsumerLag: a group that committed offset 4 of 10 records is 6 behind;
+// a group without offsets reports nothing.
+func TestConsumerLag(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	topic := testenv.Name("ferry") + ".lag"
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 1)
+	s := newSink(t, srv.Addr(), topic, func(c *kafka.Config) { c.ConsumerGroups = []string{"billing", "nobody"} })
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if err := s.Publish("", message.NewMessage(fmt.Sprint("lag-", i), []byte("x"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An offset commit as a 2.8 consumer sends it (by topic name).
+	cl, err := kgo.NewClient(kgo.SeedBrokers(srv.Addr()), kgo.MaxVersions(kversion.V2_8_0()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation = "billing", -1
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset = 0, 4
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err != nil || resp.Topics[0].Partitions[0].ErrorCode != 0 {
+		t.Fatalf("commit offsets: %v %+v", err, resp)
+	}
+	lags, err := s.ConsumerLag(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lags) != 1 || lags[0] != (plugins.GroupLag{Group: "billing", Topic: topic, Lag: 6}) {
+		t.Fatalf("lags %+v, want billing 6 behind on %s", lags, topic)
 	}
 }

@@ -127,4 +127,7 @@ func (s *Sink) Ping(ctx context.Context) error {
 	}
 }
 
-var _ plugins.Reader = (*Sink)(nil)
+var (
+	_ plugins.Reader = (*Sink)(nil)
+	_ plugins.Pinger = (*Sink)(nil)
+)

@@ -41,6 +41,9 @@ type Config struct {
 	// TLS verifies the broker of an amqps:// URL and, for mutual TLS,
 	// presents a client certificate. Default: amqps:// uses the system roots.
 	TLS TLSConfig `yaml:"tls"`
+	// ConsumerQueues are the queues Ferry's consumers read; `ferry doctor`
+	// reports the messages waiting in them. Default none.
+	ConsumerQueues []string `yaml:"consumer_queues"`
 }
 
 // DefaultConfig returns the defaults.
@@ -92,6 +95,11 @@ func (c *Config) Validate() error {
 		p.Add("reconnect_interval", "must not be negative")
 	}
 	p.Nest("tls", c.TLS.Validate())
+	for i, q := range c.ConsumerQueues {
+		if q == "" {
+			p.Add("consumer_queues", "item %d: must not be empty", i)
+		}
+	}
 	return p.Err()
 }
 

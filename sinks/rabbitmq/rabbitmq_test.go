@@ -491,3 +491,47 @@ func TestReadBackAndPing(t *testing.T) {
 		t.Fatalf("read back %s %q %v", m.UUID, m.Payload, m.Metadata)
 	}
 }
+
+// ConsumerLag reports the messages waiting in the configured queues; a
+// missing queue is an error.
+func TestConsumerLag(t *testing.T) {
+	u := testenv.AMQPURL(t)
+	exchange, queue := testenv.Name("ferry_x"), testenv.Name("ferry_billing")
+	cfg := rabbitmq.DefaultConfig()
+	cfg.URL, cfg.Exchange, cfg.RoutingKey, cfg.Declare = u, exchange, "orders", true
+	cfg.ConsumerQueues = []string{queue}
+	s, err := rabbitmq.New(cfg, plugins.Env{Logger: sinktest.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ConsumerLag(context.Background()); err == nil {
+		t.Fatal("lag of a missing queue: no error")
+	}
+	conn, err := amqp.Dial(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, _ := conn.Channel()
+	defer ch.ExchangeDelete(exchange, false, false)
+	defer ch.QueueDelete(queue, false, false, false)
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "orders", exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := s.Publish("", orderEvent(fmt.Sprint("lag-", i), "T")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "3 messages waiting", func() bool {
+		lags, err := s.ConsumerLag(context.Background())
+		return err == nil && len(lags) == 1 && lags[0] == (plugins.GroupLag{Group: queue, Topic: exchange, Lag: 3})
+	})
+}
