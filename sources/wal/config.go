@@ -58,8 +58,9 @@ type Config struct {
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	// StatusInterval is how often the confirmed LSN is sent to the server
 	// (sooner when half of max_in_flight waits on it, and at once when the
-	// server asks). Must stay well below the server's wal_sender_timeout.
-	// Default 1s.
+	// server asks). A crash re-sends what was acked since the last one, so
+	// it is short; it must stay well below the server's wal_sender_timeout.
+	// Default 200ms.
 	StatusInterval time.Duration `yaml:"status_interval"`
 	// MetricsInterval is how often the slot's health (unconfirmed and
 	// retained WAL, wal_status, safe_wal_size) and the oldest undelivered
@@ -75,7 +76,7 @@ func DefaultConfig() *Config {
 		OnSlotLost:        OnSlotLostFail,
 		InitialSnapshot:   true,
 		HeartbeatInterval: time.Minute,
-		StatusInterval:    time.Second,
+		StatusInterval:    200 * time.Millisecond,
 		MetricsInterval:   15 * time.Second,
 	}
 }

@@ -76,7 +76,7 @@ sink:
 		t.Fatal(err)
 	}
 	c := specs[0].Source.Config.(*wal.Config)
-	if c.HeartbeatInterval != 30*time.Second || c.OnSlotLost != "recreate" || c.StatusInterval != time.Second ||
+	if c.HeartbeatInterval != 30*time.Second || c.OnSlotLost != "recreate" || c.StatusInterval != 200*time.Millisecond ||
 		!c.InitialSnapshot || c.Slot != "" || c.Columns.ID != "id" {
 		t.Fatalf("decoded %+v", c)
 	}

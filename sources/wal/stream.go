@@ -103,6 +103,11 @@ func (s *Source) stream(ctx context.Context, conn *pgconn.PgConn, slot string) e
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
 			if err := st.handle(ctx, msg.Data); err != nil {
+				if ctx.Err() != nil {
+					// Stopped while admit waited for room: the connection is
+					// fine, so confirm what was delivered before leaving.
+					return st.finish()
+				}
 				return err
 			}
 		case *pgproto3.ErrorResponse:
@@ -307,6 +312,8 @@ func (st *streamer) sendStatus() error {
 // server has processed the confirmation before the connection closes.
 func (st *streamer) finish() error {
 	s := st.s
+	s.log.Info("wal source stopping: waiting for in-flight events, then confirming what was delivered",
+		"in_flight", s.win.Stats().Dispatched, "drain_timeout", s.drainTimeout())
 	// Drain in status-interval steps: a drain timeout longer than the
 	// server's wal_sender_timeout must not cost the connection (and with it
 	// the final confirmation).

@@ -521,3 +521,35 @@ func TestHealthFlowAndLag(t *testing.T) {
 		t.Fatalf("probe while running: %+v, %v", probe, err)
 	}
 }
+
+// Stopped while the window is full (the reader waits for room): the source
+// still drains, and confirms what the broker acked meanwhile, so a restart
+// sends nothing again.
+func TestStopWhileWindowFullConfirms(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	pool := newPool(t, dsn)
+	dropSlotsOf(t, pool)
+	createOutbox(t, pool)
+	name := testenv.Name("fullstop")
+	slot := wal.DefaultName(name)
+	d := startDirect(t, dsn, name, 10, func(c *wal.Config) { c.StatusInterval = 30 * time.Second })
+	waitStreaming(t, pool, slot)
+	d.hold()
+	for i := range 30 {
+		insertEvent(t, pool, fmt.Sprintf("agg-%d", i), 1)
+	}
+	testenv.Eventually(t, 10*time.Second, "a full window", func() bool { return len(d.messages()) == 10 })
+	stopped := make(chan struct{})
+	go func() { d.src.Close(); close(stopped) }()
+	testenv.Eventually(t, 10*time.Second, "the source draining", func() bool { return strings.Contains(d.logs.String(), "wal source stopping") })
+	d.release()
+	<-stopped
+	var lastCommit pglogrepl.LSN
+	for _, m := range d.messages() {
+		lsn, _ := pglogrepl.ParseLSN(m.Metadata.Get(wal.MetaCommitLSN))
+		lastCommit = max(lastCommit, lsn)
+	}
+	if r := readSlot(t, pool, slot); r.confirmed <= lastCommit {
+		t.Fatalf("slot confirmed to %s after a graceful stop, not past the acked events (last commit %s)", r.confirmed, lastCommit)
+	}
+}
