@@ -64,7 +64,10 @@ func (s *Supervisor) newReporter(spec *Spec) *reporter {
 }
 
 func (r *reporter) Failing(err error, retryIn time.Duration) {
-	r.failing.Store(true)
+	if !r.failing.Swap(true) {
+		// Once per episode: every failed event would flood the log.
+		r.s.log.Warn("pipeline failing; retrying with backoff", "pipeline", r.name, "err", redactErr(err))
+	}
 	r.s.update(r.name, func(e *entry) {
 		if e.status.State == StateRunning || e.status.State == StateBackingOff || e.status.State == StateStarting {
 			e.setState(StateBackingOff)
@@ -81,6 +84,7 @@ func (r *reporter) Recovered() {
 	if !r.failing.Swap(false) {
 		return
 	}
+	r.s.log.Info("pipeline recovered", "pipeline", r.name)
 	r.s.update(r.name, func(e *entry) {
 		e.status.NextRetry = time.Time{}
 		if e.status.State == StateBackingOff && e.handlerRunning {

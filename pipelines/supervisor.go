@@ -177,7 +177,7 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 			MaxInterval: 2 * time.Second, Multiplier: 2, RandomizationFactor: 0.25}
 	}
 	// Watermill logs handler start/stop at Info; those are debug detail here.
-	wlog := watermill.NewSlogLoggerWithLevelMapping(opts.Logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})
+	wlog := quietHandlerErrors{watermill.NewSlogLoggerWithLevelMapping(opts.Logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: opts.DrainTimeout + 5*time.Second}, wlog)
 	if err != nil {
 		return nil, err
@@ -582,6 +582,24 @@ func redactErr(err error) string {
 		return ""
 	}
 	return redact.String(err.Error())
+}
+
+// quietHandlerErrors demotes Watermill's per-event error lines to debug:
+// a broker outage would log every event of every retry. The pipeline's
+// state, last error and one log line per failing episode say it instead.
+type quietHandlerErrors struct{ watermill.LoggerAdapter }
+
+func (q quietHandlerErrors) Error(msg string, err error, fields watermill.LogFields) {
+	switch msg {
+	case "Handler returned error", "Error occurred, retrying":
+		q.LoggerAdapter.Debug(msg+": "+redact.String(err.Error()), fields)
+	default:
+		q.LoggerAdapter.Error(msg, err, fields)
+	}
+}
+
+func (q quietHandlerErrors) With(fields watermill.LogFields) watermill.LoggerAdapter {
+	return quietHandlerErrors{q.LoggerAdapter.With(fields)}
 }
 
 // reportOutcome tells the pipeline's reporter whether events get through:
