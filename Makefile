@@ -3,7 +3,7 @@
 #   make test   — go vet and every test, with the race detector
 GO ?= go
 
-.PHONY: build demo test vet bench clean
+.PHONY: build demo test vet bench fuzz clean
 
 build:
 	$(GO) build -o bin/ferry ./cmd/ferry
@@ -19,6 +19,17 @@ test: vet
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# Each fuzz target for FUZZTIME (CI runs them briefly; run longer by hand:
+# make fuzz FUZZTIME=10m). Seed corpora live in each package's testdata/fuzz.
+FUZZTIME ?= 10s
+FUZZ_TARGETS = FuzzLoad:./pipelines FuzzMessage:./sources/outbox FuzzRoute:./transforms/router FuzzFilter:./transforms/filter
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		name=$${t%%:*}; pkg=$${t#*:}; \
+		echo "fuzz $$name ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 clean:
 	rm -rf bin
