@@ -25,7 +25,6 @@ type slotMetrics struct {
 	active      *prometheus.GaugeVec
 	status      *prometheus.GaugeVec
 	safe        *prometheus.GaugeVec
-	registered  []prometheus.Collector
 }
 
 func newSlotMetrics(slot string) *slotMetrics {
@@ -51,8 +50,10 @@ func (m *slotMetrics) collectors() []*prometheus.GaugeVec {
 	return []*prometheus.GaugeVec{m.retained, m.unconfirmed, m.active, m.status, m.safe}
 }
 
-// register adds the gauges to reg. A pipeline restarted in the same process
-// finds its gauges registered already and reuses them.
+// register adds the gauges to reg. They are never unregistered: the
+// supervisor's Registerer lets a restarted pipeline's source take the
+// collectors over, and unregistering at stop could remove the successor's.
+// On a plain registry a second source of the same pipeline reuses them.
 func (m *slotMetrics) register(reg prometheus.Registerer, log *slog.Logger) {
 	if reg == nil {
 		return
@@ -62,7 +63,6 @@ func (m *slotMetrics) register(reg prometheus.Registerer, log *slog.Logger) {
 		var are prometheus.AlreadyRegisteredError
 		switch {
 		case err == nil:
-			m.registered = append(m.registered, c)
 		case errors.As(err, &are):
 			if existing, ok := are.ExistingCollector.(*prometheus.GaugeVec); ok {
 				*c = *existing
@@ -71,16 +71,6 @@ func (m *slotMetrics) register(reg prometheus.Registerer, log *slog.Logger) {
 			log.Warn("register slot metrics", "err", err)
 		}
 	}
-}
-
-func (m *slotMetrics) unregister(reg prometheus.Registerer) {
-	if reg == nil {
-		return
-	}
-	for _, c := range m.registered {
-		reg.Unregister(c)
-	}
-	m.registered = nil
 }
 
 // startBackground starts, once, the slot watcher and the heartbeat. They run

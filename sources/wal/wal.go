@@ -57,6 +57,15 @@ func init() { Register(plugins.Default) }
 
 // Position is where an event sits in the replication stream, as the window
 // needs it to compute what may be confirmed.
+//
+// The slot can only be confirmed at transaction boundaries, and the window's
+// prefix says which event was acked last, so each event carries the boundary
+// its ack completes. Whether an event is its transaction's last is known only
+// when the next change or the COMMIT arrives, so the stream holds one event
+// back until then: pgoutput sends a transaction only once it committed, with
+// the COMMIT right after the last change, so this costs neither memory nor
+// latency. (A zero-payload marker admitted at COMMIT would instead travel
+// through the router to the broker.)
 type Position struct {
 	// Confirm is the LSN the slot may be confirmed up to once this event and
 	// every event before it were acked: the end of the event's transaction
@@ -302,7 +311,6 @@ func (s *Source) run(ctx context.Context) {
 		stop()
 	}()
 	s.metrics.register(s.env.Metrics, s.log)
-	defer s.metrics.unregister(s.env.Metrics)
 
 	bo := outbox.Backoff()
 	for runCtx.Err() == nil {
