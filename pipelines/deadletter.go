@@ -2,6 +2,7 @@ package pipelines
 
 import (
 	"errors"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
@@ -16,6 +17,9 @@ const (
 	HeaderDeadLetterStage  = "dead_letter_stage"  // the stage that failed
 	HeaderDeadLetterTopic  = "dead_letter_topic"  // where the event was going
 	HeaderDeadLetterError  = "dead_letter_error"  // the error text
+	// HeaderDeadLetterPayloadBytes replaces a payload too large for the
+	// broker: the event goes without it, saying how large it was.
+	HeaderDeadLetterPayloadBytes = "dead_letter_payload_bytes"
 )
 
 // deadLetterable decides what goes to the dead-letter topic once the retry
@@ -57,6 +61,12 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 			}
 			topic := msg.Metadata.Get(plugins.MetaTopic)
 			msg.Payload, msg.Metadata = orig.Payload, orig.Metadata
+			if reason == "oversize" {
+				// The broker refused the payload once; it would refuse it on
+				// the dead-letter topic too. Send the reason, say the size.
+				msg.Metadata.Set(HeaderDeadLetterPayloadBytes, strconv.Itoa(len(msg.Payload)))
+				msg.Payload = nil
+			}
 			msg.Metadata.Set(HeaderDeadLetterReason, reason)
 			msg.Metadata.Set(HeaderDeadLetterStage, stage)
 			msg.Metadata.Set(HeaderDeadLetterTopic, topic)

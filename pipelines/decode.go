@@ -132,21 +132,29 @@ func (d *decoder) typeErrors(err error, path string) {
 			line, _ = strconv.Atoi(m[1])
 			msg = m[2]
 		}
+		kind := yaml.Kind(0)
 		if m := cannotUse.FindStringSubmatch(msg); m != nil {
 			msg = fmt.Sprintf("want %s, got %s", friendlyType(m[3]), friendlyKind(m[1], m[2]))
+			kind = map[string]yaml.Kind{"map": yaml.MappingNode, "seq": yaml.SequenceNode}[m[1]]
+			if kind == 0 {
+				kind = yaml.ScalarNode
+			}
 		}
-		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: d.pathAt(line, path), Msg: msg})
+		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: d.pathAt(line, path, kind), Msg: msg})
 	}
 }
 
-// pathAt finds the key under prefix written on line; when several are (a
-// flow mapping such as `table: {a: b}`), the outermost, which is the value
-// that failed to decode.
-func (d *decoder) pathAt(line int, prefix string) string {
+// pathAt finds the key under prefix written on line whose value is of the
+// kind that failed to decode; when several are (a flow mapping such as
+// `limits: {max_in_flight: [1]}`), the outermost.
+func (d *decoder) pathAt(line int, prefix string, kind yaml.Kind) string {
 	best := ""
 	for p, l := range d.lines {
 		under := prefix == "" || strings.HasPrefix(p, prefix+".") || strings.HasPrefix(p, prefix+"[")
-		if l == line && under && p != prefix && (best == "" || len(p) < len(best)) {
+		if l != line || !under || p == prefix || (kind != 0 && d.kinds[p] != kind) {
+			continue
+		}
+		if best == "" || len(p) < len(best) {
 			best = p
 		}
 	}

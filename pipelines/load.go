@@ -362,6 +362,7 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 type decoder struct {
 	file   string
 	lines  map[string]int
+	kinds  map[string]yaml.Kind // the kind of each path's value
 	errs   []*Error
 	lookup func(string) (string, bool)
 }
@@ -389,6 +390,10 @@ func (d *decoder) index(n *yaml.Node, path string) {
 	if _, ok := d.lines[path]; !ok {
 		d.lines[path] = n.Line
 	}
+	if d.kinds == nil {
+		d.kinds = map[string]yaml.Kind{}
+	}
+	d.kinds[path] = n.Kind
 	switch n.Kind {
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {

@@ -242,3 +242,82 @@ sink: {type: nats, url: %q, subject: %s}
 		t.Fatalf("want only the redacted Signup event")
 	}
 }
+
+// Bad rows — NULL, invalid JSON, 10 MB, no route, invalid UTF-8 — each land
+// in the dead-letter topic with their reason, and the rows behind them are
+// delivered.
+func TestBadRowsGoToDeadLetter(t *testing.T) {
+	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	ctx := context.Background()
+	if _, err := e.Pool.Exec(ctx, `CREATE TABLE raw_outbox (
+		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, xact_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
+		aggregate_type text NOT NULL, aggregate_id text NOT NULL, type text NOT NULL, payload bytea,
+		created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	prefix := strings.ToLower(e.Stream)
+	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_BAD", 0, prefix+".>")
+	bad := []struct {
+		name, aggType string
+		payload       []byte
+		reason        string
+	}{
+		{"null", "order", nil, "undecodable_payload"},
+		{"not json", "order", []byte("not json"), "undecodable_payload"},
+		{"10 MB", "order", []byte(`{"pad":"` + strings.Repeat("x", 10<<20) + `"}`), "oversize"},
+		{"no route", "invoice", []byte(`{}`), "no_route"},
+		{"invalid utf-8", "order", []byte("\"\xff\xfe\""), "undecodable_payload"},
+	}
+	for _, b := range bad {
+		if _, err := e.Pool.Exec(ctx, `INSERT INTO raw_outbox (aggregate_type, aggregate_id, type, payload) VALUES ($1, 'a-1', $2, $3)`, b.aggType, b.name, b.payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		if _, err := e.Pool.Exec(ctx, `INSERT INTO raw_outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', 'a-1', 'good', $1)`, []byte(fmt.Sprintf(`{"n":%d}`, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, fmt.Sprintf(`name: raw
+source: {type: xid8, dsn: %q, table: raw_outbox, poll_interval: 20ms, columns: {headers: ""}}
+transforms:
+  - {type: event_router, topic: "%[2]s.${route}", route_replace: {pattern: "(order|payment)"}, require_json: true}
+sink: {type: nats, url: %q, subject: %[2]s.default}
+dead_letter: {topic: %[2]s.dlq}
+`, e.DSN, prefix, e.NATS))
+	coll.WaitFor(t, 60*time.Second, "5 dead letters and 10 good events", func(m []testenv.Received) bool {
+		s := 0
+		for _, r := range m {
+			if strings.HasSuffix(r.Subject, ".dlq") || strings.HasSuffix(r.Subject, ".order") {
+				s++
+			}
+		}
+		return s >= 15
+	})
+	got := map[string]testenv.Received{}
+	good := 0
+	for _, r := range coll.All() {
+		switch {
+		case strings.HasSuffix(r.Subject, ".dlq"):
+			got[r.Header.Get("event_type")] = r
+		case strings.HasSuffix(r.Subject, ".order"):
+			good++
+		}
+	}
+	if good != 10 {
+		t.Errorf("%d good events delivered, want 10", good)
+	}
+	for _, b := range bad {
+		r, ok := got[b.name]
+		switch {
+		case !ok:
+			t.Errorf("%s: not in the dead-letter topic", b.name)
+		case r.Header.Get("dead_letter_reason") != b.reason:
+			t.Errorf("%s: reason %q, want %q (%s)", b.name, r.Header.Get("dead_letter_reason"), b.reason, r.Header.Get("dead_letter_error"))
+		case b.reason == "oversize" && (len(r.Data) != 0 || r.Header.Get("dead_letter_payload_bytes") != fmt.Sprint(len(b.payload))):
+			t.Errorf("oversize dead letter: %d bytes, header %q", len(r.Data), r.Header.Get("dead_letter_payload_bytes"))
+		case b.reason != "oversize" && string(r.Data) != string(b.payload):
+			t.Errorf("%s: dead letter carries %q, want the payload as read", b.name, r.Data)
+		}
+	}
+}

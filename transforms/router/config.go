@@ -27,6 +27,11 @@ type Config struct {
 	// ExpandJSONPayload unwraps a payload that is a JSON string holding JSON
 	// (a payload column of type text written with to_json). Default false.
 	ExpandJSONPayload bool `yaml:"expand_json_payload"`
+	// RequireJSON fails events whose payload is empty or not valid JSON
+	// (reason undecodable_payload: the dead-letter topic gets them), for
+	// payload columns of type text or bytea. Default false: payloads are
+	// passed as bytes.
+	RequireJSON bool `yaml:"require_json"`
 	// Fields places more fields on the message, as headers or into an
 	// envelope around the payload.
 	Fields []Field `yaml:"fields"`

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -98,6 +99,17 @@ func (r *Router) Process(msg *message.Message) ([]*message.Message, error) {
 	if r.cfg.ExpandJSONPayload {
 		if err := expandJSON(msg); err != nil {
 			return nil, err
+		}
+	}
+	if r.cfg.RequireJSON {
+		switch {
+		case len(msg.Payload) == 0:
+			return nil, plugins.Permanent("undecodable_payload", errors.New("payload is empty (NULL)"))
+		case !utf8.Valid(msg.Payload):
+			// encoding/json accepts invalid UTF-8 in strings; JSON does not.
+			return nil, plugins.Permanent("undecodable_payload", errors.New("payload is not UTF-8"))
+		case !json.Valid(msg.Payload):
+			return nil, plugins.Permanent("undecodable_payload", errors.New("payload is not valid JSON"))
 		}
 	}
 	var envelope map[string]any
