@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ferryhq/ferry/sources/poll"
+	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -14,6 +15,7 @@ import (
 var schemas = map[string]func(table string) (string, error){
 	xid8.Name: xid8.Schema,
 	poll.Name: poll.Schema,
+	wal.Name:  wal.Schema,
 }
 
 func schemaNames() string {
@@ -28,6 +30,7 @@ func schemaNames() string {
 func schemaCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("schema", "SOURCE [--table NAME]   (SOURCE: "+schemaNames()+")", stderr)
 	table := fs.String("table", "outbox", "outbox table name, optionally schema-qualified")
+	pipeline := fs.String("pipeline", "", "wal: the pipeline's name, so the publication statement uses its default name (ferry_<pipeline>)")
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		fs.Usage()
 		if len(args) == 0 {
@@ -43,6 +46,9 @@ func schemaCmd(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		fmt.Fprintf(stderr, "ferry schema: unknown source %q (known: %s)\n", source, schemaNames())
 		return 2
+	}
+	if source == wal.Name && *pipeline != "" {
+		gen = func(t string) (string, error) { return wal.SchemaFor(t, wal.DefaultName(*pipeline)) }
 	}
 	ddl, err := gen(*table)
 	if err != nil {
