@@ -314,8 +314,8 @@ func checkSource(h *plugins.Health, o Options) Check {
 		return c
 	}
 	c.Status = OK
-	if slot, ok := h.Details["slot"].(map[string]any); ok {
-		return checkSlot(c, slot)
+	if slot, ok := h.Details["slot"].(string); ok {
+		return checkSlot(c, slot, h.Details)
 	}
 	if h.XminHorizonAge > 0 {
 		c.Evidence = append(c.Evidence, fmt.Sprintf("oldest running transaction %s old (limit %s)", h.XminHorizonAge.Round(time.Second), o.MaxTransactionAge))
@@ -330,19 +330,25 @@ func checkSource(h *plugins.Health, o Options) Check {
 }
 
 // checkSlot judges a replication slot from the details the wal source
-// reports: active, confirmed position advancing, WAL retained vs what the
-// server may keep.
-func checkSlot(c Check, slot map[string]any) Check {
-	c.Evidence = append(c.Evidence, fmt.Sprintf("slot %v: active %v, wal_status %v, retained %v bytes, safe_wal_size %v",
-		slot["name"], slot["active"], slot["wal_status"], slot["retained_bytes"], slot["safe_wal_size"]))
+// reports: it exists, is active, and its retained WAL is not about to
+// invalidate it.
+func checkSlot(c Check, slot string, d map[string]any) Check {
+	if d["slot_exists"] == false {
+		c.Status = Unhealthy
+		c.Evidence = append(c.Evidence, fmt.Sprintf("slot %s does not exist", slot))
+		c.Action = "the pipeline never ran here, or its slot was dropped: events committed since may be missing — see the WAL source's 'slot lost' steps in the README"
+		return c
+	}
+	c.Evidence = append(c.Evidence, fmt.Sprintf("slot %s: active %v, wal_status %v, retained %v bytes of WAL, confirmed up to %v, safe_wal_size %v",
+		slot, d["active"], d["wal_status"], d["retained_wal_bytes"], d["confirmed_lsn"], d["safe_wal_size_bytes"]))
 	switch {
-	case slot["wal_status"] == "lost":
+	case d["wal_status"] == "lost":
 		c.Status = Unhealthy
 		c.Action = "the slot was invalidated: events may have been missed; see the WAL source's 'slot lost' steps in the README"
-	case slot["active"] == false:
+	case d["active"] == false:
 		c.Status = Unhealthy
-		c.Action = "no relay reads the slot and it retains WAL: start the pipeline, or drop the slot if the pipeline is gone (SELECT pg_drop_replication_slot(...))"
-	case slot["wal_status"] == "unreserved":
+		c.Action = fmt.Sprintf("no relay reads slot %s and it retains WAL: start the pipeline, or drop the slot if the pipeline is gone (SELECT pg_drop_replication_slot('%s'))", slot, slot)
+	case d["wal_status"] == "unreserved":
 		c.Status = Unhealthy
 		c.Action = "the slot is about to be invalidated (past max_slot_wal_keep_size): the relay must catch up now"
 	}

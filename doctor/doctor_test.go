@@ -2,16 +2,25 @@ package doctor_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/ferryhq/ferry/doctor"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	_ "github.com/ferryhq/ferry/sinks/kafka"
+	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -116,5 +125,76 @@ func TestCannotCheck(t *testing.T) {
 	r := doctor.Run(context.Background(), specs, o)
 	if r.ExitCode() == 0 {
 		t.Fatalf("an unreachable database was reported healthy: %+v", r)
+	}
+}
+
+// A wal pipeline's slot with no reader retains WAL: the relay says it keeps
+// failing (here: a ferry whose API reports backing_off) and the doctor names
+// the slot.
+func TestInactiveSlotRetainingWAL(t *testing.T) {
+	e := sourcetest.Setup(t, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	ctx := context.Background()
+	name := strings.ToLower(testenv.Name("slotdoc"))
+	y := strings.Replace(e.YAML(name, 100), "type: wal", "type: wal\n  heartbeat_interval: 0s", 1)
+	stop := e.Start(t, y)
+	sourcetest.Insert(ctx, e.Pool, "agg-1")
+	e.Coll.WaitFor(t, 20*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
+	stop() // the slot stays, with no reader
+	t.Cleanup(func() { e.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, wal.DefaultName(name)) })
+	for range 20 { // WAL the slot must retain
+		sourcetest.Insert(ctx, e.Pool, "agg-2")
+	}
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		json.NewEncoder(w).Encode(map[string]any{"pipelines": []pipelines.Status{{Name: name, State: pipelines.StateBackingOff,
+			Since: time.Now(), Starts: 1, LastError: "replication connection: sorry, too many clients already"}}})
+	}))
+	defer api.Close()
+	o := opts
+	o.URL = api.URL
+	d := diagnose(t, load(t, y), o, doctor.StageSource, 1)
+	src := d.Checks[len(d.Checks)-1]
+	if !strings.Contains(strings.Join(src.Evidence, " "), "active false") || !strings.Contains(src.Action, "pg_drop_replication_slot('"+wal.DefaultName(name)+"')") {
+		t.Fatalf("slot check: %+v", src)
+	}
+}
+
+// Ferry delivered to Kafka, but a consumer group named in the sink's config
+// is behind: the doctor names the consumers.
+func TestKafkaConsumerGroupBehind(t *testing.T) {
+	e := sourcetest.Setup(t, harness)
+	ctx := context.Background()
+	srv := testenv.StartKafka(t)
+	topic := strings.ToLower(e.Stream)
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 1)
+	y := fmt.Sprintf("name: billing\nsource: {type: xid8, dsn: %q, poll_interval: 20ms}\nsink: {type: kafka, brokers: [%q], topic: %s, consumer_groups: [billing-service]}\n",
+		e.DSN, srv.Addr(), topic)
+	e.Start(t, y)
+	for range 30 {
+		sourcetest.Insert(ctx, e.Pool, "agg-1")
+	}
+	coll := testenv.CollectKafka(t, []string{srv.Addr()}, []string{topic})
+	testenv.Eventually(t, 30*time.Second, "30 records on the topic", func() bool { return coll.Len() >= 30 })
+	// The billing service committed offset 5 and stopped there.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(srv.Addr()), kgo.MaxVersions(kversion.V2_8_0()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation = "billing-service", -1
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset = 0, 5
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	if resp, err := req.RequestWith(ctx, cl); err != nil || resp.Topics[0].Partitions[0].ErrorCode != 0 {
+		t.Fatalf("commit offsets: %v", err)
+	}
+	o := opts
+	o.MaxConsumerLag = 10
+	d := diagnose(t, load(t, y), o, doctor.StageConsumer, 1)
+	if ev := strings.Join(d.Checks[len(d.Checks)-1].Evidence, " "); !strings.Contains(ev, "group billing-service on "+topic+": 25 behind") {
+		t.Fatalf("consumer evidence: %s", ev)
 	}
 }
