@@ -198,3 +198,25 @@ func get(t *testing.T, u string) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// A bare --http port binds the loopback interface: metrics and the admin
+// API are not for the whole network unless asked for.
+func TestHTTPBindsLoopbackByDefault(t *testing.T) {
+	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "p.yaml"), []byte("name: idle\nsource: {type: xid8, dsn: 'postgres://ferry@127.0.0.1:1/db'}\nsink: {type: nats, url: 'nats://127.0.0.1:1', subject: s}\n"), 0o600)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join([]string{"run", "-c", dir, "--http", ":" + port, "--ha=false", "--log-level", "error"}, "\x1f"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	get(t, "http://127.0.0.1:"+port+"/healthz")
+	out, err := exec.Command("ss", "-Hltn", "sport = :"+port).Output()
+	if err != nil {
+		t.Fatalf("ss: %v", err)
+	}
+	if !strings.Contains(string(out), "127.0.0.1:"+port) || strings.Contains(string(out), "*:"+port) || strings.Contains(string(out), "0.0.0.0:"+port) {
+		t.Fatalf("listening on:\n%s", out)
+	}
+}
