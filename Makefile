@@ -17,8 +17,20 @@ vet:
 test: vet
 	$(GO) test -race -count=1 -timeout 30m ./...
 
-bench:
+# The standard matrix of `ferry bench` (every scenario, source and sink,
+# against watermill-sql and the broker ceiling measured in the same run);
+# about 40 minutes. BENCHFLAGS adds flags, e.g. BENCHFLAGS=--quick.
+bench: build
+	bin/ferry bench --markdown bin/bench.md $(BENCHFLAGS)
+
+# Go micro-benchmarks of the hot paths and the service-backed drains.
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The hot-path benchmarks, once each, so they keep compiling and running (CI).
+HOTPATH = ./sources/window/ ./sources/outbox/ ./pipelines/ ./transforms/...
+bench-smoke:
+	$(GO) test -run '^$$' -bench . -benchtime 1x $(HOTPATH)
 
 # Each fuzz target for FUZZTIME (CI runs them briefly; run longer by hand:
 # make fuzz FUZZTIME=10m). Seed corpora live in each package's testdata/fuzz.

@@ -202,6 +202,11 @@ func parseVersion(s string) (sarama.KafkaVersion, error) {
 // ValidTopic reports whether s is a legal Kafka topic name.
 func ValidTopic(s string) bool { return topicName.MatchString(s) && s != "." && s != ".." }
 
+// SaramaConfig is the producer configuration the sink publishes with; `ferry
+// bench` measures the broker's ceiling with the same settings, so the ratio
+// it reports is Ferry's overhead and not a difference in client settings.
+func (c *Config) SaramaConfig() (*sarama.Config, error) { return c.sarama() }
+
 // sarama builds the producer configuration. Every setting that affects
 // delivery is set here, not left to Sarama's defaults.
 func (c *Config) sarama() (*sarama.Config, error) {

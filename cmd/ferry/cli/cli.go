@@ -44,6 +44,7 @@ func commands() []command {
 		{"doctor", "walk each pipeline's path and name the first unhealthy stage", doctorCmd},
 		{"schema", "print the outbox DDL for a source", schemaCmd},
 		{"demo", "run an end-to-end demo on embedded PostgreSQL and NATS", demoCmd},
+		{"bench", "measure drain rate, latency, memory and idle cost against watermill-sql and the broker ceiling", benchCmd},
 		{"version", "print the version", versionCmd},
 	}
 }

@@ -1,0 +1,870 @@
+// Package bench is `ferry bench`: end-to-end measurements of Ferry against
+// real PostgreSQL and brokers, each reported as a ratio to baselines
+// measured in the same run, on the same machine and data — never as an
+// absolute number a noisy machine cannot reproduce.
+//
+// Scenarios, for each chosen source × sink:
+//
+//   - drain: prefill N outbox rows with COPY, start the pipeline, time until
+//     the broker confirmed the last one → events/s;
+//   - steady: writers commit R events/s (one per transaction) from several
+//     sessions for T; latency = broker ack − commit, p50/p95/p99/max;
+//   - backlog-memory: drain 100,000 and 1,000,000 rows; the pipeline
+//     process's peak RSS, which must not grow with the backlog;
+//   - idle: 100 idle pipelines in one process; their CPU and the queries
+//     they cause.
+//
+// Baselines, per sink: watermill-sql (its PostgreSQL subscriber with its
+// xid8 schema, batch 100, in a Watermill router publishing through the same
+// Ferry sink) and the ceiling (the broker client alone, maximum
+// pipelining, no database). Every system under test runs in a child
+// process, so CPU time and peak RSS are its own (see child.go).
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"gopkg.in/yaml.v3"
+
+	"github.com/ferryhq/ferry/sinks/kafka"
+	"github.com/ferryhq/ferry/sinks/nats"
+	"github.com/ferryhq/ferry/sinks/rabbitmq"
+	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/sources/poll"
+	"github.com/ferryhq/ferry/sources/wal"
+	"github.com/ferryhq/ferry/sources/xid8"
+)
+
+// Scenario names.
+const (
+	ScenarioDrain  = "drain"
+	ScenarioSteady = "steady"
+	ScenarioMemory = "backlog-memory"
+	ScenarioIdle   = "idle"
+)
+
+// Child modes.
+const (
+	modeDrain  = "drain"
+	modeSteady = "steady"
+	modeIdle   = "idle"
+)
+
+// Every scenario, source and sink, in report order.
+var (
+	Scenarios = []string{ScenarioDrain, ScenarioSteady, ScenarioMemory, ScenarioIdle}
+	Sources   = []string{xid8.Name, poll.Name, wal.Name}
+	Sinks     = []string{nats.Name, kafka.Name, rabbitmq.Name}
+)
+
+// Options choose what to measure, how much, and against what.
+type Options struct {
+	Scenarios []string
+	Sources   []string
+	Sinks     []string
+
+	// Events is the drain backlog. Default 200,000.
+	Events int
+	// Rate (events/s), Duration and Writers (sessions) shape steady.
+	// Defaults 2,000/s, 30s, 8.
+	Rate     int
+	Duration time.Duration
+	Writers  int
+	// MemoryEvents are the backlogs of backlog-memory, smallest first.
+	// Default 100,000 and 1,000,000.
+	MemoryEvents []int
+	// IdlePipelines run idle for IdleDuration after IdleSettle. Defaults
+	// 100, 60s, 10s.
+	IdlePipelines int
+	IdleDuration  time.Duration
+	IdleSettle    time.Duration
+	// Repeat runs drain and steady this many times, interleaving Ferry and
+	// its baselines, and reports the median and the range. Default 1.
+	Repeat int
+	// MaxInFlight is the pipelines' limits.max_in_flight (0: Ferry's default).
+	MaxInFlight int
+	// Set overrides Ferry configuration for experiments:
+	// "xid8.batch_size=2000", "nats.publish_timeout=10s",
+	// "limits.max_in_flight=2000" (source or sink type, or limits).
+	Set []string
+	// CeilingWindow is the ceiling's async publish window. Default 1000.
+	CeilingWindow int
+
+	// Services: $DATABASE_URL (else a throwaway cluster), $NATS_URL (else
+	// in-process), $KAFKA_BROKERS (else kfake), $AMQP_URL.
+	DatabaseURL, NATSURL, KafkaBrokers, AMQPURL string
+
+	// Verify reads every event back from the broker (drain, steady) and
+	// checks each was delivered; off, the broker's message count is
+	// checked. backlog-memory always counts.
+	Verify bool
+
+	// Progress receives the live progress line and a line per measurement.
+	Progress io.Writer
+	// Command is how the run was invoked, for the report.
+	Command string
+}
+
+// DefaultOptions is the standard matrix (`make bench`).
+func DefaultOptions() Options {
+	return Options{
+		Scenarios:     Scenarios,
+		Sources:       Sources,
+		Sinks:         Sinks,
+		Events:        200000,
+		Rate:          2000,
+		Duration:      30 * time.Second,
+		Writers:       8,
+		MemoryEvents:  []int{100000, 1000000},
+		IdlePipelines: 100,
+		IdleDuration:  60 * time.Second,
+		IdleSettle:    10 * time.Second,
+		Repeat:        1,
+		Verify:        true,
+		DatabaseURL:   os.Getenv("DATABASE_URL"),
+		NATSURL:       os.Getenv("NATS_URL"),
+		KafkaBrokers:  os.Getenv("KAFKA_BROKERS"),
+		AMQPURL:       envOr("AMQP_URL", amqpDefaultURL),
+	}
+}
+
+// Quick shrinks o to a smoke run: every scenario at a tiny size on one
+// source and one sink (xid8 → nats unless o names others).
+func (o *Options) Quick() {
+	o.Sources, o.Sinks = o.Sources[:1], o.Sinks[:1]
+	o.Events = 2000
+	o.Rate, o.Duration, o.Writers = 200, 2*time.Second, 2
+	o.MemoryEvents = []int{1000, 5000}
+	o.IdlePipelines, o.IdleDuration, o.IdleSettle = 3, 2*time.Second, time.Second
+	o.Repeat = 1
+	o.Verify = true
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	check := func(what string, got, known []string) {
+		if len(got) == 0 {
+			errs = append(errs, fmt.Errorf("no %s chosen", what))
+		}
+		for _, g := range got {
+			if !slices.Contains(known, g) {
+				errs = append(errs, fmt.Errorf("unknown %s %q (known: %s)", strings.TrimSuffix(what, "s"), g, strings.Join(known, ", ")))
+			}
+		}
+	}
+	check("scenarios", o.Scenarios, Scenarios)
+	check("sources", o.Sources, Sources)
+	check("sinks", o.Sinks, Sinks)
+	if o.Events < 1 || o.Rate < 1 || o.Duration <= 0 || o.Writers < 1 || o.IdlePipelines < 1 || o.IdleDuration <= 0 {
+		errs = append(errs, errors.New("events, rate, duration, writers, idle pipelines and idle duration must be positive"))
+	}
+	if o.Repeat < 1 {
+		o.Repeat = 1
+	}
+	if _, err := o.overrides(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// overrides parses Set into {section: {key: value}}.
+func (o *Options) overrides() (map[string]map[string]any, error) {
+	out := map[string]map[string]any{}
+	for _, s := range o.Set {
+		k, v, ok := strings.Cut(s, "=")
+		sec, key, ok2 := strings.Cut(k, ".")
+		if !ok || !ok2 || sec == "" || key == "" {
+			return nil, fmt.Errorf("--set %q: want section.key=value", s)
+		}
+		var val any
+		if err := yaml.Unmarshal([]byte(v), &val); err != nil {
+			return nil, fmt.Errorf("--set %q: %w", s, err)
+		}
+		if out[sec] == nil {
+			out[sec] = map[string]any{}
+		}
+		out[sec][key] = val
+	}
+	return out, nil
+}
+
+// Run measures what o asks for and returns the report. An error means the
+// run could not be completed, or an event was lost (the report then says
+// where).
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	r := &runner{o: o, prog: newProgress(o.Progress)}
+	r.set, _ = o.overrides()
+	r.rep = &Report{Command: o.Command, Started: time.Now().UTC(), Options: reportOptions(o),
+		Machine: machine()}
+	r.prog.note("starting PostgreSQL and brokers")
+	s, err := startServices(ctx, &o, o.Sinks)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	r.s = s
+	r.rep.Services = append([]string{s.pgInfo}, s.notes...)
+	r.rep.LoadBefore = loadAverage()
+
+	var errs []error
+	for _, sc := range Scenarios {
+		if !slices.Contains(o.Scenarios, sc) {
+			continue
+		}
+		var err error
+		switch sc {
+		case ScenarioDrain:
+			err = r.drainScenario(ctx)
+		case ScenarioSteady:
+			err = r.steadyScenario(ctx)
+		case ScenarioMemory:
+			err = r.memoryScenario(ctx)
+		case ScenarioIdle:
+			err = r.idleScenario(ctx)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", sc, err))
+			if ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	r.rep.LoadAfter = loadAverage()
+	r.rep.Finished = time.Now().UTC()
+	r.rep.summarise()
+	for _, m := range r.rep.Measurements {
+		if m.Missing > 0 {
+			errs = append(errs, fmt.Errorf("%s %s %s→%s: %d of %d events were not delivered", m.Scenario, m.System, m.Source, m.Sink, m.Missing, m.Events))
+		}
+	}
+	return r.rep, errors.Join(errs...)
+}
+
+type runner struct {
+	o    Options
+	s    *services
+	rep  *Report
+	prog *progress
+	set  map[string]map[string]any
+
+	mu  sync.Mutex
+	seq int
+}
+
+func (r *runner) nextID(scenario, source, sink string) string {
+	r.mu.Lock()
+	r.seq++
+	n := r.seq
+	r.mu.Unlock()
+	short := map[string]string{ScenarioDrain: "d", ScenarioSteady: "s", ScenarioMemory: "m", ScenarioIdle: "i"}[scenario]
+	if source == "" {
+		source = "x"
+	}
+	return fmt.Sprintf("%s%d_%s_%s", short, n, source, sink)
+}
+
+func (r *runner) add(m Measurement) {
+	r.rep.Measurements = append(r.rep.Measurements, m)
+	r.prog.done(m.line())
+}
+
+// runErr records a measurement that failed and carries on with the rest.
+func (r *runner) runErr(scenario, system, source, sink string, err error) error {
+	r.prog.done(fmt.Sprintf("%s %s %s: FAILED: %v", scenario, system, arrow(source, sink), err))
+	r.rep.Failures = append(r.rep.Failures, fmt.Sprintf("%s %s %s: %v", scenario, system, arrow(source, sink), err))
+	return fmt.Errorf("%s %s: %w", system, arrow(source, sink), err)
+}
+
+func arrow(source, sink string) string {
+	if source == "" {
+		return sink
+	}
+	return source + "→" + sink
+}
+
+func (r *runner) drainScenario(ctx context.Context) error {
+	var errs []error
+	for rep := range r.o.Repeat {
+		for _, sink := range r.o.Sinks {
+			if m, err := r.ceiling(ctx, ScenarioDrain, sink, rep); err != nil {
+				errs = append(errs, r.runErr(ScenarioDrain, SystemCeiling, "", sink, err))
+			} else {
+				r.add(m)
+			}
+			if m, err := r.watermillDrain(ctx, sink, rep); err != nil {
+				errs = append(errs, r.runErr(ScenarioDrain, SystemWatermill, "", sink, err))
+			} else {
+				r.add(m)
+			}
+			for _, src := range r.o.Sources {
+				if m, err := r.ferryDrain(ctx, ScenarioDrain, src, sink, r.o.Events, r.o.Verify, rep); err != nil {
+					errs = append(errs, r.runErr(ScenarioDrain, SystemFerry, src, sink, err))
+				} else {
+					r.add(m)
+				}
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *runner) steadyScenario(ctx context.Context) error {
+	var errs []error
+	for rep := range r.o.Repeat {
+		for _, sink := range r.o.Sinks {
+			if m, err := r.ceiling(ctx, ScenarioSteady, sink, rep); err != nil {
+				errs = append(errs, r.runErr(ScenarioSteady, SystemCeiling, "", sink, err))
+			} else {
+				r.add(m)
+			}
+			for _, src := range r.o.Sources {
+				if m, err := r.ferrySteady(ctx, src, sink, rep); err != nil {
+					errs = append(errs, r.runErr(ScenarioSteady, SystemFerry, src, sink, err))
+				} else {
+					r.add(m)
+				}
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *runner) memoryScenario(ctx context.Context) error {
+	var errs []error
+	for _, src := range r.o.Sources {
+		for _, sink := range r.o.Sinks {
+			for _, n := range r.o.MemoryEvents {
+				if m, err := r.ferryDrain(ctx, ScenarioMemory, src, sink, n, false, 0); err != nil {
+					errs = append(errs, r.runErr(ScenarioMemory, SystemFerry, src, sink, err))
+				} else {
+					r.add(m)
+				}
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *runner) idleScenario(ctx context.Context) error {
+	var errs []error
+	for _, src := range r.o.Sources {
+		for _, sink := range r.o.Sinks {
+			if m, err := r.ferryIdle(ctx, src, sink); err != nil {
+				errs = append(errs, r.runErr(ScenarioIdle, SystemFerry, src, sink, err))
+			} else {
+				r.add(m)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// pipelineYAML is one pipeline reading table with source into t, with
+// Ferry's defaults but for what --set overrides.
+func (r *runner) pipelineYAML(name, source, table string, t *target) string {
+	src := map[string]any{"type": source, "dsn": r.s.dsn, "table": table}
+	maps(src, r.set[source])
+	snk := map[string]any{"type": t.sink}
+	maps(snk, t.config)
+	maps(snk, r.set[t.sink])
+	doc := map[string]any{"name": name, "source": src, "sink": snk}
+	limits := map[string]any{}
+	if r.o.MaxInFlight > 0 {
+		limits["max_in_flight"] = r.o.MaxInFlight
+	}
+	maps(limits, r.set["limits"])
+	if len(limits) > 0 {
+		doc["limits"] = limits
+	}
+	b, _ := yaml.Marshal(doc)
+	return string(b)
+}
+
+func maps(dst, src map[string]any) {
+	for k, v := range src {
+		dst[k] = v
+	}
+}
+
+func sinkYAML(t *target, set map[string]any) string {
+	cfg := map[string]any{}
+	maps(cfg, t.config)
+	maps(cfg, set)
+	b, _ := yaml.Marshal(cfg)
+	return string(b)
+}
+
+// ferryDrain prefills n rows and drains them through a Ferry pipeline.
+func (r *runner) ferryDrain(ctx context.Context, scenario, source, sink string, n int, verifyIDs bool, rep int) (Measurement, error) {
+	id := r.nextID(scenario, source, sink)
+	label := fmt.Sprintf("%s ferry %s", scenario, arrow(source, sink))
+	table := "bench_" + id
+	pool := r.s.pool
+	if err := createOutbox(ctx, pool, source, table); err != nil {
+		return Measurement{}, err
+	}
+	defer dropTable(pool, table)
+	if source == wal.Name {
+		if err := prepareSlot(ctx, pool, id, table); err != nil {
+			return Measurement{}, err
+		}
+		defer dropSlot(context.Background(), pool, id)
+	}
+	if err := prefill(ctx, pool, table, n, r.prog.counter(label+": prefill", n)); err != nil {
+		return Measurement{}, err
+	}
+	t, err := r.s.target(ctx, sink, id)
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer t.cleanup()
+	j := job{System: SystemFerry, Mode: modeDrain, Expect: n, Pipelines: r.pipelineYAML(id, source, table, t)}
+	m, err := r.drainChild(ctx, label, j, n)
+	if err != nil {
+		return m, err
+	}
+	m.Scenario, m.System, m.Source, m.Sink, m.Repeat = scenario, SystemFerry, source, sink, rep
+	if err := r.verify(ctx, label, &m, t, n, verifyIDs); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// watermillDrain prefills n rows into watermill-sql's table and drains them
+// through the baseline.
+func (r *runner) watermillDrain(ctx context.Context, sink string, rep int) (Measurement, error) {
+	n := r.o.Events
+	id := r.nextID(ScenarioDrain, "wm", sink)
+	label := fmt.Sprintf("drain watermill-sql →%s", sink)
+	topic := "bench_" + id
+	pool := r.s.pool
+	table, err := watermillTable(ctx, pool, topic)
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer func() {
+		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+table)
+		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS "watermill_offsets_`+topic+`"`)
+	}()
+	if err := prefillWatermill(ctx, pool, topic, n, r.prog.counter(label+": prefill", n)); err != nil {
+		return Measurement{}, err
+	}
+	t, err := r.s.target(ctx, sink, id)
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer t.cleanup()
+	j := job{System: SystemWatermill, Mode: modeDrain, Expect: n, Sink: sink, SinkYAML: sinkYAML(t, r.set[sink]), DSN: r.s.dsn, Topic: topic}
+	m, err := r.drainChild(ctx, label, j, n)
+	if err != nil {
+		return m, err
+	}
+	m.Scenario, m.System, m.Sink, m.Repeat = ScenarioDrain, SystemWatermill, sink, rep
+	return m, r.verify(ctx, label, &m, t, n, r.o.Verify)
+}
+
+// ceiling measures the broker client alone: drain publishes Events
+// messages as fast as it can, steady Rate per second for Duration.
+func (r *runner) ceiling(ctx context.Context, scenario, sink string, rep int) (Measurement, error) {
+	id := r.nextID(scenario, "ceil", sink)
+	label := fmt.Sprintf("%s ceiling →%s", scenario, sink)
+	t, err := r.s.target(ctx, sink, id)
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer t.cleanup()
+	j := job{System: SystemCeiling, Sink: sink, SinkYAML: sinkYAML(t, nil), Window: r.o.CeilingWindow}
+	n := r.o.Events
+	if scenario == ScenarioSteady {
+		j.Mode, j.Rate, j.Duration = modeSteady, r.o.Rate, r.o.Duration
+		n = int(float64(r.o.Rate) * r.o.Duration.Seconds())
+	} else {
+		j.Mode, j.Expect = modeDrain, n
+	}
+	m, err := r.drainChild(ctx, label, j, n)
+	if err != nil {
+		return m, err
+	}
+	m.Scenario, m.System, m.Sink, m.Repeat = scenario, SystemCeiling, sink, rep
+	if scenario == ScenarioSteady {
+		m.EventsPerSec = float64(m.Events) / r.o.Duration.Seconds()
+	}
+	return m, r.verify(ctx, label, &m, t, n, r.o.Verify)
+}
+
+// drainChild runs j until the child reports done, showing its progress.
+func (r *runner) drainChild(ctx context.Context, label string, j job, n int) (Measurement, error) {
+	p, err := spawn(j)
+	if err != nil {
+		return Measurement{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout(n))
+	defer cancel()
+	var start time.Time
+	var done childMsg
+	for {
+		msg, err := p.next(ctx)
+		if err != nil {
+			p.kill()
+			return Measurement{}, err
+		}
+		switch msg.Event {
+		case "ready":
+			start = time.Now()
+		case "progress":
+			r.prog.update(label, int(msg.Acked), n, start)
+		}
+		if msg.Event == "done" {
+			done = msg
+			break
+		}
+	}
+	rss, err := p.finish(time.Minute)
+	if err != nil {
+		return Measurement{}, fmt.Errorf("child: %w", err)
+	}
+	secs := float64(done.Last-done.Start) / 1e9
+	m := Measurement{Events: int(done.Acked), Seconds: secs, CPUSeconds: done.CPU, PeakRSS: rss}
+	if secs > 0 {
+		m.EventsPerSec = float64(n) / secs
+	}
+	if len(done.Latencies) > 0 {
+		m.Latency = latencies(done.Latencies)
+	}
+	return m, nil
+}
+
+func drainTimeout(n int) time.Duration { return 10*time.Minute + time.Duration(n)*time.Millisecond }
+
+// verify checks the broker holds every expected event: by reading each
+// back (ids) or by its message count.
+func (r *runner) verify(ctx context.Context, label string, m *Measurement, t *target, n int, ids bool) error {
+	r.prog.note(label + ": checking the broker")
+	if !ids {
+		c, err := t.count(ctx)
+		if err != nil {
+			return fmt.Errorf("count delivered: %w", err)
+		}
+		m.Delivered = int(min(c, int64(n)))
+		m.Missing = n - m.Delivered
+		m.Verified = "count"
+		return nil
+	}
+	got, err := t.read(ctx, n)
+	if err != nil {
+		return fmt.Errorf("read back: %w", err)
+	}
+	m.Verified = "ids"
+	for id := int64(1); id <= int64(n); id++ {
+		if c := got[id]; c > 0 {
+			m.Delivered++
+			m.Duplicates += c - 1
+		}
+	}
+	m.Missing = n - m.Delivered
+	return nil
+}
+
+// ferrySteady runs a pipeline while writers commit Rate events/s for
+// Duration, and measures each event's commit→ack latency.
+func (r *runner) ferrySteady(ctx context.Context, source, sink string, rep int) (Measurement, error) {
+	id := r.nextID(ScenarioSteady, source, sink)
+	label := fmt.Sprintf("steady ferry %s", arrow(source, sink))
+	table := "bench_" + id
+	pool := r.s.pool
+	if err := createOutbox(ctx, pool, source, table); err != nil {
+		return Measurement{}, err
+	}
+	defer dropTable(pool, table)
+	if source == wal.Name {
+		if err := prepareSlot(ctx, pool, id, table); err != nil {
+			return Measurement{}, err
+		}
+		defer dropSlot(context.Background(), pool, id)
+	}
+	t, err := r.s.target(ctx, sink, id)
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer t.cleanup()
+	p, err := spawn(job{System: SystemFerry, Mode: modeSteady, Pipelines: r.pipelineYAML(id, source, table, t)})
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer p.kill()
+	ctx, cancel := context.WithTimeout(ctx, r.o.Duration+10*time.Minute)
+	defer cancel()
+	if err := waitReady(ctx, p); err != nil {
+		return Measurement{}, err
+	}
+	// Acks arrive as progress lines, read in the background.
+	var ackedMu sync.Mutex
+	acked := 0
+	doneCh := make(chan childMsg, 1)
+	errCh := make(chan error, 1)
+	go func() {
+		for {
+			msg, err := p.next(ctx)
+			if err != nil {
+				errCh <- err
+				return
+			}
+			switch msg.Event {
+			case "progress":
+				ackedMu.Lock()
+				acked = int(msg.Acked)
+				ackedMu.Unlock()
+			case "done":
+				doneCh <- msg
+				return
+			}
+		}
+	}()
+	ackedSoFar := func() int { ackedMu.Lock(); defer ackedMu.Unlock(); return acked }
+
+	// Warm up for a second, unmeasured: connections, the wal stream, the
+	// first reads.
+	warm := &writer{pool: pool, table: table, rate: r.o.Rate, session: r.o.Writers, commits: map[int64]int64{}}
+	r.prog.note(label + ": warming up")
+	if err := warm.run(ctx, time.Second, 0); err != nil {
+		return Measurement{}, fmt.Errorf("writers: %w", err)
+	}
+	for ackedSoFar() < int(warm.written.Load()) {
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case err := <-errCh:
+			return Measurement{}, err
+		case <-ctx.Done():
+			return Measurement{}, fmt.Errorf("warm-up events not acked: %w", ctx.Err())
+		}
+	}
+	w := &writer{pool: pool, table: table, rate: r.o.Rate, session: r.o.Writers, commits: map[int64]int64{}}
+	wdone := make(chan error, 1)
+	start := time.Now()
+	go func() { wdone <- w.run(ctx, r.o.Duration, int(warm.written.Load())) }()
+	total := int(float64(r.o.Rate)*r.o.Duration.Seconds()) + int(warm.written.Load())
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+writing:
+	for {
+		select {
+		case err := <-wdone:
+			if err != nil {
+				return Measurement{}, fmt.Errorf("writers: %w", err)
+			}
+			break writing
+		case err := <-errCh:
+			return Measurement{}, err
+		case <-tick.C:
+			r.prog.update(label, ackedSoFar(), total, start)
+		}
+	}
+	written := int(w.written.Load())
+	p.send(command{Expect: written + int(warm.written.Load())})
+	var done childMsg
+	for done.Event == "" {
+		select {
+		case done = <-doneCh:
+		case err := <-errCh:
+			return Measurement{}, err
+		case <-tick.C:
+			r.prog.update(label, ackedSoFar(), total, start)
+		case <-ctx.Done():
+			return Measurement{}, fmt.Errorf("not every event acked: %w", ctx.Err())
+		}
+	}
+	rss, err := p.finish(time.Minute)
+	if err != nil {
+		return Measurement{}, fmt.Errorf("child: %w", err)
+	}
+	var lat []int64
+	for _, a := range done.Acks {
+		if c, ok := w.commits[a[0]]; ok {
+			lat = append(lat, max(a[1]-c, 0))
+		}
+	}
+	m := Measurement{Scenario: ScenarioSteady, System: SystemFerry, Source: source, Sink: sink, Repeat: rep,
+		Events: written, Seconds: r.o.Duration.Seconds(), EventsPerSec: float64(written) / r.o.Duration.Seconds(),
+		CPUSeconds: done.CPU * float64(written) / float64(max(done.Acked, 1)), PeakRSS: rss, Latency: latencies(lat)}
+	if b := w.behind.Load(); b > 0 {
+		m.Note = fmt.Sprintf("writers fell behind the rate for %d events", b)
+	}
+	// Every measured event must have an ack (the outbox ids written).
+	if len(lat) < written {
+		m.Missing = written - len(lat)
+	}
+	if err := r.verify(ctx, label, &m, t, written+int(warm.written.Load()), r.o.Verify); err != nil {
+		return m, err
+	}
+	m.Events = written
+	return m, nil
+}
+
+func waitReady(ctx context.Context, p *proc) error {
+	for {
+		msg, err := p.next(ctx)
+		if err != nil {
+			return err
+		}
+		if msg.Event == "ready" {
+			return nil
+		}
+	}
+}
+
+// ferryIdle runs IdlePipelines pipelines on empty tables and measures the
+// process's CPU and the transactions they cause.
+func (r *runner) ferryIdle(ctx context.Context, source, sink string) (Measurement, error) {
+	id := r.nextID(ScenarioIdle, source, sink)
+	label := fmt.Sprintf("idle ferry %s ×%d", arrow(source, sink), r.o.IdlePipelines)
+	pool := r.s.pool
+	t, err := r.s.target(ctx, sink, id)
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer t.cleanup()
+	var docs []string
+	r.prog.note(label + ": creating tables")
+	for i := range r.o.IdlePipelines {
+		name := fmt.Sprintf("%s_%d", id, i)
+		table := "bench_" + name
+		if err := createOutbox(ctx, pool, source, table); err != nil {
+			return Measurement{}, err
+		}
+		defer dropTable(pool, table)
+		if source == wal.Name {
+			if err := prepareSlot(ctx, pool, name, table); err != nil {
+				return Measurement{}, err
+			}
+			defer dropSlot(context.Background(), pool, name)
+		}
+		docs = append(docs, r.pipelineYAML(name, source, table, t))
+	}
+	p, err := spawn(job{System: SystemFerry, Mode: modeIdle, Pipelines: strings.Join(docs, "---\n")})
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer p.kill()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	r.prog.note(label + ": starting")
+	if err := waitReady(rctx, p); err != nil {
+		return Measurement{}, err
+	}
+	go func() { // drain progress lines
+		for {
+			if _, err := p.next(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	if err := r.prog.wait(ctx, label+": settling", r.o.IdleSettle); err != nil {
+		return Measurement{}, err
+	}
+	cpu0, err := p.cpuSeconds()
+	if err != nil {
+		return Measurement{}, err
+	}
+	x0, err := dbActivity(ctx, pool)
+	if err != nil {
+		return Measurement{}, err
+	}
+	t0 := time.Now()
+	if err := r.prog.wait(ctx, label+": measuring", r.o.IdleDuration); err != nil {
+		return Measurement{}, err
+	}
+	cpu1, err := p.cpuSeconds()
+	if err != nil {
+		return Measurement{}, err
+	}
+	x1, err := dbActivity(ctx, pool)
+	if err != nil {
+		return Measurement{}, err
+	}
+	secs := time.Since(t0).Seconds()
+	rss, err := p.finish(time.Minute)
+	if err != nil {
+		return Measurement{}, fmt.Errorf("child: %w", err)
+	}
+	return Measurement{Scenario: ScenarioIdle, System: SystemFerry, Source: source, Sink: sink, Seconds: secs, PeakRSS: rss,
+		CPUSeconds: cpu1 - cpu0, Pipelines: r.o.IdlePipelines,
+		Idle: &Idle{CPUPercent: (cpu1 - cpu0) / secs * 100, XactPerSec: float64(x1.xacts-x0.xacts) / secs,
+			RowsPerSec: float64(x1.rows-x0.rows) / secs}}, nil
+}
+
+type activity struct{ xacts, rows int64 }
+
+// dbActivity is the bench database's committed and rolled-back
+// transactions (each query a pipeline sends outside a transaction block is
+// one) and rows returned, from pg_stat_database (pg_stat_statements is not
+// installed).
+func dbActivity(ctx context.Context, pool *pgxpool.Pool) (activity, error) {
+	var a activity
+	err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback, tup_returned FROM pg_stat_database WHERE datname = current_database()`).Scan(&a.xacts, &a.rows)
+	return a, err
+}
+
+func dropTable(pool *pgxpool.Pool, table string) {
+	_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+outbox.Quote(table)+` CASCADE`)
+}
+
+// machine describes where the bench ran.
+func machine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}

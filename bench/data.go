@@ -1,0 +1,269 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/sources/poll"
+	"github.com/ferryhq/ferry/sources/wal"
+	"github.com/ferryhq/ferry/sources/xid8"
+)
+
+// The events every system moves: order events over aggregates spread so
+// that consecutive rows belong to different aggregates (the window may keep
+// max_in_flight of them in flight), with a payload of a typical size.
+const (
+	aggregateType = "order"
+	eventType     = "OrderPlaced"
+	aggregates    = 10000
+)
+
+func aggregateID(i int) string { return "order-" + strconv.Itoa(i%aggregates) }
+
+// eventPayload is event i's JSON body, about 150 bytes.
+func eventPayload(i int) []byte {
+	return fmt.Appendf(nil, `{"order_id":%q,"seq":%d,"customer_id":"customer-%d","amount":%d,"currency":"EUR","items":%d,"channel":"web"}`,
+		aggregateID(i), i/aggregates+1, i%7919, 1000+i%9000, 1+i%5)
+}
+
+// prefillTx is how many rows one prefill transaction (one COPY) writes: a
+// backlog of many small transactions, as services write them, made quickly.
+const prefillTx = 100
+
+// createOutbox creates a source's outbox table with the DDL `ferry schema`
+// prints for it (the notify trigger included); for wal, the plain table.
+func createOutbox(ctx context.Context, pool *pgxpool.Pool, source, table string) error {
+	var ddl string
+	var err error
+	switch source {
+	case xid8.Name:
+		ddl, err = xid8.Schema(table)
+	case poll.Name:
+		ddl, err = poll.Schema(table)
+	case wal.Name:
+		ddl = outbox.DDL{Table: table}.SQL()
+	default:
+		return fmt.Errorf("unknown source %q", source)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = pool.Exec(ctx, ddl)
+	return err
+}
+
+// prepareSlot creates the wal pipeline's publication and slot before the
+// backlog is written, so the pipeline streams the backlog from the slot
+// (as after an outage) instead of reading it as its initial snapshot.
+func prepareSlot(ctx context.Context, pool *pgxpool.Pool, pipeline, table string) error {
+	name := wal.DefaultName(pipeline)
+	if _, err := pool.Exec(ctx, wal.PublicationSQL(name, table)); err != nil {
+		return fmt.Errorf("create publication: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, name); err != nil {
+		return fmt.Errorf("create slot: %w", err)
+	}
+	return nil
+}
+
+// dropSlot removes what prepareSlot (or the pipeline) created.
+func dropSlot(ctx context.Context, pool *pgxpool.Pool, pipeline string) {
+	name := wal.DefaultName(pipeline)
+	_, _ = pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, name)
+	_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{name}.Sanitize())
+}
+
+// prefill writes events [0, n) into a Ferry outbox table with COPY, in
+// transactions of prefillTx rows on two connections, then vacuums it so
+// every system reads a table in the same state (hint bits set, statistics).
+func prefill(ctx context.Context, pool *pgxpool.Pool, table string, n int, progress func(int)) error {
+	ident := outboxIdent(table)
+	cols := []string{"aggregate_type", "aggregate_id", "type", "payload"}
+	return copyChunks(ctx, pool, table, n, progress, func(ctx context.Context, conn *pgx.Conn, from, to int) error {
+		_, err := conn.CopyFrom(ctx, ident, cols, pgx.CopyFromFunc(func() func() ([]any, error) {
+			i := from
+			return func() ([]any, error) {
+				if i >= to {
+					return nil, nil
+				}
+				row := []any{aggregateType, aggregateID(i), eventType, json.RawMessage(eventPayload(i))}
+				i++
+				return row, nil
+			}
+		}()))
+		return err
+	})
+}
+
+func outboxIdent(table string) pgx.Identifier {
+	schema, name, _ := outbox.ParseTable(table)
+	if schema == "" {
+		return pgx.Identifier{name}
+	}
+	return pgx.Identifier{schema, name}
+}
+
+func copyChunks(ctx context.Context, pool *pgxpool.Pool, table string, n int, progress func(int), chunk func(context.Context, *pgx.Conn, int, int) error) error {
+	var next, done atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+				for {
+					from := int(next.Add(prefillTx)) - prefillTx
+					if from >= n {
+						return nil
+					}
+					to := min(from+prefillTx, n)
+					if err := chunk(ctx, c.Conn(), from, to); err != nil {
+						return err
+					}
+					if progress != nil {
+						progress(int(done.Add(int64(to - from))))
+					}
+				}
+			})
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return fmt.Errorf("prefill %s: %w", table, err)
+	}
+	if _, err := pool.Exec(ctx, `VACUUM (ANALYZE) `+outbox.Quote(table)); err != nil {
+		return fmt.Errorf("vacuum %s: %w", table, err)
+	}
+	return nil
+}
+
+// watermillTable creates watermill-sql's messages and offsets tables for
+// topic with its own schema and offsets adapters, and returns the messages
+// table's name.
+func watermillTable(ctx context.Context, pool *pgxpool.Pool, topic string) (string, error) {
+	schema := wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: watermillBatch}
+	offsets := wmsql.DefaultPostgreSQLOffsetsAdapter{}
+	qs, err := schema.SchemaInitializingQueries(wmsql.SchemaInitializingQueriesParams{Topic: topic})
+	if err != nil {
+		return "", err
+	}
+	oqs, err := offsets.SchemaInitializingQueries(wmsql.OffsetsSchemaInitializingQueriesParams{Topic: topic})
+	if err != nil {
+		return "", err
+	}
+	for _, q := range append(qs, oqs...) {
+		if _, err := pool.Exec(ctx, q.Query, q.Args...); err != nil {
+			return "", err
+		}
+	}
+	table := schema.MessagesTable(topic)
+	// Watermill's publisher sets transaction_id to pg_current_xact_id() in
+	// its INSERT; COPY cannot call it, so the column gets it as its default.
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+table+` ALTER COLUMN transaction_id SET DEFAULT pg_current_xact_id()`); err != nil {
+		return "", err
+	}
+	return table, nil
+}
+
+// prefillWatermill writes the same events into watermill-sql's table: the
+// payload, and as metadata what Ferry's sources put in theirs, so every
+// sink publishes the same headers.
+func prefillWatermill(ctx context.Context, pool *pgxpool.Pool, topic string, n int, progress func(int)) error {
+	table := wmsql.DefaultPostgreSQLSchema{}.MessagesTable(topic)
+	name := table[1 : len(table)-1] // unquote "watermill_<topic>"
+	now := plugins.FormatTime(time.Now())
+	return copyChunks(ctx, pool, name, n, progress, func(ctx context.Context, conn *pgx.Conn, from, to int) error {
+		_, err := conn.CopyFrom(ctx, pgx.Identifier{name}, []string{"uuid", "payload", "metadata"}, pgx.CopyFromFunc(func() func() ([]any, error) {
+			i := from
+			return func() ([]any, error) {
+				if i >= to {
+					return nil, nil
+				}
+				md, _ := json.Marshal(map[string]string{
+					plugins.MetaAggregateType: aggregateType,
+					plugins.MetaAggregateID:   aggregateID(i),
+					plugins.MetaEventType:     eventType,
+					plugins.MetaCreatedAt:     now,
+					plugins.MetaOutboxID:      strconv.Itoa(i + 1),
+				})
+				row := []any{eventID(i), string(eventPayload(i)), string(md)}
+				i++
+				return row, nil
+			}
+		}()))
+		return err
+	})
+}
+
+// writer inserts events one per transaction at a steady rate from several
+// sessions, and remembers when each committed: the moment its INSERT
+// (autocommit) returned, by outbox id.
+type writer struct {
+	pool    *pgxpool.Pool
+	table   string
+	rate    int
+	session int
+
+	mu      sync.Mutex
+	commits map[int64]int64 // outbox id → commit unix ns
+	written atomic.Int64
+	behind  atomic.Int64 // inserts that started later than due (writer could not keep up)
+}
+
+// run writes until d passed or ctx ends; the i-th event is due at start +
+// i/rate, taken by whichever session is free.
+func (w *writer) run(ctx context.Context, d time.Duration, seq int) error {
+	sql := fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, type, payload) VALUES ($1, $2, $3, $4) RETURNING id`, outbox.Quote(w.table))
+	start := time.Now()
+	total := int(float64(w.rate) * d.Seconds())
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, w.session)
+	for range w.session {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= total || ctx.Err() != nil {
+					return
+				}
+				due := start.Add(time.Duration(float64(i) / float64(w.rate) * float64(time.Second)))
+				if late := time.Until(due); late > 0 {
+					time.Sleep(late)
+				} else if late < -10*time.Millisecond {
+					w.behind.Add(1)
+				}
+				var id int64
+				if err := w.pool.QueryRow(ctx, sql, aggregateType, aggregateID(seq+i), eventType, json.RawMessage(eventPayload(seq+i))).Scan(&id); err != nil {
+					errs <- err
+					return
+				}
+				at := time.Now().UnixNano()
+				w.mu.Lock()
+				w.commits[id] = at
+				w.mu.Unlock()
+				w.written.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}

@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/ferryhq/ferry/bench"
+)
+
+func benchCmd(args []string, stdout, stderr io.Writer) int {
+	// The bench runs each system under test as a child of this binary.
+	if (len(args) > 0 && args[0] == "--child") || os.Getenv(bench.ChildEnv) == "1" {
+		return bench.ChildMain(os.Stdin, stdout, stderr)
+	}
+	def := bench.DefaultOptions()
+	fs := newFlags("bench", "[--quick] [--scenarios LIST] [--sources LIST] [--sinks LIST] [--json] [--markdown FILE]", stderr)
+	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: drain, steady, backlog-memory, idle")
+	sources := fs.String("sources", strings.Join(def.Sources, ","), "sources: xid8, poll, wal")
+	sinks := fs.String("sinks", strings.Join(def.Sinks, ","), "sinks: nats, kafka (kfake in-process unless $KAFKA_BROKERS), rabbitmq ($AMQP_URL)")
+	quick := fs.Bool("quick", false, "smoke run: every scenario at a tiny size, first source into first sink")
+	events := fs.Int("events", def.Events, "drain: rows in the backlog")
+	rate := fs.Int("rate", def.Rate, "steady: events per second the writers commit")
+	duration := fs.Duration("duration", def.Duration, "steady: how long the writers write")
+	writers := fs.Int("writers", def.Writers, "steady: writer sessions")
+	memory := fs.String("memory-events", joinInts(def.MemoryEvents), "backlog-memory: backlog sizes, comma-separated")
+	idle := fs.Int("idle-pipelines", def.IdlePipelines, "idle: pipelines in one process")
+	idleFor := fs.Duration("idle-duration", def.IdleDuration, "idle: measurement window")
+	repeat := fs.Int("repeat", def.Repeat, "drain and steady: runs of each system, interleaved; the table shows medians and ranges")
+	maxInFlight := fs.Int("max-in-flight", 0, "pipelines' limits.max_in_flight (0: Ferry's default)")
+	window := fs.Int("ceiling-window", 0, "ceiling: async publishes awaiting their ack (0: 1000)")
+	verify := fs.Bool("verify", def.Verify, "read every drained and steady event back from the broker (off: compare counts)")
+	var set paths
+	fs.Var(&set, "set", "override Ferry configuration, e.g. xid8.batch_size=2000 or limits.max_in_flight=2000 (repeatable)")
+	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a table")
+	markdown := fs.String("markdown", "", "also write the table and targets as Markdown to this file")
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	o := def
+	o.Scenarios, o.Sources, o.Sinks = split(*scenarios), split(*sources), split(*sinks)
+	o.Events, o.Rate, o.Duration, o.Writers = *events, *rate, *duration, *writers
+	o.IdlePipelines, o.IdleDuration, o.Repeat = *idle, *idleFor, *repeat
+	o.MaxInFlight, o.CeilingWindow, o.Verify, o.Set = *maxInFlight, *window, *verify, set
+	var err error
+	if o.MemoryEvents, err = parseInts(*memory); err != nil {
+		fmt.Fprintln(stderr, "--memory-events:", err)
+		return 2
+	}
+	if *quick {
+		o.Quick()
+	}
+	o.Progress = stderr
+	o.Command = "ferry bench " + strings.Join(args, " ")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rep, runErr := bench.Run(ctx, o)
+	if rep == nil {
+		fmt.Fprintln(stderr, "ferry bench:", runErr)
+		return 1
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	} else {
+		fmt.Fprintln(stdout)
+		rep.WriteText(stdout)
+	}
+	if *markdown != "" {
+		f, err := os.Create(*markdown)
+		if err != nil {
+			fmt.Fprintln(stderr, "--markdown:", err)
+			return 1
+		}
+		rep.WriteMarkdown(f)
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(stderr, "--markdown:", err)
+			return 1
+		}
+	}
+	if runErr != nil {
+		fmt.Fprintln(stderr, "ferry bench:", runErr)
+		return 1
+	}
+	return 0
+}
+
+func split(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, p := range split(s) {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive number", p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
