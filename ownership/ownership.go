@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/internal/pgddl"
 )
 
 // LockKey is the advisory lock key of a pipeline: stable across instances
@@ -98,7 +100,7 @@ func (r *Registry) Beat(ctx context.Context, owned int) (live int, err error) {
 		if r.conn, err = pgx.Connect(ctx, r.dsn); err != nil {
 			return 0, err
 		}
-		if _, err := r.conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS ferry_instances (
+		if err := pgddl.CreateIfMissing(ctx, r.conn, `CREATE TABLE IF NOT EXISTS ferry_instances (
 			id text PRIMARY KEY, heartbeat_at timestamptz NOT NULL, owned int NOT NULL, started_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 			r.conn.Close(ctx)
 			r.conn = nil

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/outbox"
@@ -254,7 +255,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 
 	offsets := outbox.Quote(s.cfg.OffsetsTable)
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+offsets+` (
+	if err := pgddl.CreateIfMissing(ctx, pool, `CREATE TABLE IF NOT EXISTS `+offsets+` (
 		pipeline   text PRIMARY KEY,
 		xact_id    xid8 NOT NULL,
 		id         bigint NOT NULL,
