@@ -17,12 +17,13 @@ type Execer interface {
 
 // CreateIfMissing runs a CREATE … IF NOT EXISTS statement. Two sessions
 // running it at once can both pass the existence check, and the loser fails
-// with unique_violation on the catalog (or duplicate_table): the table then
-// exists, which is all the caller wanted.
+// on the catalog — unique_violation, duplicate_table or duplicate_object
+// (the table's row type) — though the table then exists, which is all the
+// caller wanted.
 func CreateIfMissing(ctx context.Context, db Execer, sql string) error {
 	_, err := db.Exec(ctx, sql)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710") {
 		return nil
 	}
 	return err
