@@ -16,6 +16,8 @@ import (
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	_ "github.com/ferryhq/ferry/plugins/examples/redact"
+	_ "github.com/ferryhq/ferry/sinks/kafka"
+	_ "github.com/ferryhq/ferry/sinks/rabbitmq"
 	"github.com/ferryhq/ferry/sources/xid8"
 	_ "github.com/ferryhq/ferry/transforms/canary"
 	_ "github.com/ferryhq/ferry/transforms/filter"
@@ -319,5 +321,123 @@ dead_letter: {topic: %[2]s.dlq}
 		case b.reason != "oversize" && string(r.Data) != string(b.payload):
 			t.Errorf("%s: dead letter carries %q, want the payload as read", b.name, r.Data)
 		}
+	}
+}
+
+// received is one message as any broker holds it.
+type received struct {
+	topic, key string
+	headers    map[string]string
+	payload    string
+}
+
+// The event router, canary, headers and dead-letter topic on Kafka (topic
+// and key) and RabbitMQ (routing key): three aggregate types on three
+// destinations with their keys and headers, canaries only on theirs, a row
+// with no route dead-lettered with its reason.
+func TestRoutingOnKafkaAndRabbitMQ(t *testing.T) {
+	for _, sink := range []string{"kafka", "rabbitmq"} {
+		t.Run(sink, func(t *testing.T) {
+			e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+			prefix := strings.ToLower(e.Stream)
+			dests := []string{"order", "payment", "shipment", "canary", "dlq"}
+			var sinkYAML string
+			var all func() []received
+			switch sink {
+			case "kafka":
+				srv := testenv.StartKafka(t)
+				var topics []string
+				for _, d := range dests {
+					topics = append(topics, prefix+"."+d)
+					testenv.CreateKafkaTopic(t, []string{srv.Addr()}, prefix+"."+d, 3)
+				}
+				coll := testenv.CollectKafka(t, []string{srv.Addr()}, topics)
+				sinkYAML = fmt.Sprintf("{type: kafka, brokers: [%q], topic: %s.default}", srv.Addr(), prefix)
+				all = func() []received {
+					var out []received
+					for _, r := range coll.All() {
+						h := map[string]string{}
+						for _, kv := range r.Headers {
+							h[kv.Key] = string(kv.Value)
+						}
+						out = append(out, received{r.Topic, string(r.Key), h, string(r.Value)})
+					}
+					return out
+				}
+			case "rabbitmq":
+				url := testenv.AMQPURL(t)
+				coll := testenv.CollectAMQP(t, url, "amq.topic", prefix+".#")
+				sinkYAML = fmt.Sprintf("{type: rabbitmq, url: %q, exchange: amq.topic, routing_key: %s.default}", url, prefix)
+				all = func() []received {
+					var out []received
+					for _, d := range coll.All() {
+						h := map[string]string{}
+						for k, v := range d.Headers {
+							h[k] = fmt.Sprint(v)
+						}
+						out = append(out, received{d.RoutingKey, "", h, string(d.Body)})
+					}
+					return out
+				}
+			}
+			run(t, fmt.Sprintf(`name: shop
+tenant: team-shop
+source: {type: xid8, dsn: %q, poll_interval: 20ms}
+transforms:
+  - {type: canary, topic: %[2]s.canary, generate: {interval: 200ms}}
+  - {type: event_router, topic: "%[2]s.${route}"}
+  - {type: headers, prefix: x-}
+sink: %s
+dead_letter: {topic: %[2]s.dlq}
+`, e.DSN, prefix, sinkYAML))
+			ctx := context.Background()
+			types := []string{"order", "payment", "shipment"}
+			for i := range 30 {
+				if i == 10 {
+					e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('', 'x-1', 'Broken', '{"n": 10}')`)
+				}
+				if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ($1, $2, 'Changed', jsonb_build_object('n', $3::int))`,
+					types[i%3], fmt.Sprintf("%s-%d", types[i%3], i%4), i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			by := func() map[string][]received {
+				out := map[string][]received{}
+				for _, r := range all() {
+					d := strings.TrimPrefix(r.topic, prefix+".")
+					out[d] = append(out[d], r)
+				}
+				return out
+			}
+			testenv.Eventually(t, 60*time.Second, "30 routed, 1 dead letter, 2 canaries", func() bool {
+				s := by()
+				return len(s["order"])+len(s["payment"])+len(s["shipment"]) == 30 && len(s["dlq"]) == 1 && len(s["canary"]) >= 2
+			})
+			s := by()
+			for _, typ := range types {
+				if len(s[typ]) != 10 {
+					t.Errorf("%s: %d events, want 10", typ, len(s[typ]))
+				}
+				for _, r := range s[typ] {
+					if r.headers["x-aggregate_type"] != typ || r.headers["x-event_id"] == "" || r.headers["x-sent_at"] == "" || r.headers["x-tenant"] != "team-shop" {
+						t.Fatalf("%s headers: %v", typ, r.headers)
+					}
+					if sink == "kafka" && r.key != r.headers["x-aggregate_id"] {
+						t.Fatalf("key %q, want the aggregate id %q", r.key, r.headers["x-aggregate_id"])
+					}
+					if strings.Contains(r.payload, "canary_id") {
+						t.Fatalf("a canary reached %s", typ)
+					}
+				}
+			}
+			for _, r := range s["canary"] {
+				if !strings.Contains(r.payload, "canary_id") {
+					t.Errorf("business event on the canary topic: %s", r.payload)
+				}
+			}
+			if dl := s["dlq"][0]; dl.headers["dead_letter_reason"] != "no_route" || dl.payload != `{"n": 10}` {
+				t.Errorf("dead letter: %v %s", dl.headers, dl.payload)
+			}
+		})
 	}
 }
