@@ -15,12 +15,9 @@ var ErrConflict = errors.New("conflict")
 func (s *Supervisor) Pause(name string) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
-	e, err := s.entry(name)
+	e, err := s.ownedEntry(name)
 	if err != nil {
 		return err
-	}
-	if s.exclusive(e) && !s.owns(e) {
-		return fmt.Errorf("%w: %s is owned by another instance", ErrConflict, name)
 	}
 	s.mu.Lock()
 	if e.status.State == StatePaused {

@@ -302,15 +302,25 @@ func (s *Supervisor) stop(name string) error {
 func (s *Supervisor) Restart(name string) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
-	e, err := s.entry(name)
+	e, err := s.ownedEntry(name)
 	if err != nil {
 		return err
 	}
-	if s.exclusive(e) && !s.owns(e) {
-		return fmt.Errorf("%w: %s is owned by another instance", ErrConflict, name)
-	}
 	s.halt(e)
 	return s.start(e)
+}
+
+// ownedEntry is the pipeline an operation acts on here: it must exist and,
+// with ownership, be owned by this instance.
+func (s *Supervisor) ownedEntry(name string) (*entry, error) {
+	e, err := s.entry(name)
+	if err != nil {
+		return nil, err
+	}
+	if s.exclusive(e) && !s.owns(e) {
+		return nil, fmt.Errorf("%w: %s is owned by another instance", ErrConflict, name)
+	}
+	return e, nil
 }
 
 // ErrNotFound is returned for a pipeline the supervisor does not run.
