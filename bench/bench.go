@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -65,6 +66,7 @@ var (
 	Scenarios = []string{ScenarioDrain, ScenarioSteady, ScenarioMemory, ScenarioIdle}
 	Sources   = []string{xid8.Name, poll.Name, wal.Name}
 	Sinks     = []string{nats.Name, kafka.Name, rabbitmq.Name}
+	Systems   = []string{SystemFerry, SystemWatermill, SystemCeiling}
 )
 
 // Options choose what to measure, how much, and against what.
@@ -72,6 +74,9 @@ type Options struct {
 	Scenarios []string
 	Sources   []string
 	Sinks     []string
+	// Systems to measure: ferry, watermill-sql, ceiling. Default all; a
+	// ratio needs its baseline.
+	Systems []string
 
 	// Events is the drain backlog. Default 200,000.
 	Events int
@@ -99,6 +104,9 @@ type Options struct {
 	Set []string
 	// CeilingWindow is the ceiling's async publish window. Default 1000.
 	CeilingWindow int
+	// ProfileDir, when set, receives a CPU profile of every measurement
+	// (<scenario>_<system>_<source>_<sink>.pprof) for `go tool pprof`.
+	ProfileDir string
 
 	// Services: $DATABASE_URL (else a throwaway cluster), $NATS_URL (else
 	// in-process), $KAFKA_BROKERS (else kfake), $AMQP_URL.
@@ -121,6 +129,7 @@ func DefaultOptions() Options {
 		Scenarios:     Scenarios,
 		Sources:       Sources,
 		Sinks:         Sinks,
+		Systems:       Systems,
 		Events:        200000,
 		Rate:          2000,
 		Duration:      30 * time.Second,
@@ -172,6 +181,7 @@ func (o *Options) validate() error {
 	check("scenarios", o.Scenarios, Scenarios)
 	check("sources", o.Sources, Sources)
 	check("sinks", o.Sinks, Sinks)
+	check("systems", o.Systems, Systems)
 	if o.Events < 1 || o.Rate < 1 || o.Duration <= 0 || o.Writers < 1 || o.IdlePipelines < 1 || o.IdleDuration <= 0 {
 		errs = append(errs, errors.New("events, rate, duration, writers, idle pipelines and idle duration must be positive"))
 	}
@@ -274,6 +284,16 @@ type runner struct {
 	seq int
 }
 
+func (r *runner) wants(system string) bool { return slices.Contains(r.o.Systems, system) }
+
+// sources are the sources Ferry is measured with (none without ferry).
+func (r *runner) sources() []string {
+	if !r.wants(SystemFerry) {
+		return nil
+	}
+	return r.o.Sources
+}
+
 func (r *runner) nextID(scenario, source, sink string) string {
 	r.mu.Lock()
 	r.seq++
@@ -309,17 +329,21 @@ func (r *runner) drainScenario(ctx context.Context) error {
 	var errs []error
 	for rep := range r.o.Repeat {
 		for _, sink := range r.o.Sinks {
-			if m, err := r.ceiling(ctx, ScenarioDrain, sink, rep); err != nil {
-				errs = append(errs, r.runErr(ScenarioDrain, SystemCeiling, "", sink, err))
-			} else {
-				r.add(m)
+			if r.wants(SystemCeiling) {
+				if m, err := r.ceiling(ctx, ScenarioDrain, sink, rep); err != nil {
+					errs = append(errs, r.runErr(ScenarioDrain, SystemCeiling, "", sink, err))
+				} else {
+					r.add(m)
+				}
 			}
-			if m, err := r.watermillDrain(ctx, sink, rep); err != nil {
-				errs = append(errs, r.runErr(ScenarioDrain, SystemWatermill, "", sink, err))
-			} else {
-				r.add(m)
+			if r.wants(SystemWatermill) {
+				if m, err := r.watermillDrain(ctx, sink, rep); err != nil {
+					errs = append(errs, r.runErr(ScenarioDrain, SystemWatermill, "", sink, err))
+				} else {
+					r.add(m)
+				}
 			}
-			for _, src := range r.o.Sources {
+			for _, src := range r.sources() {
 				if m, err := r.ferryDrain(ctx, ScenarioDrain, src, sink, r.o.Events, r.o.Verify, rep); err != nil {
 					errs = append(errs, r.runErr(ScenarioDrain, SystemFerry, src, sink, err))
 				} else {
@@ -338,12 +362,14 @@ func (r *runner) steadyScenario(ctx context.Context) error {
 	var errs []error
 	for rep := range r.o.Repeat {
 		for _, sink := range r.o.Sinks {
-			if m, err := r.ceiling(ctx, ScenarioSteady, sink, rep); err != nil {
-				errs = append(errs, r.runErr(ScenarioSteady, SystemCeiling, "", sink, err))
-			} else {
-				r.add(m)
+			if r.wants(SystemCeiling) {
+				if m, err := r.ceiling(ctx, ScenarioSteady, sink, rep); err != nil {
+					errs = append(errs, r.runErr(ScenarioSteady, SystemCeiling, "", sink, err))
+				} else {
+					r.add(m)
+				}
 			}
-			for _, src := range r.o.Sources {
+			for _, src := range r.sources() {
 				if m, err := r.ferrySteady(ctx, src, sink, rep); err != nil {
 					errs = append(errs, r.runErr(ScenarioSteady, SystemFerry, src, sink, err))
 				} else {
@@ -360,7 +386,7 @@ func (r *runner) steadyScenario(ctx context.Context) error {
 
 func (r *runner) memoryScenario(ctx context.Context) error {
 	var errs []error
-	for _, src := range r.o.Sources {
+	for _, src := range r.sources() {
 		for _, sink := range r.o.Sinks {
 			for _, n := range r.o.MemoryEvents {
 				if m, err := r.ferryDrain(ctx, ScenarioMemory, src, sink, n, false, 0); err != nil {
@@ -379,7 +405,7 @@ func (r *runner) memoryScenario(ctx context.Context) error {
 
 func (r *runner) idleScenario(ctx context.Context) error {
 	var errs []error
-	for _, src := range r.o.Sources {
+	for _, src := range r.sources() {
 		for _, sink := range r.o.Sinks {
 			if m, err := r.ferryIdle(ctx, src, sink); err != nil {
 				errs = append(errs, r.runErr(ScenarioIdle, SystemFerry, src, sink, err))
@@ -454,7 +480,7 @@ func (r *runner) ferryDrain(ctx context.Context, scenario, source, sink string, 
 	}
 	defer t.cleanup()
 	j := job{System: SystemFerry, Mode: modeDrain, Expect: n, Pipelines: r.pipelineYAML(id, source, table, t)}
-	m, err := r.drainChild(ctx, label, j, n)
+	m, err := r.drainChild(ctx, id, label, j, n)
 	if err != nil {
 		return m, err
 	}
@@ -490,7 +516,7 @@ func (r *runner) watermillDrain(ctx context.Context, sink string, rep int) (Meas
 	}
 	defer t.cleanup()
 	j := job{System: SystemWatermill, Mode: modeDrain, Expect: n, Sink: sink, SinkYAML: sinkYAML(t, r.set[sink]), DSN: r.s.dsn, Topic: topic}
-	m, err := r.drainChild(ctx, label, j, n)
+	m, err := r.drainChild(ctx, id, label, j, n)
 	if err != nil {
 		return m, err
 	}
@@ -516,7 +542,7 @@ func (r *runner) ceiling(ctx context.Context, scenario, sink string, rep int) (M
 	} else {
 		j.Mode, j.Expect = modeDrain, n
 	}
-	m, err := r.drainChild(ctx, label, j, n)
+	m, err := r.drainChild(ctx, id, label, j, n)
 	if err != nil {
 		return m, err
 	}
@@ -527,9 +553,17 @@ func (r *runner) ceiling(ctx context.Context, scenario, sink string, rep int) (M
 	return m, r.verify(ctx, label, &m, t, n, r.o.Verify)
 }
 
+// spawn starts a child for measurement id, profiled with ProfileDir.
+func (r *runner) spawn(id string, j job) (*proc, error) {
+	if r.o.ProfileDir != "" {
+		j.Profile = filepath.Join(r.o.ProfileDir, id+"_"+j.System+".pprof")
+	}
+	return spawn(j)
+}
+
 // drainChild runs j until the child reports done, showing its progress.
-func (r *runner) drainChild(ctx context.Context, label string, j job, n int) (Measurement, error) {
-	p, err := spawn(j)
+func (r *runner) drainChild(ctx context.Context, id, label string, j job, n int) (Measurement, error) {
+	p, err := r.spawn(id, j)
 	if err != nil {
 		return Measurement{}, err
 	}
@@ -622,7 +656,7 @@ func (r *runner) ferrySteady(ctx context.Context, source, sink string, rep int) 
 		return Measurement{}, err
 	}
 	defer t.cleanup()
-	p, err := spawn(job{System: SystemFerry, Mode: modeSteady, Pipelines: r.pipelineYAML(id, source, table, t)})
+	p, err := r.spawn(id, job{System: SystemFerry, Mode: modeSteady, Pipelines: r.pipelineYAML(id, source, table, t)})
 	if err != nil {
 		return Measurement{}, err
 	}
@@ -775,7 +809,7 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string) (Measuremen
 		}
 		docs = append(docs, r.pipelineYAML(name, source, table, t))
 	}
-	p, err := spawn(job{System: SystemFerry, Mode: modeIdle, Pipelines: strings.Join(docs, "---\n")})
+	p, err := r.spawn(id, job{System: SystemFerry, Mode: modeIdle, Pipelines: strings.Join(docs, "---\n")})
 	if err != nil {
 		return Measurement{}, err
 	}

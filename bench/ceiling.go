@@ -109,6 +109,7 @@ func (c *child) runCeiling(ctx context.Context) error {
 		return err
 	}
 	last := time.Now()
+	c.measured()
 	if f := failed.Load(); f > 0 {
 		return fmt.Errorf("%d publishes failed", f)
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,9 @@ type job struct {
 	// Ceiling: the async publish window (NATS pending acks, AMQP unconfirmed
 	// per channel).
 	Window int `json:"window,omitempty"`
+	// Profile, when set, is where the child writes a CPU profile of the
+	// measurement (start to done), and next to it the allocations.
+	Profile string `json:"profile,omitempty"`
 }
 
 // childMsg is one line a child writes.
@@ -105,6 +109,24 @@ func ChildMain(stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	c := &child{job: j, out: json.NewEncoder(stdout), log: log, expect: make(chan int, 1), stop: make(chan struct{})}
 	go c.commands(in)
+	if j.Profile != "" {
+		f, err := os.Create(j.Profile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "bench child: profile:", err)
+			return 2
+		}
+		c.stopProfile = func() {
+			pprof.StopCPUProfile()
+			f.Close()
+			if a, err := os.Create(strings.TrimSuffix(j.Profile, ".pprof") + ".allocs.pprof"); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(a, 0)
+				a.Close()
+			}
+		}
+	}
 	if err := c.run(); err != nil {
 		c.send(childMsg{Event: "error", Error: err.Error()})
 		fmt.Fprintln(stderr, "bench child:", err)
@@ -130,6 +152,17 @@ type child struct {
 
 	recMu sync.Mutex
 	acks  [][2]int64
+
+	stopProfile func()
+}
+
+// measured ends the measurement: the profiles stop here, before the system
+// shuts down.
+func (c *child) measured() {
+	if c.stopProfile != nil {
+		c.stopProfile()
+		c.stopProfile = nil
+	}
 }
 
 func (c *child) send(m childMsg) {
@@ -220,6 +253,7 @@ func (c *child) run() error {
 			c.send(childMsg{Event: "progress", Acked: c.acked.Load()})
 		}
 	}
+	c.measured()
 	done := childMsg{Event: "done", Acked: c.acked.Load(), Start: start.UnixNano(), Ready: ready.UnixNano(), Last: c.last.Load()}
 	if c.job.Mode == modeSteady {
 		done.CPU, done.CPUFrom = cpuSeconds()-readyCPU, "ready"
@@ -326,9 +360,15 @@ func (p *proc) next(ctx context.Context) (childMsg, error) {
 	}
 }
 
-// finish asks the child to stop, waits for it (killing it after grace) and
-// returns its peak RSS in bytes.
+// finish reads the child's peak RSS, asks it to stop and waits for it
+// (killing it after grace).
+//
+// The peak comes from /proc (VmHWM) while the child still runs, not from
+// wait4's rusage: exec after a vfork-style clone carries the parent's
+// high-water mark into the child's ru_maxrss, which would report the
+// bench's own memory.
 func (p *proc) finish(grace time.Duration) (peakRSS int64, err error) {
+	peakRSS, _ = p.peakRSS()
 	p.send(command{Stop: true})
 	_ = p.stdin.Close()
 	done := make(chan error, 1)
@@ -346,15 +386,28 @@ func (p *proc) finish(grace time.Duration) (peakRSS int64, err error) {
 			err = errors.New("killed after the stop grace period")
 		}
 	}
-	if st := p.cmd.ProcessState; st != nil {
-		if ru, ok := st.SysUsage().(*syscall.Rusage); ok {
-			peakRSS = ru.Maxrss * 1024 // kilobytes on Linux
-		}
-	}
 	if err != nil {
 		err = fmt.Errorf("%w: %s", err, strings.TrimSpace(p.stderr.String()))
 	}
 	return peakRSS, err
+}
+
+// peakRSS is the child's resident set high-water mark (VmHWM), in bytes.
+func (p *proc) peakRSS() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			var kb int64
+			if _, err := fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kb); err != nil {
+				return 0, err
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc status")
 }
 
 // kill ends the child at once.

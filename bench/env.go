@@ -43,8 +43,7 @@ type services struct {
 	kafkaBrokers []string
 	kcl          *kgo.Client
 
-	amqpURL  string
-	amqpConn *amqp.Connection
+	amqpURL string
 
 	notes []string // where each part came from, for the report
 }
@@ -173,19 +172,33 @@ func (s *services) startKafka(ctx context.Context, o *Options) error {
 
 func (s *services) startRabbitMQ(o *Options) error {
 	s.amqpURL = o.AMQPURL
-	conn, err := amqp.Dial(s.amqpURL)
+	var version string
+	err := s.amqp(func(conn *amqp.Connection, ch *amqp.Channel) error {
+		version, _ = conn.Properties["version"].(string)
+		return ch.ExchangeDeclare(amqpExchange, amqp.ExchangeTopic, true, false, false, false, nil)
+	})
 	if err != nil {
 		return fmt.Errorf("RabbitMQ at %s: %w (start it, or set $AMQP_URL)", redact.String(s.amqpURL), err)
 	}
-	s.amqpConn = conn
-	v, _ := conn.Properties["version"].(string)
-	s.notes = append(s.notes, fmt.Sprintf("RabbitMQ %s at %s (a separate server on this machine)", v, redact.String(s.amqpURL)))
+	s.notes = append(s.notes, fmt.Sprintf("RabbitMQ %s at %s (a separate server on this machine)", version, redact.String(s.amqpURL)))
+	return nil
+}
+
+// amqp runs f on a fresh connection and channel. The bench keeps no
+// connection open between steps: the machine's RabbitMQ is shared, and
+// other tests restart it.
+func (s *services) amqp(f func(*amqp.Connection, *amqp.Channel) error) error {
+	conn, err := amqp.Dial(s.amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
 		return err
 	}
 	defer ch.Close()
-	return ch.ExchangeDeclare(amqpExchange, amqp.ExchangeTopic, true, false, false, false, nil)
+	return f(conn, ch)
 }
 
 func (s *services) close() {
@@ -200,9 +213,6 @@ func (s *services) close() {
 	}
 	if s.natsSrv != nil {
 		s.natsSrv.Close()
-	}
-	if s.amqpConn != nil {
-		_ = s.amqpConn.Close()
 	}
 	if s.pool != nil {
 		s.pool.Close()
@@ -382,65 +392,63 @@ func (s *services) kafkaTarget(ctx context.Context, id string) (*target, error) 
 
 func (s *services) amqpTarget(id string) (*target, error) {
 	queue := "bench." + id
-	ch, err := s.amqpConn.Channel()
+	err := s.amqp(func(_ *amqp.Connection, ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(amqpExchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+			return err
+		}
+		return ch.QueueBind(queue, queue, amqpExchange, false, nil)
+	})
 	if err != nil {
-		return nil, err
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		return nil, err
-	}
-	if err := ch.QueueBind(queue, queue, amqpExchange, false, nil); err != nil {
 		return nil, err
 	}
 	return &target{
 		sink:   rabbitmq.Name,
 		config: map[string]any{"url": s.amqpURL, "exchange": amqpExchange, "routing_key": queue},
-		count: func(ctx context.Context) (int64, error) {
-			ch, err := s.amqpConn.Channel()
-			if err != nil {
-				return 0, err
-			}
-			defer ch.Close()
-			q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-			return int64(q.Messages), err
+		count: func(ctx context.Context) (n int64, err error) {
+			err = s.amqp(func(_ *amqp.Connection, ch *amqp.Channel) error {
+				q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+				n = int64(q.Messages)
+				return err
+			})
+			return n, err
 		},
 		read: func(ctx context.Context, want int) (map[int64]int, error) {
-			ch, err := s.amqpConn.Channel()
-			if err != nil {
-				return nil, err
-			}
-			defer ch.Close()
-			if err := ch.Qos(2000, 0, false); err != nil {
-				return nil, err
-			}
-			deliveries, err := ch.ConsumeWithContext(ctx, queue, "", true, false, false, false, nil)
-			if err != nil {
-				return nil, err
-			}
 			ids := map[int64]int{}
-			for seen := 0; seen < want; seen++ {
-				select {
-				case d, ok := <-deliveries:
-					if !ok {
-						return ids, errors.New("consumer closed")
-					}
-					if v, ok := d.Headers[plugins.MetaOutboxID].(string); ok {
-						addID(ids, v)
-					}
-				case <-time.After(3 * time.Second):
-					return ids, nil
-				case <-ctx.Done():
-					return ids, ctx.Err()
+			err := s.amqp(func(_ *amqp.Connection, ch *amqp.Channel) error {
+				if err := ch.Qos(2000, 0, false); err != nil {
+					return err
 				}
-			}
-			return ids, nil
+				deliveries, err := ch.ConsumeWithContext(ctx, queue, "", true, false, false, false, nil)
+				if err != nil {
+					return err
+				}
+				for seen := 0; seen < want; seen++ {
+					select {
+					case d, ok := <-deliveries:
+						if !ok {
+							return errors.New("consumer closed")
+						}
+						if v, ok := d.Headers[plugins.MetaOutboxID].(string); ok {
+							addID(ids, v)
+						}
+					case <-time.After(3 * time.Second):
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				return nil
+			})
+			return ids, err
 		},
 		cleanup: func() {
-			if ch, err := s.amqpConn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(queue, false, false, false)
-				ch.Close()
-			}
+			_ = s.amqp(func(_ *amqp.Connection, ch *amqp.Channel) error {
+				_, err := ch.QueueDelete(queue, false, false, false)
+				return err
+			})
 		},
 	}, nil
 }

@@ -24,6 +24,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: drain, steady, backlog-memory, idle")
 	sources := fs.String("sources", strings.Join(def.Sources, ","), "sources: xid8, poll, wal")
 	sinks := fs.String("sinks", strings.Join(def.Sinks, ","), "sinks: nats, kafka (kfake in-process unless $KAFKA_BROKERS), rabbitmq ($AMQP_URL)")
+	systems := fs.String("systems", strings.Join(def.Systems, ","), "systems to measure: ferry, watermill-sql (baseline), ceiling (broker client alone)")
 	quick := fs.Bool("quick", false, "smoke run: every scenario at a tiny size, first source into first sink")
 	events := fs.Int("events", def.Events, "drain: rows in the backlog")
 	rate := fs.Int("rate", def.Rate, "steady: events per second the writers commit")
@@ -38,16 +39,18 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 	verify := fs.Bool("verify", def.Verify, "read every drained and steady event back from the broker (off: compare counts)")
 	var set paths
 	fs.Var(&set, "set", "override Ferry configuration, e.g. xid8.batch_size=2000 or limits.max_in_flight=2000 (repeatable)")
+	profile := fs.String("profile", "", "write a CPU profile of every measurement into this directory (go tool pprof)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a table")
 	markdown := fs.String("markdown", "", "also write the table and targets as Markdown to this file")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
 	o := def
-	o.Scenarios, o.Sources, o.Sinks = split(*scenarios), split(*sources), split(*sinks)
+	o.Scenarios, o.Sources, o.Sinks, o.Systems = split(*scenarios), split(*sources), split(*sinks), split(*systems)
 	o.Events, o.Rate, o.Duration, o.Writers = *events, *rate, *duration, *writers
 	o.IdlePipelines, o.IdleDuration, o.Repeat = *idle, *idleFor, *repeat
 	o.MaxInFlight, o.CeilingWindow, o.Verify, o.Set = *maxInFlight, *window, *verify, set
+	o.ProfileDir = *profile
 	var err error
 	if o.MemoryEvents, err = parseInts(*memory); err != nil {
 		fmt.Fprintln(stderr, "--memory-events:", err)
