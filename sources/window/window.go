@@ -13,11 +13,23 @@
 // A message stays counted until the source has durably recorded progress past
 // it (Recorded), not merely until it is acked: so after a crash at most
 // MaxInFlight messages are sent again.
+//
+// Dispatched messages wait in a buffered channel for the router, and one
+// goroutine per window (the sweeper) learns their verdicts: it waits on the
+// oldest dispatched message's Acked/Nacked channels, collects every message
+// resolved behind it, and sweeps the rest every sweepEvery for the ones
+// resolved out of order (a lane's next message waits at most that long
+// longer). A goroutine per dispatched message, waiting on its channels, cost
+// more than the rest of the window: `ferry bench` profiled its creation and —
+// because hundreds of parked, shallow goroutines lower the runtime's starting
+// stack size for all new goroutines — the stack copies of every router
+// handler goroutine.
 package window
 
 import (
 	"context"
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -69,10 +81,17 @@ type Window[P any] struct {
 	cfg Config
 	out chan *message.Message
 
-	mu         sync.Mutex
-	entries    []*entry[P] // read order; entries[head:] are held
-	head       int
-	lanes      map[string]*lane[P]
+	mu      sync.Mutex
+	entries []*entry[P] // read order; entries[head:] are held
+	head    int
+	// lanes holds, per key with a message in flight, the messages of that
+	// key waiting behind it (an empty slice: none wait).
+	lanes map[string][]*entry[P]
+	// inflight are the dispatched messages whose verdict the sweeper has
+	// not collected yet, in dispatch order.
+	inflight   []*entry[P]
+	scratch    []*entry[P] // the sweeper's, reused
+	sweeping   bool        // the sweeper goroutine runs
 	dispatched int
 	draining   bool
 	prefix     P
@@ -86,13 +105,17 @@ type Window[P any] struct {
 	space      chan struct{} // signalled when held entries leave
 	progressed chan struct{} // signalled when the prefix moves
 	resolved   chan struct{} // signalled when a dispatched message resolves
+	kick       chan struct{} // signalled when a message is dispatched
 	done       chan struct{} // closed by Close
 	closeOnce  sync.Once
-	senders    sync.WaitGroup // deliveries still trying to send
 	// outstanding counts messages sent to the router and not yet acked or
 	// nacked.
 	outstanding sync.WaitGroup
 }
+
+// sweepEvery bounds how long a verdict that arrives out of dispatch order
+// goes unnoticed (the oldest message's is noticed at once).
+const sweepEvery = 2 * time.Millisecond
 
 // OnNack sets what decides the fate of a nacked message; call it before the
 // first Admit. f gets the attempt number (1 for the first failure) and the
@@ -109,13 +132,9 @@ type entry[P any] struct {
 	key      string
 	pos      P
 	msg      *message.Message // as read; each dispatch sends a copy
+	sent     *message.Message // the copy dispatched last
 	done     bool             // acked or given up
 	attempts int
-}
-
-// lane holds the messages of one aggregate waiting behind the one in flight.
-type lane[P any] struct {
-	waiting []*entry[P]
 }
 
 // New returns a window that delivers on its Messages channel.
@@ -130,13 +149,16 @@ func New[P any](cfg Config) *Window[P] {
 		cfg.RedeliveryMax = max(30*time.Second, cfg.RedeliveryMin)
 	}
 	return &Window[P]{
-		cfg:        cfg,
-		out:        make(chan *message.Message),
+		cfg: cfg,
+		// Room for every message that can be dispatched at once (at most
+		// MaxInFlight are held), so dispatching never blocks.
+		out:        make(chan *message.Message, cfg.MaxInFlight),
 		entries:    make([]*entry[P], 0, cfg.MaxInFlight),
-		lanes:      map[string]*lane[P]{},
+		lanes:      map[string][]*entry[P]{},
 		space:      make(chan struct{}, 1),
 		progressed: make(chan struct{}, 1),
 		resolved:   make(chan struct{}, 1),
+		kick:       make(chan struct{}, 1),
 		done:       make(chan struct{}),
 	}
 }
@@ -171,11 +193,11 @@ func (w *Window[P]) Admit(ctx context.Context, key string, pos P, msg *message.M
 	e := &entry[P]{key: key, pos: pos, msg: msg}
 	w.entries = append(w.entries, e)
 	if key != "" {
-		if l, busy := w.lanes[key]; busy {
-			l.waiting = append(l.waiting, e)
+		if waiting, busy := w.lanes[key]; busy {
+			w.lanes[key] = append(waiting, e)
 			return nil
 		}
-		w.lanes[key] = &lane[P]{}
+		w.lanes[key] = nil
 	}
 	w.dispatchLocked(e)
 	return nil
@@ -283,44 +305,150 @@ func (w *Window[P]) Drain(ctx context.Context) error {
 
 // Close stops all delivery and closes the Messages channel. Messages still
 // held are forgotten: they lie past the recorded progress and are read again
-// on restart. Close is idempotent.
+// on restart. Those dispatched but not taken by the router yet are withdrawn;
+// those the router took are still waited for (Idle). Close is idempotent.
 func (w *Window[P]) Close() {
 	w.closeOnce.Do(func() {
 		w.mu.Lock()
-		w.draining = true
-		w.mu.Unlock()
+		defer w.mu.Unlock()
+		w.draining = true // nothing is dispatched any more
 		close(w.done)
-		w.senders.Wait()
+		for {
+			select {
+			case m := <-w.out:
+				w.withdrawLocked(m)
+				continue
+			default:
+			}
+			break
+		}
 		close(w.out)
+		signal(w.kick)
 	})
 }
 
-// dispatchLocked sends a copy of e to the router and watches its outcome.
-// A copy, because transforms may change the message they get, and a
+// withdrawLocked forgets a dispatched message the router never took.
+func (w *Window[P]) withdrawLocked(m *message.Message) {
+	for i, e := range w.inflight {
+		if e.sent == m {
+			w.inflight = append(w.inflight[:i], w.inflight[i+1:]...)
+			w.resolveLocked()
+			w.outstanding.Done()
+			return
+		}
+	}
+}
+
+// dispatchLocked hands a copy of e to the router; the sweeper collects its
+// verdict. A copy, because transforms may change the message they get, and a
 // redelivery must start again from the row as read.
 func (w *Window[P]) dispatchLocked(e *entry[P]) {
 	w.dispatched++
-	w.senders.Add(1)
-	go w.deliver(e, e.msg.Copy())
+	m := message.NewMessage(e.msg.UUID, e.msg.Payload)
+	m.Metadata = maps.Clone(e.msg.Metadata)
+	e.sent = m
+	w.outstanding.Add(1)
+	w.inflight = append(w.inflight, e)
+	signal(w.kick)
+	if !w.sweeping {
+		w.sweeping = true
+		go w.sweep()
+	}
+	w.out <- m // never blocks: the channel holds MaxInFlight
 }
 
-func (w *Window[P]) deliver(e *entry[P], m *message.Message) {
-	select {
-	case w.out <- m:
-	case <-w.done:
-		w.senders.Done()
-		return
+// sweep collects the router's verdicts on dispatched messages until the
+// window is closed and nothing is in flight.
+func (w *Window[P]) sweep() {
+	timer := time.NewTimer(sweepEvery)
+	defer timer.Stop()
+	for {
+		w.mu.Lock()
+		var head *message.Message
+		if len(w.inflight) > 0 {
+			head = w.inflight[0].sent
+		}
+		more := len(w.inflight) > 1
+		if head == nil && isClosed(w.done) {
+			// Closed (nothing is dispatched any more) and nothing in flight.
+			w.sweeping = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		full := false
+		switch {
+		case head == nil:
+			select {
+			case <-w.kick:
+			case <-w.done:
+			}
+			continue
+		case more:
+			timer.Reset(sweepEvery)
+			select {
+			case <-head.Acked():
+			case <-head.Nacked():
+			case <-timer.C:
+				full = true
+			}
+			timer.Stop()
+		default:
+			select {
+			case <-head.Acked():
+			case <-head.Nacked():
+			case <-w.kick: // another message was dispatched
+				continue
+			}
+		}
+		w.collect(full)
 	}
-	w.outstanding.Add(1)
-	w.senders.Done()
-	// Wait for the router's verdict even after Close: the message may still
-	// be publishing, and Idle must not report quiet until it is done.
-	defer w.outstanding.Done()
+}
+
+// collect settles the verdicts that arrived: of the oldest dispatched
+// messages up to the first still in flight, or (full) of all.
+func (w *Window[P]) collect(full bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	acked := w.scratch[:0]
+	kept := w.inflight[:0]
+	for i, e := range w.inflight {
+		if !full && len(kept) > 0 {
+			kept = append(kept, w.inflight[i:]...)
+			break
+		}
+		switch {
+		case isClosed(e.sent.Acked()):
+			acked = append(acked, e)
+		case isClosed(e.sent.Nacked()):
+			// The decision may do I/O (the poll source counts the attempt in
+			// the database): not on the sweeper. Nacks are rare.
+			m := e.sent
+			go func() {
+				defer w.outstanding.Done()
+				w.nack(e, m)
+			}()
+		default:
+			kept = append(kept, e)
+		}
+	}
+	clear(w.inflight[len(kept):])
+	w.inflight = kept
+	// After inflight is rebuilt: an ack may dispatch its lane's next message.
+	for _, e := range acked {
+		w.ackLocked(e)
+		w.outstanding.Done()
+	}
+	clear(acked)
+	w.scratch = acked[:0]
+}
+
+func isClosed(c <-chan struct{}) bool {
 	select {
-	case <-m.Acked():
-		w.ack(e)
-	case <-m.Nacked():
-		w.nack(e, m)
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -339,9 +467,7 @@ func (w *Window[P]) Idle(ctx context.Context) error {
 	}
 }
 
-func (w *Window[P]) ack(e *entry[P]) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+func (w *Window[P]) ackLocked(e *entry[P]) {
 	w.stats.Acked++
 	w.resolveLocked()
 	if w.cfg.TrackAcked {
@@ -419,12 +545,12 @@ func (w *Window[P]) nack(e *entry[P], m *message.Message) {
 func (w *Window[P]) giveUpLocked(e *entry[P], wholeLane bool) {
 	w.stats.GivenUp++
 	if wholeLane && e.key != "" {
-		if l := w.lanes[e.key]; l != nil {
-			for _, q := range l.waiting {
+		if waiting, ok := w.lanes[e.key]; ok {
+			for _, q := range waiting {
 				w.stats.GivenUp++
 				w.settleLocked(q)
 			}
-			l.waiting = nil
+			w.lanes[e.key] = nil
 		}
 	}
 	w.nextInLaneLocked(e.key)
@@ -441,19 +567,19 @@ func (w *Window[P]) nextInLaneLocked(key string) {
 	if key == "" {
 		return
 	}
-	l := w.lanes[key]
-	if l == nil {
+	waiting, ok := w.lanes[key]
+	if !ok {
 		return
 	}
-	if len(l.waiting) == 0 || w.draining {
-		if len(l.waiting) == 0 {
+	if len(waiting) == 0 || w.draining {
+		if len(waiting) == 0 {
 			delete(w.lanes, key)
 		}
 		return
 	}
-	next := l.waiting[0]
-	l.waiting[0] = nil
-	l.waiting = l.waiting[1:]
+	next := waiting[0]
+	waiting[0] = nil
+	w.lanes[key] = waiting[1:]
 	w.dispatchLocked(next)
 }
 
