@@ -45,6 +45,9 @@ const (
 // StageError is a failure in one stage of a pipeline.
 type StageError struct {
 	Stage string
+	// Topic is where the event was going when it failed, if a transform had
+	// chosen (the dead-letter headers report it).
+	Topic string
 	Err   error
 }
 
@@ -134,7 +137,7 @@ func (p *Pipeline) Handle(msg *message.Message) error {
 		next, err := runStage(st, msgs)
 		if err != nil {
 			obs.observe(i+1, time.Since(start), outcomeError)
-			return &StageError{Stage: st.Name, Err: err}
+			return &StageError{Stage: st.Name, Topic: msgs[0].Metadata.Get(plugins.MetaTopic), Err: err}
 		}
 		if len(next) == 0 {
 			obs.observe(i+1, time.Since(start), outcomeDropped)
@@ -151,7 +154,7 @@ func (p *Pipeline) Handle(msg *message.Message) error {
 		}
 		if err := p.Publisher.Publish(m.Metadata.Get(plugins.MetaTopic), m); err != nil {
 			obs.observe(last, time.Since(start), outcomeError)
-			return &StageError{Stage: StagePublish, Err: err}
+			return &StageError{Stage: StagePublish, Topic: m.Metadata.Get(plugins.MetaTopic), Err: err}
 		}
 	}
 	obs.observe(last, time.Since(start), outcomeOK)

@@ -43,9 +43,10 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, err
 	}
+	// msg is the event as the source read it: every attempt worked on its
+	// own copy (freshCopy).
 	explain := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			orig := msg.Copy()
 			out, err := h(msg)
 			if err == nil || !deadLetterable(err) {
 				return out, err
@@ -54,13 +55,11 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 			if !ok {
 				reason = "transform_error"
 			}
-			stage := StagePublish
+			stage, topic := StagePublish, ""
 			var se *StageError
 			if errors.As(err, &se) {
-				stage = se.Stage
+				stage, topic = se.Stage, se.Topic
 			}
-			topic := msg.Metadata.Get(plugins.MetaTopic)
-			msg.Payload, msg.Metadata = orig.Payload, orig.Metadata
 			if reason == "oversize" {
 				// The broker refused the payload once; it would refuse it on
 				// the dead-letter topic too. Send the reason, say the size.
@@ -71,7 +70,9 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 			msg.Metadata.Set(HeaderDeadLetterStage, stage)
 			msg.Metadata.Set(HeaderDeadLetterTopic, topic)
 			msg.Metadata.Set(HeaderDeadLetterError, redact.String(err.Error()))
-			return out, err
+			// Watermill's poison queue writes err.Error() into the message's
+			// reason_poisoned header: hand it the redacted text.
+			return out, redact.Error(err)
 		}
 	}
 	// Count and log only what the dead-letter topic really took.

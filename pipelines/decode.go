@@ -132,26 +132,32 @@ func (d *decoder) typeErrors(err error, path string) {
 			line, _ = strconv.Atoi(m[1])
 			msg = m[2]
 		}
-		kind := yaml.Kind(0)
+		kind, value := yaml.Kind(0), ""
 		if m := cannotUse.FindStringSubmatch(msg); m != nil {
 			msg = fmt.Sprintf("want %s, got %s", friendlyType(m[3]), friendlyKind(m[1], m[2]))
 			kind = map[string]yaml.Kind{"map": yaml.MappingNode, "seq": yaml.SequenceNode}[m[1]]
 			if kind == 0 {
-				kind = yaml.ScalarNode
+				kind, value = yaml.ScalarNode, m[2]
 			}
 		}
-		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: d.pathAt(line, path, kind), Msg: msg})
+		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: d.pathAt(line, path, kind, value), Msg: msg})
 	}
 }
 
 // pathAt finds the key under prefix written on line whose value is of the
 // kind that failed to decode; when several are (a flow mapping such as
 // `limits: {max_in_flight: [1]}`), the outermost.
-func (d *decoder) pathAt(line int, prefix string, kind yaml.Kind) string {
+//
+// For a scalar, value (as yaml.v3 quotes it, possibly shortened with "...")
+// picks the key among several on one line: `{rate: 10, max_in_flight: lots}`.
+func (d *decoder) pathAt(line int, prefix string, kind yaml.Kind, value string) string {
 	best := ""
 	for p, l := range d.lines {
 		under := prefix == "" || strings.HasPrefix(p, prefix+".") || strings.HasPrefix(p, prefix+"[")
 		if l != line || !under || p == prefix || (kind != 0 && d.kinds[p] != kind) {
+			continue
+		}
+		if value != "" && !strings.HasPrefix(d.values[p], strings.TrimSuffix(value, "...")) {
 			continue
 		}
 		if best == "" || len(p) < len(best) {
@@ -159,6 +165,10 @@ func (d *decoder) pathAt(line int, prefix string, kind yaml.Kind) string {
 		}
 	}
 	if best == "" {
+		if value != "" {
+			// The index holds values as written, before ${VAR} was filled in.
+			return d.pathAt(line, prefix, kind, "")
+		}
 		return prefix
 	}
 	return best
@@ -279,14 +289,15 @@ func expandVars(s string, lookup func(string) (string, bool)) (string, error) {
 			b.WriteByte('$')
 			continue
 		}
+		// Errors name the problem, never the value: it may hold a password.
 		end := strings.IndexByte(s[i:], '}')
 		if end < 0 {
-			return "", fmt.Errorf("unterminated ${ in %q (write $$ for a literal $)", s)
+			return "", fmt.Errorf("unterminated ${ (write $$ for a literal $)")
 		}
 		expr := s[i+2 : i+end]
 		name, def, hasDef := strings.Cut(expr, ":-")
 		if !varName.MatchString(name) {
-			return "", fmt.Errorf("${%s}: %q is not a variable name", expr, name)
+			return "", fmt.Errorf("${…}: %q is not a variable name (letters, digits and _)", name)
 		}
 		v, ok := lookup(name)
 		switch {

@@ -23,9 +23,15 @@ type Ownership struct {
 	Interval time.Duration
 }
 
-// exclusive reports whether e runs only while this instance owns it.
+// exclusive reports whether e runs only while this instance owns it: with
+// ownership on, for every pipeline not marked shared whose source has a
+// database to hold the lock on.
 func (s *Supervisor) exclusive(e *entry) bool {
-	return s.opts.Ownership != nil && e.spec.Ownership != OwnershipShared
+	if s.opts.Ownership == nil || e.spec.Ownership == OwnershipShared {
+		return false
+	}
+	_, lockable := e.spec.Source.Config.(plugins.OutboxSource)
+	return lockable
 }
 
 func (s *Supervisor) owns(e *entry) bool {
@@ -134,10 +140,7 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 		if len(owned) >= share || ctx.Err() != nil {
 			break
 		}
-		src, ok := e.spec.Source.Config.(plugins.OutboxSource)
-		if !ok {
-			continue
-		}
+		src := e.spec.Source.Config.(plugins.OutboxSource) // exclusive() checked it
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		l, got, err := ownership.TryLock(lctx, src.OutboxTable().DSN, "ferry:"+e.spec.Name+":owner", ownership.LockKey(e.spec.Name))
 		cancel()

@@ -276,6 +276,9 @@ func applyTenants(specs []*Spec, tenants []*TenantSpec) []*Error {
 		}
 		limits := t.Limits
 		s.TenantLimits = &limits
+		// A reload must restart the tenant's pipelines when its limits change.
+		sum := sha256.Sum256([]byte(fmt.Sprintf("%s/%+v", s.Hash, limits)))
+		s.Hash = hex.EncodeToString(sum[:8])
 		if c := t.Limits.MaxConnections; c > 0 {
 			share := c / count[s.Tenant]
 			if share < 1 {
@@ -363,6 +366,7 @@ type decoder struct {
 	file   string
 	lines  map[string]int
 	kinds  map[string]yaml.Kind // the kind of each path's value
+	values map[string]string    // each scalar path's value
 	errs   []*Error
 	lookup func(string) (string, bool)
 }
@@ -391,9 +395,12 @@ func (d *decoder) index(n *yaml.Node, path string) {
 		d.lines[path] = n.Line
 	}
 	if d.kinds == nil {
-		d.kinds = map[string]yaml.Kind{}
+		d.kinds, d.values = map[string]yaml.Kind{}, map[string]string{}
 	}
 	d.kinds[path] = n.Kind
+	if n.Kind == yaml.ScalarNode {
+		d.values[path] = n.Value
+	}
 	switch n.Kind {
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {

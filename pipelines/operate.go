@@ -92,9 +92,11 @@ func (s *Supervisor) Reload(specs []*Spec) (ReloadResult, error) {
 			s.mu.Lock()
 			e.spec = sp
 			e.status.Tenant, e.status.Source, e.status.Sink = sp.Tenant, sp.Source.Type, sp.Sink.Type
-			standby := e.status.State == StateStandby
+			// Standby pipelines start when this instance owns them; paused ones
+			// stay paused with their new configuration until resumed.
+			waiting := e.status.State == StateStandby || e.status.State == StatePaused
 			s.mu.Unlock()
-			if !standby {
+			if !waiting {
 				errs = append(errs, s.start(e))
 			}
 			r.Restarted = append(r.Restarted, name)

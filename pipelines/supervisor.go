@@ -92,6 +92,7 @@ type Supervisor struct {
 	lag     *lagMetrics
 
 	runCtx context.Context // handlers' context, set by Run
+	ready  chan struct{}   // closed by Run once the router runs
 
 	// opMu serialises lifecycle operations: API actions, reloads and the
 	// ownership coordinator's rounds.
@@ -108,22 +109,23 @@ type Supervisor struct {
 
 // tenantLimiter is shared by every pipeline of one tenant.
 type tenantLimiter struct {
+	limits   Limits
 	throttle message.HandlerMiddleware // nil: no rate cap
 	slots    chan struct{}             // nil: no in-flight cap
 }
 
-// tenantLimiter returns the tenant's shared limiter, made from the first
-// pipeline that brings its limits.
+// tenantLimiter returns the tenant's shared limiter. New limits (a reload)
+// make a new one, which the tenant's restarted pipelines share.
 func (s *Supervisor) tenantLimiter(spec *Spec) *tenantLimiter {
 	if spec.TenantLimits == nil {
 		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if t, ok := s.tenants[spec.Tenant]; ok {
+	if t, ok := s.tenants[spec.Tenant]; ok && t.limits == *spec.TenantLimits {
 		return t
 	}
-	t := &tenantLimiter{}
+	t := &tenantLimiter{limits: *spec.TenantLimits}
 	if r := spec.TenantLimits.Rate; r > 0 {
 		t.throttle = middleware.NewThrottle(int64(r), time.Second).Middleware
 	}
@@ -182,7 +184,8 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Supervisor{opts: opts, log: opts.Logger, router: router, pipelines: map[string]*entry{}, tenants: map[string]*tenantLimiter{}}
+	s := &Supervisor{opts: opts, log: opts.Logger, router: router, pipelines: map[string]*entry{}, tenants: map[string]*tenantLimiter{},
+		ready: make(chan struct{})}
 	if opts.Metrics != nil {
 		b := metrics.NewPrometheusMetricsBuilder(opts.Metrics, "ferry", "router")
 		b.AddPrometheusRouterMetrics(router)
@@ -219,6 +222,7 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 	s.mu.Lock()
 	s.runCtx = handlersCtx
 	s.mu.Unlock()
+	close(s.ready) // an API call or a SIGHUP may have come first: start what waits
 
 	var err error
 	for _, spec := range specs {
@@ -361,10 +365,18 @@ func (s *Supervisor) start(e *entry) error {
 	e.status.Starts++
 	e.status.LastError, e.status.NextRetry = "", time.Time{}
 	e.setState(StateStarting)
-	runCtx := s.runCtx
 	s.mu.Unlock()
 	go func() {
 		defer close(done)
+		select { // pipelines join the router only once it runs
+		case <-s.ready:
+		case <-ctx.Done():
+			_ = p.Close() // built, never started
+			return
+		}
+		s.mu.Lock()
+		runCtx := s.runCtx
+		s.mu.Unlock()
 		s.runIncarnation(ctx, runCtx, e, p)
 	}()
 	return nil
@@ -458,15 +470,33 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 }
 
 func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Context) (*message.Handler, error) {
+	handle, err := s.chain(e, p)
+	if err != nil {
+		return nil, err
+	}
 	s.addMu.Lock()
 	defer s.addMu.Unlock()
-	h := s.router.AddConsumerHandler(e.spec.Name, e.spec.Source.Type, p.Source, p.Handle)
-	retry := *s.opts.Retry
-	// Outermost first: the error recorder sees what finally happened; the
-	// dead-letter topic takes what the retries could not fix.
+	// The chain is built into the handler function, not added with
+	// Handler.AddMiddleware: the router keeps middleware by handler name for
+	// good, so every restart of the pipeline would stack another copy.
+	h := s.router.AddConsumerHandler(e.spec.Name, e.spec.Source.Type, p.Source, func(msg *message.Message) error {
+		_, err := handle(msg)
+		return err
+	})
+	if err := s.router.RunHandlers(handlersCtx); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// chain wraps the pipeline's handler in its middleware, outermost first:
+// outcome reporting and the error recorder see what finally happened;
+// limits; the dead-letter topic takes what the retries could not fix;
+// Watermill's recoverer and retry; and innermost a fresh copy of the event
+// for every attempt, so a retry never re-runs transforms over a message an
+// earlier attempt already changed.
+func (s *Supervisor) chain(e *entry, p *Pipeline) (message.HandlerFunc, error) {
 	chain := []message.HandlerMiddleware{reportOutcome(e.rep), recordError}
-	// Limits: the tenant's shared rate and in-flight cap, then the
-	// pipeline's own rate (Watermill's throttle).
 	if t := s.tenantLimiter(e.spec); t != nil {
 		if t.throttle != nil {
 			chain = append(chain, t.throttle)
@@ -485,11 +515,25 @@ func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Conte
 		}
 		chain = append(chain, dl)
 	}
-	h.AddMiddleware(append(chain, middleware.Recoverer, retry.Middleware)...)
-	if err := s.router.RunHandlers(handlersCtx); err != nil {
-		return nil, err
+	retry := *s.opts.Retry
+	// Retrying cannot fix a permanent failure or a transform error: let the
+	// dead-letter topic (or the source's redelivery) have it at once.
+	retry.ShouldRetry = func(r middleware.RetryParams) bool { return !deadLetterable(r.Err) }
+	chain = append(chain, middleware.Recoverer, retry.Middleware, freshCopy)
+
+	handle := func(msg *message.Message) ([]*message.Message, error) { return nil, p.Handle(msg) }
+	for i := len(chain) - 1; i >= 0; i-- {
+		handle = chain[i](handle)
 	}
-	return h, nil
+	return handle, nil
+}
+
+// freshCopy hands each attempt its own copy of the event (with its context,
+// which carries the handler name metrics use).
+func freshCopy(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		return h(msg.CopyWithContext())
+	}
 }
 
 func (s *Supervisor) metricsFor(spec *Spec) prometheus.Registerer {

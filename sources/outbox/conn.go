@@ -109,10 +109,10 @@ func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake, l
 }
 
 // WaitIdle waits, after a source closed its window, until the router
-// resolved every message it was given, bounded by a generous multiple of
-// the drain timeout; past it, it logs which pipeline did not go quiet.
+// resolved every message it was given — at most another drain timeout, so
+// a stop stays bounded; past it, it logs that the pipeline did not go quiet.
 func WaitIdle(log *slog.Logger, drain time.Duration, idle func(context.Context) error) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(2*drain, 30*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	if err := idle(ctx); err != nil {
 		log.Error("events still in flight after stopping; a restart may re-send them out of order", "err", err)

@@ -36,14 +36,25 @@ func OldestTransaction(ctx context.Context, q queryRower) (h Horizon, ok bool, e
 		FROM pg_stat_activity
 		WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
 		ORDER BY xact_start LIMIT 1`).Scan(&age, &h.PID, &h.Database, &h.User, &h.Application, &h.State, &h.XactStart, &h.Query)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Horizon{}, false, nil
-	}
-	if err != nil {
+	found := err == nil
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return Horizon{}, false, err
 	}
 	h.Age = time.Duration(age * float64(time.Second))
-	return h, true, nil
+	// A forgotten prepared transaction holds the horizon too, with no session.
+	var p Horizon
+	var page float64
+	err = q.QueryRow(ctx, `SELECT EXTRACT(EPOCH FROM clock_timestamp() - prepared)::float8, database, owner, gid, prepared
+		FROM pg_prepared_xacts ORDER BY prepared LIMIT 1`).Scan(&page, &p.Database, &p.User, &p.Query, &p.XactStart)
+	if err == nil && (!found || p.XactStart.Before(h.XactStart)) {
+		p.Age, p.State = time.Duration(page*float64(time.Second)), "prepared"
+		p.Query = "PREPARE TRANSACTION " + p.Query + " (end it with COMMIT PREPARED or ROLLBACK PREPARED)"
+		return p, true, nil
+	}
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return Horizon{}, false, err
+	}
+	return h, found, nil
 }
 
 // Details renders h for plugins.Health.Details.

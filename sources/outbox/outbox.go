@@ -230,6 +230,11 @@ func addHeaders(md message.Metadata, raw string) {
 		return
 	}
 	for k, v := range obj {
+		if plugins.IsInternal(k) {
+			// A row must not steer Ferry (ferry_topic, ferry_final…): it
+			// could route itself past the filter or to another tenant.
+			continue
+		}
 		var s string
 		if json.Unmarshal(v, &s) == nil {
 			md[k] = s
