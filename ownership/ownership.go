@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,6 +45,14 @@ func TryLock(ctx context.Context, dsn, application string, key int64) (l *Lock, 
 		return nil, false, err
 	}
 	cfg.RuntimeParams["application_name"] = application
+	// A network partition must end the lock's session in seconds, not after
+	// the kernel's two-hour keepalive: until it ends, the server keeps the
+	// lock for an owner that may be gone, and no standby can take over.
+	cfg.RuntimeParams["tcp_keepalives_idle"] = "5"
+	cfg.RuntimeParams["tcp_keepalives_interval"] = "2"
+	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
+	cfg.RuntimeParams["tcp_user_timeout"] = "10000"
+	cfg.DialFunc = (&net.Dialer{KeepAlive: 5 * time.Second, Timeout: 10 * time.Second}).DialContext
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, false, err
@@ -96,6 +105,12 @@ func NewRegistry(dsn, instance string, every time.Duration) *Registry {
 // and returns how many instances are alive (heartbeat within three
 // intervals), this one included.
 func (r *Registry) Beat(ctx context.Context, owned int) (live int, err error) {
+	// Bounded: the coordinator runs rounds one after another, so a heartbeat
+	// stuck on a dead connection (a half-open TCP connection answers
+	// nothing and reports no error) would stop every later round — and with
+	// them the restart of each pipeline that stepped down.
+	ctx, cancel := context.WithTimeout(ctx, max(5*time.Second, r.every))
+	defer cancel()
 	if r.conn == nil || r.conn.IsClosed() {
 		if r.conn, err = pgx.Connect(ctx, r.dsn); err != nil {
 			return 0, err
