@@ -63,6 +63,11 @@ func (s *Source) session(ctx context.Context) error {
 		return s.slotLost(ctx, st, st.lostReason())
 	case !st.exists && s.hadSlot && !s.cfg.TemporarySlot:
 		return s.slotLost(ctx, st, "it no longer exists (dropped while Ferry was streaming it)")
+	case !st.exists && s.hadTemporary:
+		// A temporary slot ends with its connection: what committed while
+		// the connection was down is not in the new one.
+		s.log.Error("temporary slot gone after a lost connection: events committed meanwhile are not delivered (temporary_slot is for development)",
+			"slot", s.slot)
 	}
 
 	conn, err := s.connectReplication(ctx)
@@ -95,6 +100,9 @@ func (s *Source) session(ctx context.Context) error {
 	if slot == s.slot && !s.cfg.TemporarySlot {
 		s.hadSlot = true
 	}
+	if s.cfg.TemporarySlot {
+		s.hadTemporary = true
+	}
 	s.env.Report.Recovered()
 	s.log.Info("wal source streaming", "stream_slot", slot, "publication", s.publication,
 		"table", s.table.Schema+"."+s.table.Name, "from", s.readEnd.String())
@@ -110,6 +118,10 @@ func (s *Source) openPool(ctx context.Context) error {
 		return fatalf("source.dsn: %w", err)
 	}
 	pc.MaxConns = 3 // snapshot reader, heartbeat, slot gauges
+	if c := s.env.MaxConnections; c > 1 && c-1 < int(pc.MaxConns) {
+		// limits.max_connections counts the replication connection too.
+		pc.MaxConns = int32(c - 1)
+	}
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -110,19 +110,20 @@ type Source struct {
 
 	// Owned by the run goroutine (and, during the initial snapshot, by the
 	// snapshot reader while the run goroutine waits for it).
-	pool      *pgxpool.Pool
-	table     outbox.Table
-	typeMap   *pgtype.Map
-	server    serverInfo
-	admitted  uint64        // messages admitted since creation; window Marks count the same way
-	readEnd   pglogrepl.LSN // every transaction that committed before it was read and admitted
-	tail      confirmPoint  // an LSN confirmable once the first tail.count admitted messages are acked
-	hadSlot   bool          // this process streamed the (permanent) slot, so its absence means it was lost
-	boot      *bootstrap    // the initial snapshot, until its rows are acked and its slot promoted
-	skip      *idSet        // ids the initial snapshot delivered that the stream may send again
-	skipUntil pglogrepl.LSN // ... in transactions committed up to here
-	bgStarted bool
-	bg        sync.WaitGroup
+	pool         *pgxpool.Pool
+	table        outbox.Table
+	typeMap      *pgtype.Map
+	server       serverInfo
+	admitted     uint64        // messages admitted since creation; window Marks count the same way
+	readEnd      pglogrepl.LSN // every transaction that committed before it was read and admitted
+	tail         confirmPoint  // an LSN confirmable once the first tail.count admitted messages are acked
+	hadSlot      bool          // this process streamed the (permanent) slot, so its absence means it was lost
+	hadTemporary bool          // a temporary slot was streamed: a new one after a reconnect skipped what committed meanwhile
+	boot         *bootstrap    // the initial snapshot, until its rows are acked and its slot promoted
+	skip         *idSet        // ids the initial snapshot delivered that the stream may send again
+	skipUntil    pglogrepl.LSN // ... in transactions committed up to here
+	bgStarted    bool
+	bg           sync.WaitGroup
 
 	confirmed atomic.Uint64 // the LSN last confirmed to the server
 }
