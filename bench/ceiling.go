@@ -119,6 +119,7 @@ func (c *child) runCeiling(ctx context.Context) error {
 	done.Latencies = lat
 	latMu.Unlock()
 	c.send(done)
+	<-c.stop // the parent reads the peak RSS first
 	return nil
 }
 

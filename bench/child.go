@@ -264,6 +264,8 @@ func (c *child) run() error {
 		done.CPU, done.CPUFrom = cpuSeconds()-startCPU, "start"
 	}
 	c.send(done)
+	// The parent reads the peak RSS from /proc before it says stop.
+	<-c.stop
 	return nil
 }
 
