@@ -838,6 +838,7 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string) (Measuremen
 	if err != nil {
 		return Measurement{}, err
 	}
+	p.send(command{Measure: true})
 	t0 := time.Now()
 	if err := r.prog.wait(ctx, label+": measuring", r.o.IdleDuration); err != nil {
 		return Measurement{}, err

@@ -90,6 +90,8 @@ type childMsg struct {
 type command struct {
 	Expect int  `json:"expect,omitempty"`
 	Stop   bool `json:"stop,omitempty"`
+	// Measure starts the CPU profile of an idle child (its window begins).
+	Measure bool `json:"measure,omitempty"`
 }
 
 // ChildMain runs one bench job read from stdin, reporting on stdout; it
@@ -109,22 +111,12 @@ func ChildMain(stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	c := &child{job: j, out: json.NewEncoder(stdout), log: log, expect: make(chan int, 1), stop: make(chan struct{})}
 	go c.commands(in)
-	if j.Profile != "" {
-		f, err := os.Create(j.Profile)
-		if err == nil {
-			err = pprof.StartCPUProfile(f)
-		}
-		if err != nil {
+	// Idle is profiled over the parent's measurement window (the measure
+	// command), the others from the start.
+	if j.Profile != "" && j.Mode != modeIdle {
+		if err := c.startProfile(); err != nil {
 			fmt.Fprintln(stderr, "bench child: profile:", err)
 			return 2
-		}
-		c.stopProfile = func() {
-			pprof.StopCPUProfile()
-			f.Close()
-			if a, err := os.Create(strings.TrimSuffix(j.Profile, ".pprof") + ".allocs.pprof"); err == nil {
-				_ = pprof.Lookup("allocs").WriteTo(a, 0)
-				a.Close()
-			}
 		}
 	}
 	if err := c.run(); err != nil {
@@ -153,12 +145,38 @@ type child struct {
 	recMu sync.Mutex
 	acks  [][2]int64
 
+	profMu      sync.Mutex
 	stopProfile func()
+}
+
+// startProfile starts the CPU profile measured stops.
+func (c *child) startProfile() error {
+	f, err := os.Create(c.job.Profile)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		return err
+	}
+	c.profMu.Lock()
+	defer c.profMu.Unlock()
+	c.stopProfile = func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		// And what was allocated, for the per-event allocations.
+		if a, err := os.Create(strings.TrimSuffix(c.job.Profile, ".pprof") + ".allocs.pprof"); err == nil {
+			_ = pprof.Lookup("allocs").WriteTo(a, 0)
+			a.Close()
+		}
+	}
+	return nil
 }
 
 // measured ends the measurement: the profiles stop here, before the system
 // shuts down.
 func (c *child) measured() {
+	c.profMu.Lock()
+	defer c.profMu.Unlock()
 	if c.stopProfile != nil {
 		c.stopProfile()
 		c.stopProfile = nil
@@ -183,7 +201,13 @@ func (c *child) commands(in *bufio.Reader) {
 		if cmd.Expect > 0 {
 			c.expect <- cmd.Expect
 		}
+		if cmd.Measure && c.job.Profile != "" {
+			if err := c.startProfile(); err != nil {
+				c.log.Warn("profile", "err", err)
+			}
+		}
 		if cmd.Stop {
+			c.measured()
 			c.stopOnce.Do(func() { close(c.stop) })
 		}
 	}
