@@ -17,9 +17,9 @@
 // Dispatched messages wait in a buffered channel for the router, and one
 // goroutine per window (the sweeper) learns their verdicts: it waits on the
 // oldest dispatched message's Acked/Nacked channels, collects every message
-// resolved behind it, and sweeps the rest every sweepEvery for the ones
-// resolved out of order (a lane's next message waits at most that long
-// longer). A goroutine per dispatched message, waiting on its channels, cost
+// resolved behind it, and sweeps the rest every sweepEvery — backing off to
+// sweepMax while sweeps find nothing — for the ones resolved out of order (a
+// lane's next message waits at most that long longer). A goroutine per dispatched message, waiting on its channels, cost
 // more than the rest of the window: `ferry bench` profiled its creation and —
 // because hundreds of parked, shallow goroutines lower the runtime's starting
 // stack size for all new goroutines — the stack copies of every router
@@ -114,8 +114,16 @@ type Window[P any] struct {
 }
 
 // sweepEvery bounds how long a verdict that arrives out of dispatch order
-// goes unnoticed (the oldest message's is noticed at once).
-const sweepEvery = 2 * time.Millisecond
+// goes unnoticed (the oldest message's is noticed at once) while verdicts
+// keep arriving. A sweep that finds nothing resolved doubles the interval up
+// to sweepMax, and any verdict resets it: a slow broker, with hundreds of
+// messages waiting for confirms, would otherwise cost a wake-up and a pass
+// over the in-flight list under the window's lock every sweepEvery for
+// nothing.
+const (
+	sweepEvery = 2 * time.Millisecond
+	sweepMax   = 16 * time.Millisecond
+)
 
 // OnNack sets what decides the fate of a nacked message; call it before the
 // first Admit. f gets the attempt number (1 for the first failure) and the
@@ -362,6 +370,7 @@ func (w *Window[P]) dispatchLocked(e *entry[P]) {
 func (w *Window[P]) sweep() {
 	timer := time.NewTimer(sweepEvery)
 	defer timer.Stop()
+	every := sweepEvery
 	for {
 		w.mu.Lock()
 		var head *message.Message
@@ -385,7 +394,7 @@ func (w *Window[P]) sweep() {
 			}
 			continue
 		case more:
-			timer.Reset(sweepEvery)
+			timer.Reset(every)
 			select {
 			case <-head.Acked():
 			case <-head.Nacked():
@@ -401,15 +410,22 @@ func (w *Window[P]) sweep() {
 				continue
 			}
 		}
-		w.collect(full)
+		switch {
+		case w.collect(full) > 0:
+			every = sweepEvery
+		case full:
+			every = min(2*every, sweepMax)
+		}
 	}
 }
 
 // collect settles the verdicts that arrived: of the oldest dispatched
-// messages up to the first still in flight, or (full) of all.
-func (w *Window[P]) collect(full bool) {
+// messages up to the first still in flight, or (full) of all. It returns how
+// many it settled.
+func (w *Window[P]) collect(full bool) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	before := len(w.inflight)
 	acked := w.scratch[:0]
 	kept := w.inflight[:0]
 	for i, e := range w.inflight {
@@ -441,6 +457,7 @@ func (w *Window[P]) collect(full bool) {
 	}
 	clear(acked)
 	w.scratch = acked[:0]
+	return before - len(kept)
 }
 
 func isClosed(c <-chan struct{}) bool {
