@@ -139,6 +139,13 @@ func TestInactiveSlotRetainingWAL(t *testing.T) {
 	stop := e.Start(t, y)
 	sourcetest.Insert(ctx, e.Pool, "agg-1")
 	e.Coll.WaitFor(t, 20*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
+	// The first start streams a temporary slot until its snapshot rows are
+	// acked, then copies it to the permanent one: stop only after that.
+	testenv.Eventually(t, 20*time.Second, "the permanent slot", func() bool {
+		var n int
+		e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND NOT temporary`, wal.DefaultName(name)).Scan(&n)
+		return n == 1
+	})
 	stop() // the slot stays, with no reader
 	t.Cleanup(func() { e.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, wal.DefaultName(name)) })
 	for range 20 { // WAL the slot must retain

@@ -682,6 +682,11 @@ func recordError(h message.HandlerFunc) message.HandlerFunc {
 		out, err := h(msg)
 		if err != nil {
 			msg.Metadata.Set(plugins.MetaError, redact.String(err.Error()))
+			if reason, ok := plugins.IsPermanent(err); ok {
+				msg.Metadata.Set(plugins.MetaErrorPermanent, reason)
+			} else {
+				delete(msg.Metadata, plugins.MetaErrorPermanent)
+			}
 		}
 		return out, err
 	}

@@ -52,6 +52,11 @@ const (
 	// MetaError is set on a message the pipeline failed to deliver, after its
 	// retries, just before it is nacked: the source may record why.
 	MetaError = "ferry_error"
+	// MetaErrorPermanent is set with MetaError when the failure was
+	// permanent (see Permanent) — one only the dead-letter topic can fix —
+	// and holds its reason. Without it the failure was transient (a broker
+	// outage, a timeout) and redelivery may succeed.
+	MetaErrorPermanent = "ferry_error_permanent"
 	// MetaDBReadAt is the database clock when the row was read, in Unix
 	// nanoseconds (clock_timestamp() returned with the rows), so commit→read
 	// is measured on one clock.

@@ -218,7 +218,13 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			return fmt.Errorf("publish to %s: %w", topic, err)
+			err = fmt.Errorf("publish to %s: %w", topic, err)
+			if errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
+				// Over the stream's max_msg_size: as permanent as the
+				// server's max_payload.
+				return plugins.Permanent("oversize", err)
+			}
+			return err
 		}
 	}
 	return nil

@@ -311,9 +311,11 @@ func TestStreamOptions(t *testing.T) {
 		c.MaxMsgs != 10 || c.MaxBytes != 1<<20 || c.MaxMsgSize != 1024 || c.Duplicates != time.Minute {
 		t.Fatalf("stream config %+v", c)
 	}
-	// A message over max_msg_size is refused by the stream: the publish fails.
-	if err := s.Publish("", message.NewMessage("big", make([]byte, 2048))); err == nil {
-		t.Fatal("publish over the stream's max_msg_size succeeded")
+	// A message over max_msg_size is refused by the stream: the publish
+	// fails for good, so the pipeline dead-letters it as oversize.
+	err = s.Publish("", message.NewMessage("big", make([]byte, 2048)))
+	if reason, ok := plugins.IsPermanent(err); !ok || reason != "oversize" {
+		t.Fatalf("publish over the stream's max_msg_size: %v (permanent %q %v), want a permanent oversize error", err, reason, ok)
 	}
 }
 

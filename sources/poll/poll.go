@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -83,15 +84,16 @@ type Source struct {
 // worker is one claim loop with its own window: per-aggregate order holds
 // within what it claims.
 type worker struct {
-	s    *Source
-	id   string // claimed_by
-	win  *window.Window[int64]
-	wake chan struct{}
+	s        *Source
+	id       string // claimed_by
+	win      *window.Window[int64]
+	wake     chan struct{}
+	admitted chan struct{} // signalled when rows enter the window
 
 	mu       sync.Mutex
 	inFlight map[int64]struct{} // claimed, not yet marked or parked
 	unmarked []int64            // acked, taken from the window, mark failed
-	failed   map[int64]string   // transaction mode: nacked in this batch → error
+	failed   map[int64]failure  // transaction mode: nacked in this batch
 }
 
 type statements struct {
@@ -123,7 +125,7 @@ func New(cfg *Config, env plugins.Env) *Source {
 	for n := range cfg.Workers {
 		w := &worker{s: s, id: fmt.Sprintf("%s/%s/%d", prefix, env.Pipeline, n),
 			win:  window.New[int64](window.Config{MaxInFlight: perWorker, TrackAcked: true}),
-			wake: make(chan struct{}, 1), inFlight: map[int64]struct{}{}, failed: map[int64]string{}}
+			wake: make(chan struct{}, 1), admitted: make(chan struct{}, 1), inFlight: map[int64]struct{}{}, failed: map[int64]failure{}}
 		w.win.OnNack(w.nacked)
 		s.workers = append(s.workers, w)
 	}
@@ -344,7 +346,7 @@ func (w *worker) claimLoop(ctx context.Context) {
 	failing := false
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	var lastWake time.Time
+	var lastWake, backingOff time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -352,6 +354,9 @@ func (w *worker) claimLoop(ctx context.Context) {
 		case <-timer.C:
 		case <-w.wake:
 			lastWake = time.Now()
+			if lastWake.Before(backingOff) {
+				continue // a commit's wake-up does not cut a backoff short
+			}
 		}
 		if err := w.win.WaitRoom(ctx); err != nil {
 			return
@@ -365,6 +370,13 @@ func (w *worker) claimLoop(ctx context.Context) {
 		} else {
 			n, err = w.claimLeases(ctx, limit)
 		}
+		if errors.Is(err, errBatchFailed) {
+			// The pipeline reports the failing deliveries; just wait.
+			d := bo.NextBackOff()
+			backingOff = time.Now().Add(d)
+			timer.Reset(d)
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -373,6 +385,7 @@ func (w *worker) claimLoop(ctx context.Context) {
 			w.s.env.Report.Failing(fmt.Errorf("claim outbox rows: %w", err), d)
 			w.s.log.Error("claim outbox rows", "worker", w.id, "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
 			failing = true
+			backingOff = time.Now().Add(d)
 			timer.Reset(d)
 			continue
 		}
@@ -441,25 +454,56 @@ func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error)
 	acked := w.win.TakeAcked(nil)
 	w.mu.Lock()
 	failed := w.failed
-	w.failed = map[int64]string{}
+	w.failed = map[int64]failure{}
 	w.mu.Unlock()
+	// Whatever the commit's outcome the batch is over: the window forgets
+	// it (else its acked rows would hold the window's room for ever), and
+	// rows not marked by a commit are claimable again — sent twice, never
+	// lost.
+	defer func() {
+		w.win.Recorded(mark)
+		w.untrackAll()
+	}()
 	if err := w.markIn(context.Background(), tx, acked); err != nil {
 		return 0, err
 	}
-	for id, reason := range failed {
+	for id, f := range failed {
 		var attempts int
-		if err := tx.QueryRow(context.Background(), w.s.sql.nack, id, reason, w.s.cfg.MaxAttempts).Scan(&attempts); err != nil {
+		if err := tx.QueryRow(context.Background(), w.s.sql.nack, id, f.reason, w.s.maxAttempts(f.permanent)).Scan(&attempts); err != nil {
 			return 0, err
 		}
-		w.logIfParked(id, attempts, reason)
+		w.logIfParked(id, attempts, f)
 	}
 	if err := tx.Commit(context.Background()); err != nil {
 		return 0, err
 	}
-	w.win.Recorded(mark)
-	w.untrack(acked)
-	w.untrackAll()
+	if len(failed) > 0 && len(acked) == 0 {
+		// Nothing got through: the caller backs off before the next claim
+		// rather than re-claim the same rows at once against a broker that
+		// is down.
+		return len(rows), errBatchFailed
+	}
 	return len(rows), nil
+}
+
+// errBatchFailed: every delivery of a claimed batch failed (transaction mode).
+var errBatchFailed = errors.New("every delivery of the claimed batch failed")
+
+// failure is why a row's delivery failed: permanent failures (see
+// plugins.Permanent) count towards max_attempts; transient ones — the broker
+// is down — are recorded but retried for as long as they last, so an outage
+// never parks rows.
+type failure struct {
+	reason    string
+	permanent bool
+}
+
+// maxAttempts is the attempts count that parks a row with this failure.
+func (s *Source) maxAttempts(permanent bool) int {
+	if permanent {
+		return s.cfg.MaxAttempts
+	}
+	return math.MaxInt32
 }
 
 type querier interface {
@@ -489,6 +533,9 @@ func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) (
 }
 
 func (w *worker) admit(ctx context.Context, rows []outbox.Row) error {
+	if len(rows) > 0 {
+		signal(w.admitted) // wake the mark loop
+	}
 	readAt := time.Now()
 	for i := range rows {
 		r := &rows[i]
@@ -504,58 +551,84 @@ func (w *worker) admit(ctx context.Context, rows []outbox.Row) error {
 // counted when the batch's transaction ends, and the row (with the rest of
 // its aggregate) is left for the next claim.
 func (w *worker) nacked(id int64, _ int, m *message.Message) window.Decision {
-	reason := m.Metadata.Get(plugins.MetaError)
-	if reason == "" {
-		reason = "delivery failed"
+	f := failure{reason: m.Metadata.Get(plugins.MetaError), permanent: m.Metadata.Get(plugins.MetaErrorPermanent) != ""}
+	if f.reason == "" {
+		f.reason = "delivery failed"
 	}
 	if w.s.cfg.Claim == ClaimTransaction {
 		w.mu.Lock()
-		w.failed[id] = reason
+		w.failed[id] = f
 		w.mu.Unlock()
 		return window.GiveUpLane
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var attempts int
-	if err := w.s.pool.QueryRow(ctx, w.s.sql.nack, id, reason, w.s.cfg.MaxAttempts).Scan(&attempts); err != nil {
+	if err := w.s.pool.QueryRow(ctx, w.s.sql.nack, id, f.reason, w.s.maxAttempts(f.permanent)).Scan(&attempts); err != nil {
 		w.s.log.Warn("record failed delivery; redelivering", "outbox_id", id, "err", redact.Error(err))
 		return window.Redeliver
 	}
-	if w.logIfParked(id, attempts, reason) {
+	if w.logIfParked(id, attempts, f) {
 		w.untrack([]int64{id})
 		return window.GiveUp
 	}
 	return window.Redeliver
 }
 
-func (w *worker) logIfParked(id int64, attempts int, reason string) bool {
-	if attempts < w.s.cfg.MaxAttempts {
+func (w *worker) logIfParked(id int64, attempts int, f failure) bool {
+	if attempts < w.s.maxAttempts(f.permanent) {
 		return false
 	}
 	w.s.log.Error("event dead-lettered: parked in the outbox after max_attempts failed deliveries",
-		"outbox_id", id, "attempts", attempts, "last_error", reason, "claimed_by", DeadLetterOwner)
+		"outbox_id", id, "attempts", attempts, "last_error", f.reason, "claimed_by", DeadLetterOwner)
 	return true
 }
 
 // markLoop marks acked rows every MarkInterval, and at once when half the
-// window waits on it (see the xid8 source's commitLoop for why).
+// window waits on it (see the xid8 source's commitLoop for why). With the
+// window empty and everything marked, the ticker stops until rows are
+// admitted or acked again: an idle pipeline does not wake ten times a second.
 func (w *worker) markLoop(ctx context.Context) {
 	t := time.NewTicker(w.s.cfg.MarkInterval)
 	defer t.Stop()
+	ticking := true
+	resume := func() {
+		if !ticking {
+			t.Reset(w.s.cfg.MarkInterval)
+			ticking = true
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-w.admitted:
+			resume()
+			continue
 		case <-w.win.Progressed():
+			resume()
 			if w.win.Unrecorded() < max(w.s.env.MaxInFlight/w.s.cfg.Workers/2, 1) {
 				continue
 			}
 		}
-		if err := w.mark(ctx); err != nil && ctx.Err() == nil {
+		err := w.mark(ctx)
+		if err != nil && ctx.Err() == nil {
 			w.s.log.Warn("mark delivered rows; will retry", "err", redact.Error(err))
 		}
+		if err == nil && w.idle() {
+			t.Stop()
+			ticking = false
+		}
 	}
+}
+
+// idle reports whether the worker holds nothing: no message in its window
+// and no acked row waiting to be marked.
+func (w *worker) idle() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.unmarked) == 0 && w.win.Stats().Held == 0
 }
 
 // mark records every acked row in one statement. Rows are taken from the
