@@ -43,5 +43,13 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	done
 
+# The fault-injection suite's full plan: every source × sink, every fault
+# (20 kills, 5 broker restarts, 3 PostgreSQL crashes, network cuts, 1,000
+# commit interleavings); writes docs/reliability.md. About an hour. `make
+# test` runs its bounded plan.
+.PHONY: chaos
+chaos:
+	FERRY_CHAOS=full FERRY_CHAOS_REPORT=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 3h -run '^TestChaos$$' -v ./chaos/
+
 clean:
 	rm -rf bin
