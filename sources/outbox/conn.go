@@ -14,6 +14,40 @@ import (
 	"github.com/ferryhq/ferry/plugins"
 )
 
+// Connections sizes a source's pool under limits.max_connections (limit, 0
+// for none): want connections for its loops, and one more for LISTEN when
+// listen is set and the limit leaves room. The listener's connection is
+// taken out of the pool for good (Listen hijacks it), so the pool no longer
+// counts it and would open another in its place: the pool gets one fewer.
+func Connections(want, limit int, listen bool) (maxConns int32, listening bool) {
+	switch {
+	case limit <= 0:
+		return int32(want), listen
+	case listen && limit > 1:
+		return int32(min(want, limit-1)), true
+	default:
+		return int32(min(want, limit)), false
+	}
+}
+
+// DrainTimeout is how long a stopping source lets dispatched messages
+// finish: the pipeline's drain timeout, else 10s.
+func DrainTimeout(env plugins.Env) time.Duration {
+	if env.DrainTimeout > 0 {
+		return env.DrainTimeout
+	}
+	return 10 * time.Second
+}
+
+// Signal wakes whoever waits on c (capacity 1) without blocking; wake-ups
+// coalesce.
+func Signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
 // Backoff is how sources space retries of a failing database: 200ms
 // doubling to 30s, jittered, so many pipelines hitting one restarting
 // database do not retry in lockstep.

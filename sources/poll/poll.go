@@ -76,6 +76,7 @@ type Source struct {
 	batches *outbox.BatchMetrics
 
 	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
+	canListen bool        // set by open: limits.max_connections leaves room to LISTEN
 
 	healthMu sync.Mutex
 	health   plugins.Health
@@ -189,7 +190,7 @@ func (s *Source) run(ctx context.Context) {
 		forwarders.Wait()
 		close(s.out)
 		for _, w := range s.workers {
-			outbox.WaitIdle(s.log, s.drainTimeout(), w.win.Idle)
+			outbox.WaitIdle(s.log, outbox.DrainTimeout(s.env), w.win.Idle)
 		}
 	}()
 
@@ -205,12 +206,11 @@ func (s *Source) run(ctx context.Context) {
 		loops.Add(1)
 		go func() { defer loops.Done(); f() }()
 	}
-	// A listener holds a connection for good: with one allowed, poll only.
-	if s.cfg.Listen && pool.Config().MaxConns > 1 {
+	if s.canListen {
 		spawn(func() {
 			outbox.Listen(claimCtx, pool, s.cfg.channel(), s.log, func() {
 				for _, w := range s.workers {
-					signal(w.wake)
+					outbox.Signal(w.wake)
 				}
 			}, s.listening.Store)
 		})
@@ -236,7 +236,7 @@ func (s *Source) run(ctx context.Context) {
 	// Shutdown: let dispatched messages finish, mark what was delivered and
 	// hand back the leases of what was not, so another worker need not wait
 	// for them to expire.
-	drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout())
+	drainCtx, cancel := context.WithTimeout(context.Background(), outbox.DrainTimeout(s.env))
 	defer cancel()
 	for _, w := range s.workers {
 		if err := w.win.Drain(drainCtx); err != nil {
@@ -251,24 +251,16 @@ func (s *Source) run(ctx context.Context) {
 	}
 }
 
-func (s *Source) drainTimeout() time.Duration {
-	if s.env.DrainTimeout > 0 {
-		return s.env.DrainTimeout
-	}
-	return 10 * time.Second
-}
-
 func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(s.cfg.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("source.dsn: %w", err)
 	}
 	// Per worker: claims (and the open transaction in transaction mode),
-	// marks and renewals; plus the listener and the health query.
-	pc.MaxConns = int32(2*s.cfg.Workers + 2)
-	if c := s.env.MaxConnections; c > 0 && c < int(pc.MaxConns) {
-		pc.MaxConns = int32(c) // workers share: claims queue for a connection
-	}
+	// marks and renewals; plus the health query. Under a lower
+	// limits.max_connections the workers share: claims queue for a
+	// connection.
+	pc.MaxConns, s.canListen = outbox.Connections(2*s.cfg.Workers+1, s.env.MaxConnections, s.cfg.Listen)
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -446,7 +438,7 @@ func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error)
 		}
 	}
 	if ctx.Err() != nil {
-		drainCtx, cancel := context.WithTimeout(context.Background(), w.s.drainTimeout())
+		drainCtx, cancel := context.WithTimeout(context.Background(), outbox.DrainTimeout(w.s.env))
 		_ = w.win.Drain(drainCtx)
 		cancel()
 	}
@@ -534,7 +526,7 @@ func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) (
 
 func (w *worker) admit(ctx context.Context, rows []outbox.Row) error {
 	if len(rows) > 0 {
-		signal(w.admitted) // wake the mark loop
+		outbox.Signal(w.admitted) // wake the mark loop
 	}
 	readAt := time.Now()
 	for i := range rows {
@@ -819,13 +811,6 @@ func (s *Source) healthLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-	}
-}
-
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
 	}
 }
 

@@ -71,12 +71,14 @@ type Source struct {
 
 	// read is where the next read starts (in memory); committed is what the
 	// offsets table holds.
-	read      Position
-	committed Position
-	table     outbox.Table
-	readSQL   string
+	read       Position
+	committed  Position
+	table      outbox.Table
+	readSQL    string
+	pendingSQL string // any row past the cursor, visible or not
 
 	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
+	canListen bool        // set by open: limits.max_connections leaves room to LISTEN
 
 	healthMu sync.Mutex // guards health and committed (read by measure)
 	health   plugins.Health
@@ -149,17 +151,11 @@ func (s *Source) run(ctx context.Context) {
 	if pool != nil {
 		var wg sync.WaitGroup
 		wake := make(chan struct{}, 1)
-		// A listener holds a connection for good: with one allowed, poll only.
-		if s.cfg.Listen && pool.Config().MaxConns > 1 {
+		if s.canListen {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				outbox.Listen(readCtx, pool, s.cfg.channel(), s.log, func() {
-					select {
-					case wake <- struct{}{}:
-					default:
-					}
-				}, s.listening.Store)
+				outbox.Listen(readCtx, pool, s.cfg.channel(), s.log, func() { outbox.Signal(wake) }, s.listening.Store)
 			}()
 		}
 		wg.Add(2)
@@ -178,7 +174,7 @@ func (s *Source) run(ctx context.Context) {
 		wg.Wait()
 
 		// Shutdown: let dispatched messages finish, then record what was acked.
-		drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout())
+		drainCtx, cancel := context.WithTimeout(context.Background(), outbox.DrainTimeout(s.env))
 		if err := s.win.Drain(drainCtx); err != nil {
 			s.log.Warn("drain timed out; unacked messages will be sent again on restart", "held", s.win.Stats().Held)
 		}
@@ -191,14 +187,7 @@ func (s *Source) run(ctx context.Context) {
 		pool.Close()
 	}
 	s.win.Close()
-	outbox.WaitIdle(s.log, s.drainTimeout(), s.win.Idle)
-}
-
-func (s *Source) drainTimeout() time.Duration {
-	if s.env.DrainTimeout > 0 {
-		return s.env.DrainTimeout
-	}
-	return 10 * time.Second
+	outbox.WaitIdle(s.log, outbox.DrainTimeout(s.env), s.win.Idle)
 }
 
 // connect opens the pool, prepares the offsets table and loads the cursor,
@@ -213,7 +202,8 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("source.dsn: %w", err)
 	}
-	pc.MaxConns = capConns(4, s.env.MaxConnections) // reader, committer, listener, health
+	// Reader, committer, health; and the listener when there is room.
+	pc.MaxConns, s.canListen = outbox.Connections(3, s.env.MaxConnections, s.cfg.Listen)
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -249,6 +239,8 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		  AND %s < pg_snapshot_xmin(pg_current_snapshot())
 		ORDER BY %s, %s LIMIT $3`,
 		s.cfg.Columns.Select("o", xact+"::text AS ferry_xact_id", "clock_timestamp()"), outbox.Quote(s.cfg.Table), xact, id, xact, xact, id)
+	s.pendingSQL = fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s AS o WHERE (%s, %s) > ($1::text::xid8, $2))`,
+		outbox.Quote(s.cfg.Table), xact, id)
 	// Fail now, with the column names, rather than on every read.
 	if _, err := pool.Exec(ctx, s.readSQL, "0", 0, 0); err != nil {
 		return fmt.Errorf("read outbox %s (check source.columns): %w", s.cfg.Table, err)
@@ -335,7 +327,13 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			}
 			s.read = pos
 		}
-		timer.Reset(nextPoll(len(rows), s.cfg.BatchSize, s.listening.Load(), lastWake, s.cfg.PollInterval, s.cfg.IdlePollInterval))
+		d := nextPoll(len(rows), s.cfg.BatchSize, s.listening.Load(), lastWake, s.cfg.PollInterval, s.cfg.IdlePollInterval)
+		if d > s.cfg.PollInterval && s.heldBack(ctx, pool) {
+			// Committed rows wait behind an open transaction, whose end
+			// sends no notification: keep polling.
+			d = s.cfg.PollInterval
+		}
+		timer.Reset(d)
 	}
 }
 
@@ -352,6 +350,15 @@ func nextPoll(rows, batch int, listening bool, lastWake time.Time, poll, idle ti
 		return max(idle, poll)
 	}
 	return poll
+}
+
+// heldBack reports whether rows past the cursor exist that the last read
+// did not return — committed, but behind the oldest running transaction (or
+// not committed yet). An error counts as yes: poll rather than sleep.
+func (s *Source) heldBack(ctx context.Context, pool *pgxpool.Pool) bool {
+	var held bool
+	err := pool.QueryRow(ctx, s.pendingSQL, strconv.FormatUint(s.read.XactID, 10), s.read.ID).Scan(&held)
+	return err != nil || held
 }
 
 type row struct {
@@ -427,9 +434,14 @@ func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
 		s.win.Recorded(mark)
 		return nil
 	}
-	_, err := pool.Exec(ctx, `INSERT INTO `+outbox.Quote(s.cfg.OffsetsTable)+` (pipeline, xact_id, id, updated_at)
+	// Only forwards: an incarnation still draining after its successor
+	// started (a restart, an ownership hand-over) must not move the cursor
+	// back over what the successor recorded.
+	offsets := outbox.Quote(s.cfg.OffsetsTable)
+	_, err := pool.Exec(ctx, `INSERT INTO `+offsets+` AS o (pipeline, xact_id, id, updated_at)
 		VALUES ($1, $2::text::xid8, $3, now())
-		ON CONFLICT (pipeline) DO UPDATE SET xact_id = EXCLUDED.xact_id, id = EXCLUDED.id, updated_at = now()`,
+		ON CONFLICT (pipeline) DO UPDATE SET xact_id = EXCLUDED.xact_id, id = EXCLUDED.id, updated_at = now()
+		WHERE (o.xact_id, o.id) < (EXCLUDED.xact_id, EXCLUDED.id)`,
 		s.env.Pipeline, strconv.FormatUint(pos.XactID, 10), pos.ID)
 	if err != nil {
 		return err
@@ -546,11 +558,3 @@ func (s *Source) healthLoop(ctx context.Context, pool *pgxpool.Pool) {
 }
 
 var _ plugins.Source = (*Source)(nil)
-
-// capConns applies limits.max_connections to what a source would use.
-func capConns(want, limit int) int32 {
-	if limit > 0 && limit < want {
-		return int32(limit)
-	}
-	return int32(want)
-}

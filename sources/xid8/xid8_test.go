@@ -36,10 +36,21 @@ func delivered(t *testing.T, e *sourcetest.Env) map[int64]bool {
 
 // An open transaction that never touches the outbox still holds the cursor
 // (its xid is below the snapshot xmin); when it ends, the rows behind it go.
+//
+// The transaction's end sends no notification, so the relay keeps polling
+// while committed rows wait behind it, even when notifications flow and it
+// would otherwise poll a quiet table once a minute.
 func TestOpenTransactionHoldsCursor(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	h := harness
+	h.Extra = "idle_poll_interval: 1m"
+	e := sourcetest.Setup(t, h)
 	ctx := context.Background()
 	e.Start(t, e.YAML("held", 100))
+	testenv.Eventually(t, 10*time.Second, "LISTEN session", func() bool {
+		var n int
+		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:held' AND query LIKE 'LISTEN%'`).Scan(&n)
+		return n > 0
+	})
 
 	first, err := sourcetest.Insert(ctx, e.Pool, "agg-1")
 	if err != nil {
@@ -59,7 +70,9 @@ func TestOpenTransactionHoldsCursor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // watch the relay: it must hold the committed row back
+	// Watch the relay, longer than the second of fast polls after a
+	// notification: it must hold the committed row back.
+	time.Sleep(2 * time.Second)
 	if delivered(t, e)[second.OutboxID] {
 		t.Fatal("row delivered while an older transaction was open: the cursor could have passed a row still to commit")
 	}
@@ -189,3 +202,33 @@ func TestOrderAcrossXidDigitBoundary(t *testing.T) {
 }
 
 func TestRetentionNeverDeletesUndelivered(t *testing.T) { sourcetest.TestRetention(t, harness) }
+
+// The recorded cursor only moves forwards: a relay whose cursor another
+// incarnation has already moved past (a hand-over, a restart that overlapped
+// the old one's drain) does not pull it back.
+func TestCursorNeverMovesBack(t *testing.T) {
+	e := sourcetest.Setup(t, harness)
+	ctx := context.Background()
+	e.Start(t, e.YAML("forward", 10))
+	first, err := sourcetest.Insert(ctx, e.Pool, "agg-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cursor := func() (xid string, id int64) {
+		_ = e.Pool.QueryRow(ctx, `SELECT xact_id::text, id FROM ferry_offsets WHERE pipeline = 'forward'`).Scan(&xid, &id)
+		return xid, id
+	}
+	testenv.Eventually(t, 10*time.Second, "the first cursor", func() bool { _, id := cursor(); return id == first.OutboxID })
+	// A successor recorded a cursor far ahead.
+	if _, err := e.Pool.Exec(ctx, `UPDATE ferry_offsets SET xact_id = '100000000'::xid8, id = 7 WHERE pipeline = 'forward'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sourcetest.Insert(ctx, e.Pool, "agg-1"); err != nil {
+		t.Fatal(err)
+	}
+	e.Coll.WaitFor(t, 10*time.Second, "the second event", func(m []testenv.Received) bool { return len(m) == 2 })
+	time.Sleep(time.Second) // several commit intervals
+	if xid, id := cursor(); xid != "100000000" || id != 7 {
+		t.Fatalf("cursor moved back to (%s, %d)", xid, id)
+	}
+}
