@@ -165,3 +165,6 @@ func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTabl
 // Shareable: SKIP LOCKED claims let the pipeline run on every instance at
 // once (ownership: shared).
 func (*Config) Shareable() bool { return true }
+
+var _ plugins.OutboxSource = (*Config)(nil)
+var _ plugins.Shareable = (*Config)(nil)

@@ -12,6 +12,7 @@
 package poll
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -520,7 +521,7 @@ func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) (
 		return nil, err
 	}
 	// UPDATE … RETURNING has no order; the window wants claim order.
-	slices.SortFunc(rows, func(a, b outbox.Row) int { return int(a.ID - b.ID) })
+	slices.SortFunc(rows, func(a, b outbox.Row) int { return cmp.Compare(a.ID, b.ID) })
 	return rows, nil
 }
 
@@ -814,4 +815,11 @@ func (s *Source) healthLoop(ctx context.Context) {
 	}
 }
 
-var _ plugins.Source = (*Source)(nil)
+// What the pipeline asks a running source for: its health (doctor, the
+// admin API), what it holds (lag), and a health check without running.
+var (
+	_ plugins.Source         = (*Source)(nil)
+	_ plugins.HealthReporter = (*Source)(nil)
+	_ plugins.FlowReporter   = (*Source)(nil)
+	_ plugins.Prober         = (*Source)(nil)
+)

@@ -118,3 +118,5 @@ func (c *Config) channel() string {
 // OutboxTable tells components that write to the outbox (the canary
 // generator) where it is.
 func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }
+
+var _ plugins.OutboxSource = (*Config)(nil)

@@ -557,4 +557,11 @@ func (s *Source) healthLoop(ctx context.Context, pool *pgxpool.Pool) {
 	}
 }
 
-var _ plugins.Source = (*Source)(nil)
+// What the pipeline asks a running source for: its health (doctor, the
+// admin API), what it holds (lag), and a health check without running.
+var (
+	_ plugins.Source         = (*Source)(nil)
+	_ plugins.HealthReporter = (*Source)(nil)
+	_ plugins.FlowReporter   = (*Source)(nil)
+	_ plugins.Prober         = (*Source)(nil)
+)
