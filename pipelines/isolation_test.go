@@ -20,10 +20,11 @@ import (
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
-// fleet runs 50 pipelines of 10 tenants, each rate-limited to 20 events/s
-// (well under what the machine delivers, so the count measures isolation,
-// not noise)
+// fleet runs 50 pipelines of 10 tenants, each rate-limited to 5 events/s
 // over a prefilled table, for a fixed time, and counts what each delivered.
+// The fleet's 250 events/s are a fraction of what the machine delivers even
+// under CI load (at 20/s each, a loaded run fell short of the limit), so the
+// throttle, not the noise, sets the counts and the ratio measures isolation.
 // deadTenant's pipelines publish to a broker that does not exist.
 func fleet(t *testing.T, e *sourcetest.Env, coll *testenv.Collector, run string, deadTenant int) map[string]int {
 	t.Helper()
@@ -44,7 +45,7 @@ func fleet(t *testing.T, e *sourcetest.Env, coll *testenv.Collector, run string,
 		if tenant == deadTenant {
 			url = "nats://127.0.0.1:1"
 		}
-		fmt.Fprintf(&y, "---\nname: %s-%02d\ntenant: t%d\nsource: {type: xid8, dsn: %q, table: %s, poll_interval: 50ms}\nsink: {type: nats, url: %q, subject: %s.%s.%02d}\nlimits: {max_in_flight: 100, rate: 20, max_connections: 2}\n",
+		fmt.Fprintf(&y, "---\nname: %s-%02d\ntenant: t%d\nsource: {type: xid8, dsn: %q, table: %s, poll_interval: 50ms}\nsink: {type: nats, url: %q, subject: %s.%s.%02d}\nlimits: {max_in_flight: 100, rate: 5, max_connections: 2}\n",
 			run, i, tenant, e.DSN, table, url, e.Subject, run, i)
 	}
 	specs, err := pipelines.Loader{}.LoadBytes("fleet.yaml", []byte(y.String()))
@@ -80,7 +81,7 @@ func fleet(t *testing.T, e *sourcetest.Env, coll *testenv.Collector, run string,
 		return true
 	})
 	before := perPipeline(coll, e.Subject+"."+run+".")
-	time.Sleep(4 * time.Second) // the measured period
+	time.Sleep(8 * time.Second) // the measured period
 	after := perPipeline(coll, e.Subject+"."+run+".")
 	if deadTenant >= 0 {
 		for _, st := range sup.Statuses() {
@@ -125,18 +126,14 @@ func TestFailureIsolationAcrossTenants(t *testing.T) {
 	}
 	a, b := sum(healthy, true), sum(withDead, true)
 	ratio := float64(b) / float64(a)
-	t.Logf("45 healthy pipelines delivered %d events in 4s with every broker up, %d with tenant t0's broker down: ratio %.3f", a, b, ratio)
-	// The machine is shared, so the two 4-second counts differ by noise
-	// (0.8–1.2 seen under CI load). What must never happen is coupling: a
-	// healthy pipeline that stops while the dead tenant backs off, or the
-	// fleet's rate collapsing.
+	t.Logf("45 healthy pipelines delivered %d events in 8s with every broker up, %d with tenant t0's broker down: ratio %.3f", a, b, ratio)
 	for i := range 50 {
 		if k := fmt.Sprintf("%02d", i); i%10 != 0 && withDead[k] == 0 {
 			t.Errorf("healthy pipeline b-%s delivered nothing while tenant t0's broker was down", k)
 		}
 	}
-	if a == 0 || ratio < 0.5 {
-		t.Fatalf("ratio %.3f: a dead broker in one tenant halved the others' throughput", ratio)
+	if a == 0 || ratio < 0.9 || ratio > 1.1 {
+		t.Fatalf("ratio %.3f: a dead broker in one tenant changed the others' throughput by more than 10%%", ratio)
 	}
 	if dead := sum(withDead, false) - b; dead != 0 {
 		t.Fatalf("the dead tenant delivered %d events", dead)
