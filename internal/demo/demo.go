@@ -261,15 +261,19 @@ func write(ctx context.Context, pool *pgxpool.Pool, w, writers, orders int, t *t
 	for i := w; i < orders; i += writers {
 		mine = append(mine, fmt.Sprintf("order-%03d", i))
 	}
+	// A transaction, once begun, runs to its end even when the writers are
+	// told to stop: a COMMIT cancelled in flight may still have committed,
+	// and its event would arrive without having been counted as written.
+	txCtx := context.WithoutCancel(ctx)
 	for ctx.Err() == nil {
 		order := mine[rng.IntN(len(mine))]
-		tx, err := pool.Begin(ctx)
+		tx, err := pool.Begin(txCtx)
 		if err != nil {
 			return err
 		}
 		var version int
 		var status string
-		err = tx.QueryRow(ctx, `INSERT INTO demo_orders (id, version, status) VALUES ($1, 1, 'placed')
+		err = tx.QueryRow(txCtx, `INSERT INTO demo_orders (id, version, status) VALUES ($1, 1, 'placed')
 			ON CONFLICT (id) DO UPDATE SET version = demo_orders.version + 1,
 			  status = (ARRAY['placed','paid','packed','shipped','delivered'])[1 + demo_orders.version % 5]
 			RETURNING version, status`, order).Scan(&version, &status)
@@ -279,7 +283,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, w, writers, orders int, t *t
 		}
 		payload, _ := json.Marshal(map[string]any{"order_id": order, "version": version, "status": status})
 		var id int64
-		err = tx.QueryRow(ctx, `INSERT INTO demo_outbox (aggregate_type, aggregate_id, type, payload)
+		err = tx.QueryRow(txCtx, `INSERT INTO demo_outbox (aggregate_type, aggregate_id, type, payload)
 			VALUES ('order', $1, $2, $3) RETURNING id`, order, "Order"+status, payload).Scan(&id)
 		if err != nil {
 			tx.Rollback(context.Background())
@@ -289,7 +293,7 @@ func write(ctx context.Context, pool *pgxpool.Pool, w, writers, orders int, t *t
 		if held {
 			time.Sleep(time.Duration(50+rng.IntN(250)) * time.Millisecond)
 		}
-		if err := tx.Commit(ctx); err != nil {
+		if err := tx.Commit(txCtx); err != nil {
 			return err
 		}
 		t.written(id, held)
