@@ -51,7 +51,25 @@ type streamer struct {
 	// event or the COMMIT arrives: then it is known whether it is the last
 	// one, and so whether acking it completes the transaction (see Position).
 	held *heldEvent
+	// heard is when the server last sent anything (or when the stream last
+	// started listening); asked is when a reply was last requested. See
+	// serverSilence.
+	heard, asked time.Time
 }
+
+// A connection that died without an error — a half-open TCP connection
+// after a network partition, a NAT or firewall that forgot it, a frozen
+// proxy — reads nothing and writes into a void: status updates "succeed"
+// and the stream waits for ever. So after askAfter without a message the
+// next status update asks the server to reply at once, and serverSilence
+// without any message (while the stream was reading) ends the session;
+// the source reconnects. PostgreSQL answers a request within a round trip
+// even while it decodes (it checks for replies between changes), and its
+// own replicas give up after wal_receiver_timeout (60s) the same way.
+const (
+	askAfter      = 5 * time.Second
+	serverSilence = 30 * time.Second
+)
 
 type heldEvent struct {
 	key string
@@ -61,7 +79,7 @@ type heldEvent struct {
 
 func (s *Source) stream(ctx context.Context, conn *pgconn.PgConn, slot string) error {
 	st := &streamer{s: s, conn: conn, slot: slot, relations: map[uint32]*relation{},
-		nextStatus: time.Now().Add(s.cfg.StatusInterval)}
+		nextStatus: time.Now().Add(s.cfg.StatusInterval), heard: time.Now()}
 	netConn := conn.Conn()
 	// A cancelled ctx interrupts a blocking read through its deadline; the
 	// read loop then finds ctx done and shuts down in order.
@@ -95,11 +113,16 @@ func (s *Source) stream(ctx context.Context, conn *pgconn.PgConn, slot string) e
 		msg, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if isTimeout(err) {
+				if silent := time.Since(st.heard); silent > max(serverSilence, 3*s.cfg.StatusInterval) && ctx.Err() == nil {
+					return fmt.Errorf("replication stream: no message from the server for %s although a reply was requested; "+
+						"the connection is presumed dead", silent.Round(time.Second))
+				}
 				deadline = time.Time{}
 				continue
 			}
 			return fmt.Errorf("replication stream: %w", err)
 		}
+		st.heard = time.Now()
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
 			if err := st.handle(ctx, msg.Data); err != nil {
@@ -249,6 +272,11 @@ func (st *streamer) admitHeld(ctx context.Context) error {
 // read the socket, but it keeps the server informed: see streamer.
 func (st *streamer) admit(ctx context.Context, key string, pos Position, msg *message.Message) error {
 	s := st.s
+	if s.win.Room() <= 0 {
+		// The socket is not read while waiting: silence meanwhile says
+		// nothing about the connection.
+		defer func() { st.heard = time.Now() }()
+	}
 	for s.win.Room() <= 0 {
 		t := time.NewTimer(max(time.Until(st.nextStatus), 0))
 		select {
@@ -293,9 +321,14 @@ func (st *streamer) sendStatus() error {
 		// position, confirming what was not delivered.
 		write = 0
 	}
+	now := time.Now()
+	ask := now.Sub(st.heard) > askAfter && now.Sub(st.asked) > askAfter
 	if err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: write, WALFlushPosition: confirm, WALApplyPosition: confirm}); err != nil {
+		WALWritePosition: write, WALFlushPosition: confirm, WALApplyPosition: confirm, ReplyRequested: ask}); err != nil {
 		return fmt.Errorf("send status update: %w", err)
+	}
+	if ask {
+		st.asked = now
 	}
 	s.advanceConfirmed(confirm)
 	s.confirmedPending(confirm)
