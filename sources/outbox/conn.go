@@ -7,28 +7,25 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 )
 
-// Connections sizes a source's pool under limits.max_connections (limit, 0
-// for none): want connections for its loops, and one more for LISTEN when
-// listen is set and the limit leaves room. The listener's connection is
-// taken out of the pool for good (Listen hijacks it), so the pool no longer
-// counts it and would open another in its place: the pool gets one fewer.
-func Connections(want, limit int, listen bool) (maxConns int32, listening bool) {
-	switch {
-	case limit <= 0:
-		return int32(want), listen
-	case listen && limit > 1:
-		return int32(min(want, limit-1)), true
-	default:
-		return int32(min(want, limit)), false
+// Connections caps what a source's pool may open at limits.max_connections
+// (limit, 0 for none). The process's LISTEN session per database is shared
+// by all pipelines and counted by none.
+func Connections(want, limit int) int32 {
+	if limit > 0 && limit < want {
+		return int32(limit)
 	}
+	return int32(want)
 }
+
+// ConnIdleTime closes a source's pool connection unused this long: an idle
+// pipeline needs one (its reads every idle_poll_interval), and a hundred of
+// them should not hold the extra ones a busy minute opened.
+const ConnIdleTime = time.Minute
 
 // DrainTimeout is how long a stopping source lets dispatched messages
 // finish: the pipeline's drain timeout, else 10s.
@@ -92,54 +89,6 @@ func NotifyChannel(table string) string {
 		ch = ch[:63]
 	}
 	return ch
-}
-
-// Listen takes a connection from pool for good, LISTENs on channel and calls
-// wake on every notification, reconnecting with backoff, until ctx ends.
-// Notifications are hints: they are lost while disconnected, which is why
-// sources keep polling.
-//
-// listening, if not nil, is told when notifications start and stop coming:
-// while they do, a source may poll a quiet table less often.
-func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, wake func(), listening func(bool)) {
-	if listening == nil {
-		listening = func(bool) {}
-	}
-	defer listening(false)
-	bo := Backoff()
-	for ctx.Err() == nil {
-		err := listenOnce(ctx, pool, channel, wake, func() { bo.Reset(); listening(true) })
-		listening(false)
-		if ctx.Err() != nil {
-			return
-		}
-		d := bo.NextBackOff()
-		log.Warn("listen for notifications; polling meanwhile", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
-		select {
-		case <-ctx.Done():
-		case <-time.After(d):
-		}
-	}
-}
-
-func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake, listening func()) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// A connection that LISTENed must not go back to the pool.
-	c := conn.Hijack()
-	defer c.Close(context.Background())
-	if _, err := c.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return err
-	}
-	listening()
-	for {
-		if _, err := c.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		wake()
-	}
 }
 
 // WaitIdle waits, after a source closed its window, until the router

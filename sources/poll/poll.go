@@ -77,7 +77,6 @@ type Source struct {
 	batches *outbox.BatchMetrics
 
 	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
-	canListen bool        // set by open: limits.max_connections leaves room to LISTEN
 
 	healthMu sync.Mutex
 	health   plugins.Health
@@ -207,7 +206,7 @@ func (s *Source) run(ctx context.Context) {
 		loops.Add(1)
 		go func() { defer loops.Done(); f() }()
 	}
-	if s.canListen {
+	if s.cfg.Listen {
 		spawn(func() {
 			outbox.Listen(claimCtx, pool, s.cfg.channel(), s.log, func() {
 				for _, w := range s.workers {
@@ -261,7 +260,8 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	// marks and renewals; plus the health query. Under a lower
 	// limits.max_connections the workers share: claims queue for a
 	// connection.
-	pc.MaxConns, s.canListen = outbox.Connections(2*s.cfg.Workers+1, s.env.MaxConnections, s.cfg.Listen)
+	pc.MaxConns = outbox.Connections(2*s.cfg.Workers+1, s.env.MaxConnections)
+	pc.MaxConnIdleTime = outbox.ConnIdleTime
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -78,7 +78,6 @@ type Source struct {
 	pendingSQL string // any row past the cursor, visible or not
 
 	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
-	canListen bool        // set by open: limits.max_connections leaves room to LISTEN
 
 	healthMu sync.Mutex // guards health and committed (read by measure)
 	health   plugins.Health
@@ -151,7 +150,7 @@ func (s *Source) run(ctx context.Context) {
 	if pool != nil {
 		var wg sync.WaitGroup
 		wake := make(chan struct{}, 1)
-		if s.canListen {
+		if s.cfg.Listen {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -202,8 +201,9 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("source.dsn: %w", err)
 	}
-	// Reader, committer, health; and the listener when there is room.
-	pc.MaxConns, s.canListen = outbox.Connections(3, s.env.MaxConnections, s.cfg.Listen)
+	// Reader, committer, health (LISTEN has the shared session).
+	pc.MaxConns = outbox.Connections(3, s.env.MaxConnections)
+	pc.MaxConnIdleTime = outbox.ConnIdleTime
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -48,7 +48,7 @@ func TestOpenTransactionHoldsCursor(t *testing.T) {
 	e.Start(t, e.YAML("held", 100))
 	testenv.Eventually(t, 10*time.Second, "LISTEN session", func() bool {
 		var n int
-		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:held' AND query LIKE 'LISTEN%'`).Scan(&n)
+		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:listen' AND query LIKE 'LISTEN%'`).Scan(&n)
 		return n > 0
 	})
 
@@ -94,7 +94,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	// waiting until the listener's session shows in pg_stat_activity.
 	testenv.Eventually(t, 10*time.Second, "LISTEN session", func() bool {
 		var n int
-		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:notify' AND query LIKE 'LISTEN%'`).Scan(&n)
+		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:listen' AND query LIKE 'LISTEN%'`).Scan(&n)
 		return n > 0
 	})
 	w, err := sourcetest.Insert(ctx, e.Pool, "agg-1")
