@@ -19,7 +19,7 @@ test: vet
 
 # The standard matrix of `ferry bench` (every scenario, source and sink,
 # against watermill-sql and the broker ceiling measured in the same run);
-# about 40 minutes. BENCHFLAGS adds flags, e.g. BENCHFLAGS=--quick.
+# about 50 minutes on 2 cores. BENCHFLAGS adds flags, e.g. BENCHFLAGS=--quick.
 bench: build
 	bin/ferry bench --markdown bin/bench.md $(BENCHFLAGS)
 
