@@ -134,20 +134,9 @@ func Writers(ctx context.Context, t testing.TB, pool *pgxpool.Pool, sessions, n,
 		written []Written
 		wg      sync.WaitGroup
 	)
-	// The aggregates exist before the sessions start, as a service's rows
-	// do: each transaction's first write is then the lock of an existing
-	// row, and transaction ids follow each aggregate's commit order. Two
-	// transactions that create one aggregate concurrently (INSERT … ON
-	// CONFLICT) may take their ids in the opposite order of their commits
-	// — the xid8 source's documented limit, not a race to test here.
 	names := make([]string, aggregates)
 	for i := range names {
 		names[i] = fmt.Sprintf("agg-%03d", i)
-	}
-	if _, err := pool.Exec(ctx, `INSERT INTO agg_seq (id, seq) SELECT unnest($1::text[]), 0
-		ON CONFLICT (id) DO NOTHING`, names); err != nil {
-		t.Errorf("create aggregates: %v", err)
-		return nil
 	}
 	per := n / sessions
 	for s := range sessions {
@@ -162,6 +151,15 @@ func Writers(ctx context.Context, t testing.TB, pool *pgxpool.Pool, sessions, n,
 				if err != nil {
 					if ctx.Err() == nil {
 						t.Errorf("begin: %v", err)
+					}
+					return
+				}
+				// Serialise the aggregate's writers before the transaction
+				// takes its id, as the xid8 source requires for commit order.
+				if _, err := tx.Exec(ctx, LockSQL, agg); err != nil {
+					tx.Rollback(context.Background())
+					if ctx.Err() == nil {
+						t.Errorf("lock %s: %v", agg, err)
 					}
 					return
 				}

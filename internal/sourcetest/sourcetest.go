@@ -196,6 +196,14 @@ type Written struct {
 	Seq       int
 }
 
+// LockSQL serialises the writers of aggregate $1 for the rest of the
+// transaction. An advisory lock takes no transaction id, so a writer takes
+// its id only once it holds the aggregate: ids then follow each aggregate's
+// commit order. A row lock would not do: UPDATE takes its id before it finds
+// the row locked and waits, and a writer arriving after the holder's commit
+// can update first — a later commit with an earlier id.
+const LockSQL = `SELECT pg_advisory_xact_lock(hashtext($1))`
+
 // InsertSQL writes one event for aggregate $1: the sequence bump takes the
 // aggregate's row lock (and the transaction id) first, as a service updating
 // its aggregate would.

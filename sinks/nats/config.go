@@ -20,6 +20,11 @@ type Config struct {
 	Subject string `yaml:"subject"`
 	// PublishTimeout bounds the wait for a JetStream PubAck. Default 5s.
 	PublishTimeout time.Duration `yaml:"publish_timeout"`
+	// PingInterval is how often the client pings the server; two pings
+	// unanswered end the connection, and it reconnects. A connection that
+	// died without an error (a network partition, a NAT that forgot it)
+	// is noticed within about three intervals. Default 5s.
+	PingInterval time.Duration `yaml:"ping_interval"`
 	// CreateStream, when set, creates (or updates) a stream at start.
 	CreateStream *StreamConfig `yaml:"create_stream"`
 	// User and Password authenticate with a user name and password; the URL
@@ -70,7 +75,7 @@ type StreamConfig struct {
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
-	return &Config{URL: "nats://127.0.0.1:4222", PublishTimeout: 5 * time.Second}
+	return &Config{URL: "nats://127.0.0.1:4222", PublishTimeout: 5 * time.Second, PingInterval: 5 * time.Second}
 }
 
 var streamName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
@@ -93,6 +98,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PublishTimeout <= 0 {
 		p.Add("publish_timeout", "must be positive")
+	}
+	if c.PingInterval <= 0 {
+		p.Add("ping_interval", "must be positive")
 	}
 	if s := c.CreateStream; s != nil {
 		if !streamName.MatchString(s.Name) {

@@ -112,6 +112,11 @@ func (s *Sink) options() ([]nats.Option, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
 		nats.ReconnectBufSize(-1),
+		// The client's default (two minutes, two pings) leaves a half-open
+		// connection unnoticed for minutes: every publish times out
+		// meanwhile.
+		nats.PingInterval(s.cfg.PingInterval),
+		nats.MaxPingsOutstanding(2),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				s.log.Warn("nats disconnected", "err", redact.Error(err))
