@@ -38,8 +38,8 @@ import (
 // A crash before step 3 drops the temporary slot, so the next start does it
 // all again: the snapshot's rows are sent twice, never lost. (A permanent slot
 // created at step 1 would survive the crash at a position past rows not yet
-// delivered.) Per-aggregate order holds across passes when, as with the xid8
-// source, each aggregate's writers serialise on its row lock: a snapshot then
+// delivered.) Per-aggregate order holds across passes when each aggregate's
+// writers serialise on a lock taken before their outbox insert: a snapshot then
 // sees a prefix of each aggregate's events, in id order.
 type bootstrap struct {
 	// promote: the slot streamed is the temporary copy of s.slot, to be
