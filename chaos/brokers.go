@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
@@ -41,7 +42,7 @@ type Broker interface {
 // StartBroker prepares sink's broker for one scenario; proxy is the proxy
 // the pipeline will publish through (Kafka advertises it as the broker's
 // address, so that every connection of the client takes it).
-func StartBroker(t testing.TB, sink string, proxy *Proxy) Broker {
+func StartBroker(t testing.TB, sink string, proxy *faultproxy.Proxy) Broker {
 	t.Helper()
 	switch sink {
 	case "nats":
@@ -195,7 +196,7 @@ type advertised struct {
 
 func (a advertised) Addr() net.Addr { return a.addr }
 
-func startKafka(t testing.TB, proxy *Proxy) *kafkaBroker {
+func startKafka(t testing.TB, proxy *faultproxy.Proxy) *kafkaBroker {
 	proxyAddr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: proxy.Port()}
 	listen := kfake.ListenFn(func(network, address string) (net.Listener, error) {
 		l, err := net.Listen(network, address)

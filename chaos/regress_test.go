@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/ownership"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -21,7 +22,7 @@ import (
 // half-open scenario: every source stopped delivering for good).
 func TestHeartbeatOnHalfOpenConnection(t *testing.T) {
 	db := NewDatabase(t)
-	p := StartProxy(t, db.Addr())
+	p := faultproxy.Start(t, db.Addr())
 	reg := ownership.NewRegistry(db.DSNVia(p.Addr()), "chaos-heartbeat", 500*time.Millisecond)
 	t.Cleanup(reg.Leave)
 	ctx := context.Background()

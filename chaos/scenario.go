@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/sources/poll"
@@ -210,8 +211,8 @@ type run struct {
 	cfg     Config
 	sc      Scenario
 	db      *Database
-	pgProxy *Proxy
-	bProxy  *Proxy
+	pgProxy *faultproxy.Proxy
+	bProxy  *faultproxy.Proxy
 	broker  Broker
 	ver     *Verifier
 	path    string
@@ -280,8 +281,8 @@ func (r *run) setup() {
 	if _, err := r.db.Pool.Exec(ctx, r.cfg.Writer.SchemaSQL()); err != nil {
 		t.Fatal(err)
 	}
-	r.pgProxy = StartProxy(t, r.db.Addr())
-	r.bProxy = StartProxy(t, "")
+	r.pgProxy = faultproxy.Start(t, r.db.Addr())
+	r.bProxy = faultproxy.Start(t, "")
 	r.broker = StartBroker(t, r.cfg.Sink, r.bProxy)
 	r.bProxy.SetTarget(r.broker.Addr())
 	r.ver = startVerifier(t, r.broker.feed(t))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
@@ -26,6 +27,13 @@ func Connections(want, limit int) int32 {
 // pipeline needs one (its reads every idle_poll_interval), and a hundred of
 // them should not hold the extra ones a busy minute opened.
 const ConnIdleTime = time.Minute
+
+// ClosePool closes a stopping source's pool without waiting: closing a
+// connection that died without an error (a partition) waits up to 15s for
+// the server's goodbye, which must not hold up a shutdown bounded by its
+// drain timeout. Every statement has ended by then; only the goodbyes run
+// on.
+func ClosePool(pool *pgxpool.Pool) { go pool.Close() }
 
 // DrainTimeout is how long a stopping source lets dispatched messages
 // finish: the pipeline's drain timeout, else 10s.

@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -17,6 +19,10 @@ import (
 // hundred. Pipelines join and leave as they start and stop; the session
 // LISTENs to the union of their channels and hands each notification to the
 // pipelines of its channel.
+
+// listenCheck is how long a listening session may be quiet before it is
+// asked to answer (within a third of it) to show it is alive.
+var listenCheck = 15 * time.Second
 
 // listeners holds the sessions by connection string.
 var listeners = struct {
@@ -139,9 +145,9 @@ func (l *listener) session(ctx context.Context, connected func()) error {
 		}
 		connected()
 		l.setListening(listened)
-		// Wait for a notification, or until the channels change: a
-		// cancelled wait leaves the connection usable.
-		waitCtx, cancel := context.WithCancel(ctx)
+		// Wait for a notification, until the channels change, or for
+		// listenCheck: a cancelled wait leaves the connection usable.
+		waitCtx, cancel := context.WithTimeout(ctx, listenCheck)
 		go func() {
 			select {
 			case <-l.changed:
@@ -150,13 +156,24 @@ func (l *listener) session(ctx context.Context, connected func()) error {
 			}
 		}()
 		n, err := conn.WaitForNotification(waitCtx)
-		changed := waitCtx.Err() != nil && ctx.Err() == nil
+		interrupted := waitCtx.Err() != nil && ctx.Err() == nil
+		quiet := errors.Is(waitCtx.Err(), context.DeadlineExceeded)
 		cancel()
 		if err != nil {
-			if changed && !conn.IsClosed() {
-				continue
+			if !interrupted || conn.IsClosed() {
+				return err
 			}
-			return err
+			if quiet {
+				// A connection that died without an error (a partition, a
+				// NAT that forgot it) waits for ever: ask it for an answer.
+				pingCtx, cancel := context.WithTimeout(ctx, listenCheck/3)
+				err := conn.Ping(pingCtx)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("no answer from the listening session: %w", err)
+				}
+			}
+			continue
 		}
 		l.mu.Lock()
 		for sub := range l.subs {

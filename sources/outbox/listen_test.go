@@ -3,12 +3,14 @@ package outbox
 import (
 	"context"
 	"log/slog"
+	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/testenv"
 )
 
@@ -108,4 +110,40 @@ func TestPipelinesShareOneListenSession(t *testing.T) {
 	if left != 0 {
 		t.Fatalf("%d listeners left", left)
 	}
+}
+
+// A listening session that died without an error (a partition, a NAT that
+// forgot it) is noticed by its quiet-time check and replaced.
+func TestListenSessionHalfOpen(t *testing.T) {
+	defer func(d time.Duration) { listenCheck = d }(listenCheck)
+	listenCheck = time.Second
+	dsn := testenv.Postgres(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := faultproxy.Start(t, u.Host)
+	u.Host = proxy.Addr()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	a := subscribe(pool, "ch_a")
+	defer a.leave()
+	testenv.Eventually(t, 10*time.Second, "listening", a.listening.Load)
+	proxy.Blackhole()
+	proxy.Heal() // the session stays frozen; new connections work
+	testenv.Eventually(t, 20*time.Second, "the frozen session given up", func() bool { return !a.listening.Load() })
+	testenv.Eventually(t, 20*time.Second, "a new session listening", a.listening.Load)
+	direct, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, err := direct.Exec(ctx, `SELECT pg_notify('ch_a', '')`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "woken through the new session", func() bool { return a.wakes.Load() >= 1 })
 }

@@ -75,6 +75,11 @@ type Config struct {
 	// MetricsInterval is how often backlog and oldest-age gauges are
 	// refreshed. Default 15s.
 	MetricsInterval time.Duration `yaml:"metrics_interval"`
+	// QueryTimeout bounds each statement, and connecting. A connection that
+	// died without an error (a partition, a NAT that forgot it) otherwise
+	// holds a query for ever; past the timeout the connection is dropped
+	// and the source carries on with a new one. Default 30s.
+	QueryTimeout time.Duration `yaml:"query_timeout"`
 }
 
 // DefaultConfig returns the defaults.
@@ -93,6 +98,7 @@ func DefaultConfig() *Config {
 		MaxAttempts:      10,
 		MarkInterval:     100 * time.Millisecond,
 		MetricsInterval:  15 * time.Second,
+		QueryTimeout:     30 * time.Second,
 	}
 }
 
@@ -143,6 +149,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MetricsInterval < time.Second {
 		p.Add("metrics_interval", "must be at least 1s, got %s", c.MetricsInterval)
+	}
+	if c.QueryTimeout < time.Second {
+		p.Add("query_timeout", "must be at least 1s, got %s", c.QueryTimeout)
 	}
 	if c.Retention != nil {
 		c.Retention.Defaults()

@@ -199,7 +199,7 @@ func (s *Source) run(ctx context.Context) {
 		return
 	}
 	s.pool = pool
-	defer pool.Close()
+	defer outbox.ClosePool(pool)
 
 	var loops sync.WaitGroup
 	spawn := func(f func()) {
@@ -219,6 +219,8 @@ func (s *Source) run(ctx context.Context) {
 	if r := s.cfg.Retention; r != nil {
 		spawn(func() {
 			outbox.RunRetention(claimCtx, r, s.env.Metrics, s.log, func(ctx context.Context) (int64, error) {
+				ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+				defer cancel()
 				tag, err := pool.Exec(ctx, s.sql.retention, r.After.Seconds(), r.Batch)
 				return tag.RowsAffected(), err
 			})
@@ -262,12 +264,15 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	// connection.
 	pc.MaxConns = outbox.Connections(2*s.cfg.Workers+1, s.env.MaxConnections)
 	pc.MaxConnIdleTime = outbox.ConnIdleTime
+	pc.ConnConfig.ConnectTimeout = s.cfg.QueryTimeout
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.prepare(ctx, pool); err != nil {
+	prepCtx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	if err := s.prepare(prepCtx, pool); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -414,7 +419,9 @@ func (w *worker) claimLeases(ctx context.Context, limit int) (int, error) {
 // longer: a failure gives up the rest of its aggregate's rows in the batch,
 // which stay unclaimed for the next pass.
 func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error) {
-	tx, err := w.s.pool.Begin(ctx)
+	beginCtx, cancel := context.WithTimeout(ctx, w.s.cfg.QueryTimeout)
+	tx, err := w.s.pool.Begin(beginCtx)
+	cancel()
 	if err != nil {
 		return 0, err
 	}
@@ -457,17 +464,20 @@ func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error)
 		w.win.Recorded(mark)
 		w.untrackAll()
 	}()
-	if err := w.markIn(context.Background(), tx, acked); err != nil {
+	// Not ctx: at shutdown the batch still ends with what was delivered.
+	endCtx, cancel := context.WithTimeout(context.Background(), w.s.cfg.QueryTimeout)
+	defer cancel()
+	if err := w.markIn(endCtx, tx, acked); err != nil {
 		return 0, err
 	}
 	for id, f := range failed {
 		var attempts int
-		if err := tx.QueryRow(context.Background(), w.s.sql.nack, id, f.reason, w.s.maxAttempts(f.permanent)).Scan(&attempts); err != nil {
+		if err := tx.QueryRow(endCtx, w.s.sql.nack, id, f.reason, w.s.maxAttempts(f.permanent)).Scan(&attempts); err != nil {
 			return 0, err
 		}
 		w.logIfParked(id, attempts, f)
 	}
-	if err := tx.Commit(context.Background()); err != nil {
+	if err := tx.Commit(endCtx); err != nil {
 		return 0, err
 	}
 	if len(failed) > 0 && len(acked) == 0 {
@@ -504,6 +514,8 @@ type querier interface {
 }
 
 func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) ([]outbox.Row, error) {
+	ctx, cancel := context.WithTimeout(ctx, w.s.cfg.QueryTimeout)
+	defer cancel()
 	rs, err := q.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
@@ -633,6 +645,8 @@ func (w *worker) mark(ctx context.Context) error {
 	w.unmarked = nil
 	w.mu.Unlock()
 	if len(acked) > 0 {
+		ctx, cancel := context.WithTimeout(ctx, w.s.cfg.QueryTimeout)
+		defer cancel()
 		if err := w.markIn(ctx, w.s.pool, acked); err != nil {
 			// Put them back for the next try.
 			w.requeue(acked)
@@ -710,9 +724,11 @@ func (w *worker) renewLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		if ids := w.inFlightIDs(); len(ids) > 0 {
-			if _, err := w.s.pool.Exec(ctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id); err != nil && ctx.Err() == nil {
+			rctx, cancel := context.WithTimeout(ctx, w.s.cfg.QueryTimeout)
+			if _, err := w.s.pool.Exec(rctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id); err != nil && ctx.Err() == nil {
 				w.s.log.Warn("renew leases", "err", redact.Error(err))
 			}
+			cancel()
 		}
 	}
 }
@@ -778,6 +794,8 @@ func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
 }
 
 func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool) (plugins.Health, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
 	var n, parked int64
 	var age float64
 	if err := pool.QueryRow(ctx, s.sql.health).Scan(&n, &age, &parked); err != nil {

@@ -274,3 +274,5 @@ func TestValidate(t *testing.T) {
 }
 
 func TestRetentionNeverDeletesUndelivered(t *testing.T) { sourcetest.TestRetention(t, harness) }
+
+func TestHalfOpenDatabase(t *testing.T) { sourcetest.TestHalfOpenDatabase(t, harness) }

@@ -46,6 +46,11 @@ type Config struct {
 	// undelivered age and the oldest running transaction are measured.
 	// Default 15s.
 	MetricsInterval time.Duration `yaml:"metrics_interval"`
+	// QueryTimeout bounds each statement, and connecting. A connection that
+	// died without an error (a partition, a NAT that forgot it) otherwise
+	// holds a query for ever; past the timeout the connection is dropped
+	// and the source carries on with a new one. Default 30s.
+	QueryTimeout time.Duration `yaml:"query_timeout"`
 }
 
 // DefaultConfig returns the defaults.
@@ -61,6 +66,7 @@ func DefaultConfig() *Config {
 		OffsetsTable:     "ferry_offsets",
 		CommitInterval:   200 * time.Millisecond,
 		MetricsInterval:  15 * time.Second,
+		QueryTimeout:     30 * time.Second,
 	}
 }
 
@@ -93,6 +99,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MetricsInterval < time.Second {
 		p.Add("metrics_interval", "must be at least 1s, got %s", c.MetricsInterval)
+	}
+	if c.QueryTimeout < time.Second {
+		p.Add("query_timeout", "must be at least 1s, got %s", c.QueryTimeout)
 	}
 	if c.IdlePollInterval < time.Millisecond {
 		p.Add("idle_poll_interval", "must be at least 1ms, got %s", c.IdlePollInterval)

@@ -183,7 +183,7 @@ func (s *Source) run(ctx context.Context) {
 			s.log.Error("record progress at shutdown", "err", redact.Error(err))
 		}
 		cancel()
-		pool.Close()
+		outbox.ClosePool(pool)
 	}
 	s.win.Close()
 	outbox.WaitIdle(s.log, outbox.DrainTimeout(s.env), s.win.Idle)
@@ -204,12 +204,15 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	// Reader, committer, health (LISTEN has the shared session).
 	pc.MaxConns = outbox.Connections(3, s.env.MaxConnections)
 	pc.MaxConnIdleTime = outbox.ConnIdleTime
+	pc.ConnConfig.ConnectTimeout = s.cfg.QueryTimeout
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.prepare(ctx, pool); err != nil {
+	prepCtx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	if err := s.prepare(prepCtx, pool); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -356,6 +359,8 @@ func nextPoll(rows, batch int, listening bool, lastWake time.Time, poll, idle ti
 // did not return — committed, but behind the oldest running transaction (or
 // not committed yet). An error counts as yes: poll rather than sleep.
 func (s *Source) heldBack(ctx context.Context, pool *pgxpool.Pool) bool {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
 	var held bool
 	err := pool.QueryRow(ctx, s.pendingSQL, strconv.FormatUint(s.read.XactID, 10), s.read.ID).Scan(&held)
 	return err != nil || held
@@ -367,6 +372,8 @@ type row struct {
 }
 
 func (s *Source) readBatch(ctx context.Context, pool *pgxpool.Pool, out []row) ([]row, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
 	rows, err := pool.Query(ctx, s.readSQL, strconv.FormatUint(s.read.XactID, 10), s.read.ID, s.cfg.BatchSize)
 	if err != nil {
 		return out, err
@@ -426,6 +433,8 @@ func (s *Source) commitLoop(ctx context.Context, pool *pgxpool.Pool) {
 }
 
 func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
 	pos, mark, ok := s.win.Prefix()
 	if !ok {
 		return nil
@@ -456,6 +465,8 @@ func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
 // deleteDelivered deletes a batch of rows at or behind the recorded cursor
 // — delivered, by the cursor's guarantee — and older than retention.after.
 func (s *Source) deleteDelivered(ctx context.Context, pool *pgxpool.Pool, r *outbox.Retention) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
 	s.healthMu.Lock()
 	cursor := s.committed
 	s.healthMu.Unlock()
@@ -511,6 +522,8 @@ func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
 // measure counts the rows past pos, the age of the oldest, and the oldest
 // running transaction — what holds the cursor back.
 func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool, pos Position) (plugins.Health, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
 	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
 	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
 	var n int64

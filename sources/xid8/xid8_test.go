@@ -232,3 +232,5 @@ func TestCursorNeverMovesBack(t *testing.T) {
 		t.Fatalf("cursor moved back to (%s, %d)", xid, id)
 	}
 }
+
+func TestHalfOpenDatabase(t *testing.T) { sourcetest.TestHalfOpenDatabase(t, harness) }

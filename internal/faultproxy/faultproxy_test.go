@@ -1,4 +1,4 @@
-package chaos
+package faultproxy
 
 import (
 	"bufio"
@@ -59,7 +59,7 @@ func (c *lineConn) roundTrip(line string, d time.Duration) (string, error) {
 }
 
 func TestProxyCutStallBlackhole(t *testing.T) {
-	p := StartProxy(t, echoServer(t))
+	p := Start(t, echoServer(t))
 	c := dialLine(t, p.Addr())
 	if got, err := c.roundTrip("one", 5*time.Second); err != nil || got != "one" {
 		t.Fatalf("through the proxy: %q, %v", got, err)

@@ -1,4 +1,4 @@
-package chaos
+package faultproxy
 
 import (
 	"errors"
@@ -61,9 +61,9 @@ func (l *link) close() {
 	})
 }
 
-// StartProxy listens on a free port of 127.0.0.1 and forwards to target
+// Start listens on a free port of 127.0.0.1 and forwards to target
 // (which SetTarget may set later). It is closed when the test ends.
-func StartProxy(t testing.TB, target string) *Proxy {
+func Start(t testing.TB, target string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
