@@ -204,15 +204,15 @@ func machine() []string {
 		}
 	}
 	out = append(out, "NATS: in-process nats-server "+server.VERSION+", JetStream file storage")
-	kv := "?"
+	kv := "" // test binaries may carry no module versions
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, m := range bi.Deps {
 			if m.Path == "github.com/twmb/franz-go/pkg/kfake" {
-				kv = m.Version
+				kv = " " + m.Version
 			}
 		}
 	}
-	out = append(out, "Kafka: in-process kfake "+kv+" (one broker, 4 partitions), Ferry's Sarama producer over TCP")
+	out = append(out, "Kafka: in-process kfake"+kv+" (franz-go's Kafka-protocol broker; one broker, 4 partitions), Ferry's Sarama producer over TCP")
 	rv := "unreachable"
 	if conn, err := amqp.Dial(amqpURL()); err == nil {
 		rv = fmt.Sprint(conn.Properties["version"])
