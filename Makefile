@@ -32,8 +32,9 @@ HOTPATH = ./sources/window/ ./sources/outbox/ ./pipelines/ ./transforms/...
 bench-smoke:
 	$(GO) test -run '^$$' -bench . -benchtime 1x $(HOTPATH)
 
-# Each fuzz target for FUZZTIME (CI runs them briefly; run longer by hand:
-# make fuzz FUZZTIME=10m). Seed corpora live in each package's testdata/fuzz.
+# Each fuzz target for FUZZTIME, a duration or a count of inputs (CI runs
+# 30000x each; run longer by hand: make fuzz FUZZTIME=10m). Seed corpora
+# live in each package's testdata/fuzz.
 FUZZTIME ?= 10s
 FUZZ_TARGETS = FuzzLoad:./pipelines FuzzMessage:./sources/outbox FuzzRoute:./transforms/router FuzzFilter:./transforms/filter
 fuzz:
