@@ -306,13 +306,14 @@ func (r *runner) nextID(scenario, source, sink string) string {
 	return fmt.Sprintf("%s%d_%s_%s", short, n, source, sink)
 }
 
-func (r *runner) add(m Measurement) {
-	r.rep.Measurements = append(r.rep.Measurements, m)
-	r.prog.done(m.line())
-}
-
-// runErr records a measurement that failed and carries on with the rest.
-func (r *runner) runErr(scenario, system, source, sink string, err error) error {
+// record keeps a measurement, or notes that it failed (and returns why) so
+// the run carries on with the rest.
+func (r *runner) record(scenario, system, source, sink string, m Measurement, err error) error {
+	if err == nil {
+		r.rep.Measurements = append(r.rep.Measurements, m)
+		r.prog.done(m.line())
+		return nil
+	}
 	r.prog.done(fmt.Sprintf("%s %s %s: FAILED: %v", scenario, system, arrow(source, sink), err))
 	r.rep.Failures = append(r.rep.Failures, fmt.Sprintf("%s %s %s: %v", scenario, system, arrow(source, sink), err))
 	return fmt.Errorf("%s %s: %w", system, arrow(source, sink), err)
@@ -330,25 +331,16 @@ func (r *runner) drainScenario(ctx context.Context) error {
 	for rep := range r.o.Repeat {
 		for _, sink := range r.o.Sinks {
 			if r.wants(SystemCeiling) {
-				if m, err := r.ceiling(ctx, ScenarioDrain, sink, rep); err != nil {
-					errs = append(errs, r.runErr(ScenarioDrain, SystemCeiling, "", sink, err))
-				} else {
-					r.add(m)
-				}
+				m, err := r.ceiling(ctx, ScenarioDrain, sink, rep)
+				errs = append(errs, r.record(ScenarioDrain, SystemCeiling, "", sink, m, err))
 			}
 			if r.wants(SystemWatermill) {
-				if m, err := r.watermillDrain(ctx, sink, rep); err != nil {
-					errs = append(errs, r.runErr(ScenarioDrain, SystemWatermill, "", sink, err))
-				} else {
-					r.add(m)
-				}
+				m, err := r.watermillDrain(ctx, sink, rep)
+				errs = append(errs, r.record(ScenarioDrain, SystemWatermill, "", sink, m, err))
 			}
 			for _, src := range r.sources() {
-				if m, err := r.ferryDrain(ctx, ScenarioDrain, src, sink, r.o.Events, r.o.Verify, rep); err != nil {
-					errs = append(errs, r.runErr(ScenarioDrain, SystemFerry, src, sink, err))
-				} else {
-					r.add(m)
-				}
+				m, err := r.ferryDrain(ctx, ScenarioDrain, src, sink, r.o.Events, r.o.Verify, rep)
+				errs = append(errs, r.record(ScenarioDrain, SystemFerry, src, sink, m, err))
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -363,18 +355,12 @@ func (r *runner) steadyScenario(ctx context.Context) error {
 	for rep := range r.o.Repeat {
 		for _, sink := range r.o.Sinks {
 			if r.wants(SystemCeiling) {
-				if m, err := r.ceiling(ctx, ScenarioSteady, sink, rep); err != nil {
-					errs = append(errs, r.runErr(ScenarioSteady, SystemCeiling, "", sink, err))
-				} else {
-					r.add(m)
-				}
+				m, err := r.ceiling(ctx, ScenarioSteady, sink, rep)
+				errs = append(errs, r.record(ScenarioSteady, SystemCeiling, "", sink, m, err))
 			}
 			for _, src := range r.sources() {
-				if m, err := r.ferrySteady(ctx, src, sink, rep); err != nil {
-					errs = append(errs, r.runErr(ScenarioSteady, SystemFerry, src, sink, err))
-				} else {
-					r.add(m)
-				}
+				m, err := r.ferrySteady(ctx, src, sink, rep)
+				errs = append(errs, r.record(ScenarioSteady, SystemFerry, src, sink, m, err))
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -389,11 +375,8 @@ func (r *runner) memoryScenario(ctx context.Context) error {
 	for _, src := range r.sources() {
 		for _, sink := range r.o.Sinks {
 			for _, n := range r.o.MemoryEvents {
-				if m, err := r.ferryDrain(ctx, ScenarioMemory, src, sink, n, false, 0); err != nil {
-					errs = append(errs, r.runErr(ScenarioMemory, SystemFerry, src, sink, err))
-				} else {
-					r.add(m)
-				}
+				m, err := r.ferryDrain(ctx, ScenarioMemory, src, sink, n, false, 0)
+				errs = append(errs, r.record(ScenarioMemory, SystemFerry, src, sink, m, err))
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
@@ -407,11 +390,8 @@ func (r *runner) idleScenario(ctx context.Context) error {
 	var errs []error
 	for _, src := range r.sources() {
 		for _, sink := range r.o.Sinks {
-			if m, err := r.ferryIdle(ctx, src, sink); err != nil {
-				errs = append(errs, r.runErr(ScenarioIdle, SystemFerry, src, sink, err))
-			} else {
-				r.add(m)
-			}
+			m, err := r.ferryIdle(ctx, src, sink)
+			errs = append(errs, r.record(ScenarioIdle, SystemFerry, src, sink, m, err))
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -386,33 +386,28 @@ func (r *run) inject(f Fault) (end, readAfter time.Time) {
 	case PGCrash:
 		r.pgCrash()
 	case BrokerCut:
-		r.bProxy.Cut()
-		time.Sleep(r.cfg.Outage)
-		r.bProxy.Heal()
+		r.outage(r.bProxy.Cut, r.bProxy.Heal)
 	case BrokerStall:
-		r.bProxy.Stall()
-		time.Sleep(r.cfg.Outage)
-		r.bProxy.Heal()
+		r.outage(r.bProxy.Stall, r.bProxy.Heal)
 	case PGCut:
-		r.pgProxy.Cut()
-		time.Sleep(r.cfg.Outage)
-		r.pgProxy.Heal()
+		r.outage(r.pgProxy.Cut, r.pgProxy.Heal)
 	case PGStall:
-		r.pgProxy.Stall()
-		time.Sleep(r.cfg.Outage)
-		r.pgProxy.Heal()
+		r.outage(r.pgProxy.Stall, r.pgProxy.Heal)
 	case BrokerBlackhole:
-		r.bProxy.Blackhole()
-		time.Sleep(r.cfg.Outage)
-		r.bProxy.Heal()
+		r.outage(r.bProxy.Blackhole, r.bProxy.Heal)
 	case PGBlackhole:
-		r.pgProxy.Blackhole()
-		time.Sleep(r.cfg.Outage)
-		r.pgProxy.Heal()
+		r.outage(r.pgProxy.Blackhole, r.pgProxy.Heal)
 	default:
 		t.Fatalf("unknown fault %q", f)
 	}
 	return time.Now(), readAfter
+}
+
+// outage breaks the network for the configured outage, then heals it.
+func (r *run) outage(brk, heal func()) {
+	brk()
+	time.Sleep(r.cfg.Outage)
+	heal()
 }
 
 // pgCrash crashes the cluster and starts it again. Ferry's link stays cut

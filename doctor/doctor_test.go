@@ -10,10 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/kversion"
-
 	"github.com/ferryhq/ferry/doctor"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/internal/sourcetest"
@@ -182,22 +178,7 @@ func TestKafkaConsumerGroupBehind(t *testing.T) {
 	coll := testenv.CollectKafka(t, []string{srv.Addr()}, []string{topic})
 	testenv.Eventually(t, 30*time.Second, "30 records on the topic", func() bool { return coll.Len() >= 30 })
 	// The billing service committed offset 5 and stopped there.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(srv.Addr()), kgo.MaxVersions(kversion.V2_8_0()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	req := kmsg.NewPtrOffsetCommitRequest()
-	req.Group, req.Generation = "billing-service", -1
-	rt := kmsg.NewOffsetCommitRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewOffsetCommitRequestTopicPartition()
-	rp.Partition, rp.Offset = 0, 5
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	if resp, err := req.RequestWith(ctx, cl); err != nil || resp.Topics[0].Partitions[0].ErrorCode != 0 {
-		t.Fatalf("commit offsets: %v", err)
-	}
+	testenv.CommitKafkaOffset(t, []string{srv.Addr()}, "billing-service", topic, 5)
 	o := opts
 	o.MaxConsumerLag = 10
 	d := diagnose(t, load(t, y), o, doctor.StageConsumer, 1)

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 )
 
 // KafkaBrokers returns the brokers a test publishes to: $KAFKA_BROKERS
@@ -208,4 +209,27 @@ func (c *KafkaCollector) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.recs)
+}
+
+// CommitKafkaOffset commits offset for partition 0 of topic as consumer
+// group's, the way a Kafka 2.8 consumer sends it (by topic name).
+func CommitKafkaOffset(t testing.TB, brokers []string, group, topic string, offset int64) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.MaxVersions(kversion.V2_8_0()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation = group, -1
+	rt := kmsg.NewOffsetCommitRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset = 0, offset
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(context.Background(), cl)
+	if err != nil || resp.Topics[0].Partitions[0].ErrorCode != 0 {
+		t.Fatalf("commit offsets of group %s: %v %+v", group, err, resp)
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/kversion"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
@@ -485,23 +484,7 @@ func TestConsumerLag(t *testing.T) {
 		}
 	}
 	// An offset commit as a 2.8 consumer sends it (by topic name).
-	cl, err := kgo.NewClient(kgo.SeedBrokers(srv.Addr()), kgo.MaxVersions(kversion.V2_8_0()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	req := kmsg.NewPtrOffsetCommitRequest()
-	req.Group, req.Generation = "billing", -1
-	rt := kmsg.NewOffsetCommitRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewOffsetCommitRequestTopicPartition()
-	rp.Partition, rp.Offset = 0, 4
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(context.Background(), cl)
-	if err != nil || resp.Topics[0].Partitions[0].ErrorCode != 0 {
-		t.Fatalf("commit offsets: %v %+v", err, resp)
-	}
+	testenv.CommitKafkaOffset(t, []string{srv.Addr()}, "billing", topic, 4)
 	lags, err := s.ConsumerLag(context.Background())
 	if err != nil {
 		t.Fatal(err)

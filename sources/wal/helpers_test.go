@@ -241,6 +241,16 @@ func currentLSN(t testing.TB, pool *pgxpool.Pool) pglogrepl.LSN {
 	return lsn
 }
 
+// freshOutbox is a new database with the outbox table and no replication
+// slot left over from an earlier test on it.
+func freshOutbox(t testing.TB) (dsn string, pool *pgxpool.Pool) {
+	dsn = testenv.Postgres(t)
+	pool = newPool(t, dsn)
+	dropSlotsOf(t, pool)
+	createOutbox(t, pool)
+	return dsn, pool
+}
+
 func newPool(t testing.TB, dsn string) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), dsn)

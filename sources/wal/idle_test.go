@@ -20,10 +20,7 @@ func TestIdleDatabase(t *testing.T) {
 		name := map[bool]string{true: "HeartbeatOn", false: "HeartbeatOff"}[heartbeat]
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			dsn := testenv.Postgres(t)
-			pool := newPool(t, dsn)
-			dropSlotsOf(t, pool)
-			createOutbox(t, pool)
+			dsn, pool := freshOutbox(t)
 			other := newPool(t, testenv.Postgres(t))
 			if _, err := other.Exec(ctx, `CREATE TABLE filler (x text)`); err != nil {
 				t.Fatal(err)

@@ -280,10 +280,7 @@ func TestColumnsAndMetadata(t *testing.T) {
 // Without an event_id column the event id is the one every source derives
 // for the row, so switching sources keeps deduplication.
 func TestEventIDMatchesOtherSources(t *testing.T) {
-	dsn := testenv.Postgres(t)
-	pool := newPool(t, dsn)
-	dropSlotsOf(t, pool)
-	createOutbox(t, pool)
+	dsn, pool := freshOutbox(t)
 	name := testenv.Name("evid")
 	d := startDirect(t, dsn, name, 10, nil)
 	waitStreaming(t, pool, wal.DefaultName(name))
@@ -334,10 +331,7 @@ func TestTemporarySlotAndDropOnStop(t *testing.T) {
 		{"temporary_slot_no_snapshot", func(c *wal.Config) { c.TemporarySlot, c.InitialSnapshot = true, false }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dsn := testenv.Postgres(t)
-			pool := newPool(t, dsn)
-			dropSlotsOf(t, pool)
-			createOutbox(t, pool)
+			dsn, pool := freshOutbox(t)
 			name := testenv.Name("slot")
 			slot := wal.DefaultName(name)
 			d := startDirect(t, dsn, name, 10, c.mutate)
@@ -377,10 +371,7 @@ func TestGuardrails(t *testing.T) {
 		}
 	})
 	t.Run("SlotOfAnotherPlugin", func(t *testing.T) {
-		dsn := testenv.Postgres(t)
-		pool := newPool(t, dsn)
-		dropSlotsOf(t, pool)
-		createOutbox(t, pool)
+		dsn, pool := freshOutbox(t)
 		slot := testenv.Name("td")
 		if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, slot); err != nil {
 			t.Fatal(err)
@@ -395,10 +386,7 @@ func TestGuardrails(t *testing.T) {
 		}
 	})
 	t.Run("SlotDroppedWhileStreaming", func(t *testing.T) {
-		dsn := testenv.Postgres(t)
-		pool := newPool(t, dsn)
-		dropSlotsOf(t, pool)
-		createOutbox(t, pool)
+		dsn, pool := freshOutbox(t)
 		name := testenv.Name("dropped")
 		slot := wal.DefaultName(name)
 		d := startDirect(t, dsn, name, 10, nil)
@@ -477,10 +465,7 @@ func TestSchema(t *testing.T) {
 // read on the database clock), the slot's health with the oldest
 // undelivered event's age, the window's flow, and Probe for ferry doctor.
 func TestHealthFlowAndLag(t *testing.T) {
-	dsn := testenv.Postgres(t)
-	pool := newPool(t, dsn)
-	dropSlotsOf(t, pool)
-	createOutbox(t, pool)
+	dsn, pool := freshOutbox(t)
 	name := testenv.Name("health")
 	slot := wal.DefaultName(name)
 	cfg := wal.DefaultConfig()
@@ -526,10 +511,7 @@ func TestHealthFlowAndLag(t *testing.T) {
 // still drains, and confirms what the broker acked meanwhile, so a restart
 // sends nothing again.
 func TestStopWhileWindowFullConfirms(t *testing.T) {
-	dsn := testenv.Postgres(t)
-	pool := newPool(t, dsn)
-	dropSlotsOf(t, pool)
-	createOutbox(t, pool)
+	dsn, pool := freshOutbox(t)
 	name := testenv.Name("fullstop")
 	slot := wal.DefaultName(name)
 	d := startDirect(t, dsn, name, 10, func(c *wal.Config) { c.StatusInterval = 30 * time.Second })
