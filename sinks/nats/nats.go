@@ -208,12 +208,7 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	for _, msg := range msgs {
 		f, err := js.PublishMsgAsync(natsMsg(topic, msg))
 		if err != nil {
-			err = fmt.Errorf("publish to %s: %w", topic, err)
-			if errors.Is(err, nats.ErrMaxPayload) {
-				// No retry makes it fit: the pipeline dead-letters it.
-				return plugins.Permanent("oversize", err)
-			}
-			return err
+			return classify(fmt.Errorf("publish to %s: %w", topic, err))
 		}
 		futures = append(futures, f)
 	}
@@ -223,16 +218,20 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			err = fmt.Errorf("publish to %s: %w", topic, err)
-			if errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
-				// Over the stream's max_msg_size: as permanent as the
-				// server's max_payload.
-				return plugins.Permanent("oversize", err)
-			}
-			return err
+			return classify(fmt.Errorf("publish to %s: %w", topic, err))
 		}
 	}
 	return nil
+}
+
+// classify marks the failures no retry can fix as permanent, so the
+// pipeline dead-letters the message: over the server's max_payload, or over
+// the stream's max_msg_size.
+func classify(err error) error {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) {
+		return plugins.Permanent("oversize", err)
+	}
+	return err
 }
 
 // Close closes the connection. Idempotent.
