@@ -96,7 +96,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if r := c.RouteReplace; r != nil {
-		if _, err := regexp.Compile(r.Pattern); err != nil || r.Pattern == "" {
+		if r.Pattern == "" {
+			p.Add("route_replace.pattern", "must not be empty")
+		} else if _, err := r.compile(); err != nil {
 			p.Add("route_replace.pattern", "not a regular expression: %v", err)
 		}
 	}
@@ -120,4 +122,11 @@ func (f Field) name() string {
 		return f.As
 	}
 	return f.Column
+}
+
+// compile anchors the pattern so it describes the whole value. Validate and
+// New both use it: a pattern that compiles alone can fail once wrapped (`\Q0`
+// quotes the closing parenthesis), and that must be a validation error.
+func (r *Replace) compile() (*regexp.Regexp, error) {
+	return regexp.Compile("^(?:" + r.Pattern + ")$")
 }

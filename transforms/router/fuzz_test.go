@@ -17,6 +17,7 @@ func FuzzRoute(f *testing.F) {
 	f.Add("${route", "a", "b", "c", "(")
 	f.Add("x.${nope}", "a", "b", "c", "")
 	f.Add("${route}${route}", "a.b", "\x00", "ü", ".*")
+	f.Add("t", "a", "b", "c", `\Q0`) // compiles alone, not once anchored
 	f.Fuzz(func(t *testing.T, topic, aggType, aggID, typ, pattern string) {
 		cfg := router.DefaultConfig()
 		cfg.Topic = topic

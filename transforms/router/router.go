@@ -61,8 +61,7 @@ func New(cfg *Config, env plugins.Env) (*Router, error) {
 		}
 	}
 	if cfg.RouteReplace != nil {
-		// Anchored: the pattern describes the whole value.
-		if r.replace, err = regexp.Compile("^(?:" + cfg.RouteReplace.Pattern + ")$"); err != nil {
+		if r.replace, err = cfg.RouteReplace.compile(); err != nil {
 			return nil, err
 		}
 	}
