@@ -7,6 +7,7 @@ import (
 	"context"
 	"log/slog"
 	"regexp"
+	"strings"
 )
 
 // Mask replaces a secret.
@@ -43,6 +44,39 @@ type redacted struct{ err error }
 
 func (r redacted) Error() string { return String(r.err.Error()) }
 func (r redacted) Unwrap() error { return r.err }
+
+// A Go-quoted fragment ("…" with escapes), as url, strconv and amqp errors
+// quote the text they could not read.
+var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+
+// Unparsed wraps the error of a connection string or URL that did not parse
+// so that its message no longer quotes the value: a malformed value is too
+// ambiguous for String to find the password in (`hunter2` alone is not a
+// DSN, `nats://to ken@h` is not a URL), and the user has the value anyway.
+// errors.Is and As still see the original.
+func Unparsed(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	// pgx: "cannot parse `<dsn>`: failed to parse as URL (<cause>)".
+	if rest, ok := strings.CutPrefix(msg, "cannot parse `"); ok {
+		if i := strings.LastIndex(rest, "`: "); i >= 0 {
+			msg = rest[i+len("`: "):]
+		} else {
+			msg = "cannot parse"
+		}
+	}
+	return unparsed{String(quoted.ReplaceAllString(msg, `"…"`)), err}
+}
+
+type unparsed struct {
+	msg string
+	err error
+}
+
+func (u unparsed) Error() string { return u.msg }
+func (u unparsed) Unwrap() error { return u.err }
 
 // Handler wraps a slog.Handler so that the message and every string or error
 // attribute are redacted before they are written.

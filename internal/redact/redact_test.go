@@ -38,3 +38,24 @@ func TestErrorAndHandler(t *testing.T) {
 		t.Fatalf("secret in log: %s", buf.String())
 	}
 }
+
+func TestUnparsed(t *testing.T) {
+	cases := []struct{ in, want string }{
+		// pgx quotes the whole DSN; a bare word is no recognisable secret.
+		{"cannot parse `hunter2`: failed to parse as keyword/value (invalid keyword/value)",
+			"failed to parse as keyword/value (invalid keyword/value)"},
+		{"cannot parse `a`: b` c`: failed to parse as URL (x)", "failed to parse as URL (x)"},
+		{`parse "nats://to ken@h": invalid character " " in host name`, `parse "…": invalid character "…" in host name`},
+		{`invalid port: strconv.ParseUint: parsing "hun\"ter2": invalid syntax`, `invalid port: strconv.ParseUint: parsing "…": invalid syntax`},
+	}
+	for _, c := range cases {
+		base := errors.New(c.in)
+		err := Unparsed(base)
+		if err.Error() != c.want || !errors.Is(err, base) {
+			t.Errorf("Unparsed(%q) = %q (Is=%v), want %q", c.in, err, errors.Is(err, base), c.want)
+		}
+	}
+	if Unparsed(nil) != nil {
+		t.Error("Unparsed(nil) is not nil")
+	}
+}

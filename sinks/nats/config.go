@@ -87,7 +87,11 @@ func (c *Config) Validate() error {
 		p.Add("url", "must not be empty")
 	}
 	for _, u := range strings.Split(c.URL, ",") {
-		if pu, err := url.Parse(strings.TrimSpace(u)); err != nil || pu.Host == "" {
+		// A URL that does not parse is not quoted: redaction cannot find the
+		// token in it. One that parses is, with its token masked.
+		if pu, err := url.Parse(strings.TrimSpace(u)); err != nil {
+			p.Add("url", "not a NATS URL like nats://host:4222: %v", redact.Unparsed(err))
+		} else if pu.Host == "" {
 			p.Add("url", "%q is not a NATS URL like nats://host:4222", redact.String(u))
 		}
 	}

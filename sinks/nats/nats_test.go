@@ -461,7 +461,7 @@ func TestValidate(t *testing.T) {
 		{func(c *natssink.Config) { c.User = "u" }, "user: user and password go together"},
 		{func(c *natssink.Config) { c.CredentialsFile = "/nonexistent.creds" }, "credentials_file: cannot read /nonexistent.creds"},
 		{func(c *natssink.Config) { c.TLS = natssink.TLSConfig{Enabled: true, KeyFile: "k"} }, "tls.cert_file: cert_file and key_file go together"},
-		{func(c *natssink.Config) { c.URL = "nats://u:hunter2@h:4222,:bad" }, "is not a NATS URL"},
+		{func(c *natssink.Config) { c.URL = "nats://u:hunter2@h:4222,:bad" }, "not a NATS URL"},
 	}
 	for _, c := range cases {
 		cfg := natssink.DefaultConfig()

@@ -65,8 +65,8 @@ func (c *Config) Validate() error {
 	case c.URL == "":
 		p.Add("url", "must not be empty")
 	case err != nil:
-		p.Add("url", "%s is not an AMQP URL like amqp://user:password@host:5672/vhost: %v",
-			redact.String(c.URL), redact.Error(err))
+		// Not quoted: redaction cannot find the password in a malformed URL.
+		p.Add("url", "not an AMQP URL like amqp://user:password@host:5672/vhost: %v", redact.Unparsed(err))
 	case c.TLS.Enabled && uri.Scheme != "amqps":
 		p.Add("tls.enabled", "needs an amqps:// url")
 	}

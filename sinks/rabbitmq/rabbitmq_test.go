@@ -406,7 +406,7 @@ func TestValidate(t *testing.T) {
 		want string
 	}{
 		{"no url", func(c *rabbitmq.Config) { c.URL = "" }, "url: must not be empty"},
-		{"bad url", func(c *rabbitmq.Config) { c.URL = "http://u:hunter2@h/" }, "url: http://u:xxxxx@h/ is not an AMQP URL"},
+		{"bad url", func(c *rabbitmq.Config) { c.URL = "http://u:hunter2@h/" }, "url: not an AMQP URL like amqp://user:password@host:5672/vhost: "},
 		{"tls on amqp", func(c *rabbitmq.Config) { c.TLS.Enabled = true }, "tls.enabled: needs an amqps:// url"},
 		{"no exchange", func(c *rabbitmq.Config) { c.Exchange = "" }, "exchange: must not be empty"},
 		{"exchange type", func(c *rabbitmq.Config) { c.ExchangeType = "x-delayed" }, `exchange_type: must be topic, direct, fanout or headers, got "x-delayed"`},

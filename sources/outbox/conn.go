@@ -7,11 +7,23 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 )
+
+// CheckDSN adds a problem at key "dsn" unless dsn is a PostgreSQL
+// connection string. The message never quotes the value: a malformed one
+// may hold a password that redaction cannot recognise.
+func CheckDSN(p *plugins.Problems, dsn string) {
+	if dsn == "" {
+		p.Add("dsn", "must not be empty")
+	} else if _, err := pgx.ParseConfig(dsn); err != nil {
+		p.Add("dsn", "not a PostgreSQL connection string: %v", redact.Unparsed(err))
+	}
+}
 
 // Connections caps what a source's pool may open at limits.max_connections
 // (limit, 0 for none). The process's LISTEN session per database is shared

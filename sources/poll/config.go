@@ -3,8 +3,6 @@ package poll
 import (
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/outbox"
 )
@@ -105,11 +103,7 @@ func DefaultConfig() *Config {
 // Validate reports every problem, named by YAML key.
 func (c *Config) Validate() error {
 	var p plugins.Problems
-	if c.DSN == "" {
-		p.Add("dsn", "must not be empty")
-	} else if _, err := pgx.ParseConfig(c.DSN); err != nil {
-		p.Add("dsn", "not a PostgreSQL connection string: %v", err)
-	}
+	outbox.CheckDSN(&p, c.DSN)
 	if _, _, err := outbox.ParseTable(c.Table); err != nil {
 		p.Add("table", "%v", err)
 	}

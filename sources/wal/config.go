@@ -5,9 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/outbox"
 )
@@ -88,11 +85,7 @@ var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 // Validate reports every problem, named by YAML key.
 func (c *Config) Validate() error {
 	var p plugins.Problems
-	if c.DSN == "" {
-		p.Add("dsn", "must not be empty")
-	} else if _, err := pgx.ParseConfig(c.DSN); err != nil {
-		p.Add("dsn", "not a PostgreSQL connection string: %v", redact.Error(err))
-	}
+	outbox.CheckDSN(&p, c.DSN)
 	if _, _, err := outbox.ParseTable(c.Table); err != nil {
 		p.Add("table", "%v", err)
 	}

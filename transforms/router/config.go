@@ -98,8 +98,10 @@ func (c *Config) Validate() error {
 	if r := c.RouteReplace; r != nil {
 		if r.Pattern == "" {
 			p.Add("route_replace.pattern", "must not be empty")
-		} else if _, err := r.compile(); err != nil {
+		} else if _, err := regexp.Compile(r.Pattern); err != nil {
 			p.Add("route_replace.pattern", "not a regular expression: %v", err)
+		} else if _, err := r.compile(); err != nil {
+			p.Add("route_replace.pattern", "not a regular expression once anchored as ^(?:pattern)$: %v", err)
 		}
 	}
 	for i, f := range c.Fields {
