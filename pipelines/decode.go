@@ -133,14 +133,26 @@ func (d *decoder) typeErrors(err error, path string) {
 			msg = m[2]
 		}
 		kind, value := yaml.Kind(0), ""
+		var want, got string
 		if m := cannotUse.FindStringSubmatch(msg); m != nil {
-			msg = fmt.Sprintf("want %s, got %s", friendlyType(m[3]), friendlyKind(m[1], m[2]))
+			want, got = friendlyType(m[3]), friendlyKind(m[1], m[2])
 			kind = map[string]yaml.Kind{"map": yaml.MappingNode, "seq": yaml.SequenceNode}[m[1]]
 			if kind == 0 {
 				kind, value = yaml.ScalarNode, m[2]
 			}
 		}
-		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: d.pathAt(line, path, kind, value), Msg: msg})
+		at := d.pathAt(line, path, kind, value)
+		if want != "" {
+			msg = fmt.Sprintf("want %s, got %s", want, got)
+			// yaml.v3 shortens a long value to its first 7 characters, which
+			// hide cannot recognise: name the reference instead.
+			for _, f := range d.filled {
+				if f.path == at && kind == yaml.ScalarNode {
+					msg = fmt.Sprintf("want %s, got the value of %s", want, f.written)
+				}
+			}
+		}
+		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: at, Msg: d.hide(msg)})
 	}
 }
 
@@ -232,6 +244,9 @@ func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
 		if err != nil {
 			d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Path: path, Msg: err.Error()})
 			return
+		}
+		if v != n.Value {
+			d.filled = append(d.filled, filled{path: path, value: v, written: n.Value})
 		}
 		n.Value = v
 		if n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle|yaml.LiteralStyle|yaml.FoldedStyle) == 0 {

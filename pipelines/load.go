@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -369,10 +370,37 @@ type decoder struct {
 	values map[string]string    // each scalar path's value
 	errs   []*Error
 	lookup func(string) (string, bool)
+	filled []filled // what ${VAR} references filled in, in document order
 }
 
+// filled is a value a ${VAR} reference filled in at path, and the text as
+// written there.
+type filled struct{ path, value, written string }
+
 func (d *decoder) fail(path, format string, args ...any) {
-	d.errs = append(d.errs, &Error{File: d.file, Line: d.lineOf(path), Path: path, Msg: fmt.Sprintf(format, args...)})
+	d.errs = append(d.errs, &Error{File: d.file, Line: d.lineOf(path), Path: path, Msg: d.hide(fmt.Sprintf(format, args...))})
+}
+
+// minHidden is the shortest filled-in value hide replaces: shorter ones are
+// no secrets, and replacing "1" or "nats" would garble unrelated words.
+const minHidden = 6
+
+// hide replaces, in msg, every value a ${VAR} reference filled in with the
+// reference as written: an error says `the value of ${KAFKA_PASSWORD}`, never
+// the value, which may be a secret put under the wrong key (redaction only
+// recognises secrets by their shape, such as a URL's password).
+func (d *decoder) hide(msg string) string {
+	// Longest first: a value may contain a shorter one.
+	longest := slices.Clone(d.filled)
+	slices.SortStableFunc(longest, func(a, b filled) int { return len(b.value) - len(a.value) })
+	for _, f := range longest {
+		if len(f.value) < minHidden {
+			continue
+		}
+		msg = strings.ReplaceAll(msg, strconv.Quote(f.value), "the value of "+f.written)
+		msg = strings.ReplaceAll(msg, f.value, f.written)
+	}
+	return msg
 }
 
 // lineOf finds the line of path, or of its nearest ancestor written in the file.

@@ -57,7 +57,7 @@ func TestLoadValid(t *testing.T) {
 }
 
 func TestLoadErrors(t *testing.T) {
-	env := map[string]string{"ORDERS_DB_URL": "postgres://ferry:hunter2@db/app"}
+	env := map[string]string{"ORDERS_DB_URL": "postgres://ferry:hunter2@db/app", "BARE_SECRET": "hunter2 x"}
 	cases := []struct {
 		name, yaml string
 		want       []string // each must appear in the error text
@@ -99,7 +99,12 @@ func TestLoadErrors(t *testing.T) {
 		{"several problems at once", strings.Replace(strings.Replace(valid, "  table:", "  tabel:", 1), "subject: outbox.orders", "subject: ''", 1),
 			[]string{"source.tabel: unknown key", "sink.subject: must not be empty"}, 0},
 		{"secret in a type error", strings.Replace(valid, "${BATCH:-250}", "${ORDERS_DB_URL}", 1),
-			[]string{`orders.yaml:7: source.batch_size: want a whole number, got "postgre`}, 0},
+			[]string{`orders.yaml:7: source.batch_size: want a whole number, got the value of ${ORDERS_DB_URL}`}, 0},
+		// A bare secret has no shape redaction recognises: a value from the
+		// environment is shown as its reference, wherever it went wrong.
+		{"bare secret under the wrong keys", strings.Replace(strings.Replace(valid, "${BATCH:-250}", "${BARE_SECRET}", 1), "subject: outbox.orders", "subject: x.${BARE_SECRET}", 1),
+			[]string{`source.batch_size: want a whole number, got the value of ${BARE_SECRET}`,
+				`sink.subject: the value of x.${BARE_SECRET} is not a NATS subject`}, 2},
 		{"secret in an echoed value", strings.Replace(valid, "url: nats://127.0.0.1:4222", "url: nats://ferry:hunter2@nats:port", 1),
 			[]string{`orders.yaml:10: sink.url: not a NATS URL like nats://host:4222: parse "…": invalid port`}, 0},
 		{"secret in an invalid dsn", strings.Replace(valid, "${ORDERS_DB_URL}", "postgres://ferry:hunter2@db:port/app", 1),
