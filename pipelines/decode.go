@@ -146,10 +146,8 @@ func (d *decoder) typeErrors(err error, path string) {
 			msg = fmt.Sprintf("want %s, got %s", want, got)
 			// yaml.v3 shortens a long value to its first 7 characters, which
 			// hide cannot recognise: name the reference instead.
-			for _, f := range d.filled {
-				if f.path == at && kind == yaml.ScalarNode {
-					msg = fmt.Sprintf("want %s, got the value of %s", want, f.written)
-				}
+			if i := slices.IndexFunc(d.filled, func(f filled) bool { return f.path == at }); i >= 0 && kind == yaml.ScalarNode {
+				msg = fmt.Sprintf("want %s, got the value of %s", want, d.filled[i].written)
 			}
 		}
 		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: at, Msg: d.hide(msg)})
