@@ -42,6 +42,10 @@ const (
 	stateBlackhole
 )
 
+// held says bytes wait at the gate: the gate channel is open (not yet
+// closed) exactly in these states.
+func (s proxyState) held() bool { return s == stateStall || s == stateBlackhole }
+
 // link is one proxied connection.
 type link struct {
 	client, server net.Conn
@@ -93,7 +97,7 @@ func (p *Proxy) SetTarget(target string) {
 // Cut resets every open connection and refuses new ones until Heal.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
-	if p.state == stateStall || p.state == stateBlackhole {
+	if p.state.held() {
 		close(p.gate) // release the held links: they are closed below
 	}
 	p.state = stateCut
@@ -115,7 +119,7 @@ func (p *Proxy) freeze(s proxyState) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// The gate is open (closed channel) exactly while the state lets bytes flow.
-	if p.state != stateStall && p.state != stateBlackhole {
+	if !p.state.held() {
 		p.gate = make(chan struct{})
 	}
 	p.state = s
@@ -133,7 +137,7 @@ func (p *Proxy) Heal() {
 			l.frozen = l.server != nil
 		}
 	}
-	if p.state == stateStall || p.state == stateBlackhole {
+	if p.state.held() {
 		close(p.gate)
 	}
 	p.state = statePass
@@ -154,7 +158,7 @@ func (p *Proxy) Close() {
 		return
 	}
 	p.closed = true
-	if p.state == stateStall || p.state == stateBlackhole {
+	if p.state.held() {
 		close(p.gate)
 		p.state = statePass
 	}
@@ -210,8 +214,12 @@ func (p *Proxy) serve(l *link, target string) {
 		return
 	}
 	p.mu.Lock()
-	l.server = s
+	// Only a link still open gets its server: a Cut or Close that took it
+	// closes it without the lock, and must not race this write.
 	_, open := p.links[l]
+	if open {
+		l.server = s
+	}
 	p.mu.Unlock()
 	if !open { // cut while dialling
 		_ = s.Close()
@@ -255,7 +263,7 @@ func (p *Proxy) wait(l *link) bool {
 			return false
 		}
 		gate := p.gate
-		open := p.state != stateStall && p.state != stateBlackhole
+		open := !p.state.held()
 		p.mu.Unlock()
 		if open {
 			return true
