@@ -70,9 +70,6 @@ func StartChild(t testing.TB, path, logPath string, args []string) *Child {
 	return c
 }
 
-// Pid is the process id.
-func (c *Child) Pid() int { return c.cmd.Process.Pid }
-
 // Kill sends SIGKILL and reaps the process. Safe to call twice.
 func (c *Child) Kill() {
 	select {

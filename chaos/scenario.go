@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -276,8 +275,8 @@ func (r *run) setup() {
 	if _, err := r.db.Pool.Exec(ctx, ddl); err != nil {
 		t.Fatalf("create outbox: %v", err)
 	}
-	// agg_seq serialises each aggregate's writers, as a service's own row
-	// lock would, and numbers its events in commit order.
+	// agg_seq numbers each aggregate's events in commit order (the writers
+	// serialise on an advisory lock first; see insertSQL).
 	if _, err := r.db.Pool.Exec(ctx, r.cfg.Writer.SchemaSQL()); err != nil {
 		t.Fatal(err)
 	}
@@ -434,12 +433,12 @@ func (r *run) pgCrash() {
 // walRegression counts the events already on the broker that the slot,
 // as crash recovery left it, will stream again.
 func (r *run) walRegression(ctx context.Context) int {
-	var lsnText string
-	err := testenvEventually(ctx, func() error {
-		var err error
-		lsnText, err = r.db.Slot(ctx, wal.DefaultName(r.name))
-		return err
-	})
+	slot := wal.DefaultName(r.name)
+	lsnText, err := r.db.Slot(ctx, slot)
+	for err != nil && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+		lsnText, err = r.db.Slot(ctx, slot)
+	}
 	if err != nil || lsnText == "" {
 		r.note("pg-crash: slot position unreadable after restart: %v", err)
 		return 0
@@ -461,16 +460,6 @@ func (r *run) walRegression(ctx context.Context) int {
 		}
 	}
 	return n
-}
-
-func testenvEventually(ctx context.Context, f func() error) error {
-	for {
-		err := f()
-		if err == nil || ctx.Err() != nil {
-			return errors.Join(err, ctx.Err())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // judge waits for everything committed to arrive, stops Ferry gracefully
@@ -498,6 +487,9 @@ func (r *run) judge(w *Writer) {
 		r.fail("Ferry did not stop cleanly on SIGTERM: %v", err)
 	}
 	got := r.ver.All()
+	if n, err := r.ver.Errors(); n > 0 {
+		r.note("the verifier's broker reads failed %d times, last: %v", n, err)
+	}
 	rb := w.RolledBack()
 	v := Judge(truth, rb, got)
 	ws := w.Stats()

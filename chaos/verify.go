@@ -132,11 +132,12 @@ func (v *Verifier) Close() {
 	<-v.done
 }
 
-// Len is how many deliveries arrived so far.
-func (v *Verifier) Len() int {
+// Errors is how many reads of the broker failed, and the last failure: a
+// feed stuck on one record it cannot read delivers nothing after it.
+func (v *Verifier) Errors() (int, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return len(v.got)
+	return v.errs, v.lastEr
 }
 
 // Distinct is how many distinct events arrived so far.

@@ -44,7 +44,7 @@ func DefaultWriterConfig() WriterConfig {
 // round starts Sessions transactions at once; each writes 1..MaxEvents
 // events of one aggregate (taking the aggregate's lock first, so each
 // aggregate's sequence and transaction ids follow its commit order; see
-// lockSQL), holds the transaction open for a random time, and commits or
+// sourcetest.LockSQL), holds the transaction open for a random time, and commits or
 // rolls back. A round is one randomized commit interleaving: ids,
 // transaction ids and commits land in different orders, and rolled-back
 // rows leave gaps.
@@ -68,7 +68,7 @@ type Writer struct {
 
 // SchemaSQL creates the aggregate table that numbers each aggregate's
 // events: one row per aggregate, all of them created before the first
-// event (see lockSQL).
+// event (see insertSQL).
 func (c WriterConfig) SchemaSQL() string {
 	return fmt.Sprintf(`CREATE TABLE agg_seq (id text PRIMARY KEY, seq int NOT NULL);
 INSERT INTO agg_seq (id, seq) SELECT format('agg-%%s', lpad(n::text, 2, '0')), 0 FROM generate_series(0, %d) n`, c.Aggregates-1)
@@ -77,9 +77,9 @@ INSERT INTO agg_seq (id, seq) SELECT format('agg-%%s', lpad(n::text, 2, '0')), 0
 // aggregateID names aggregate n as SchemaSQL created it.
 func aggregateID(n int) string { return fmt.Sprintf("agg-%02d", n) }
 
-// lockSQL takes aggregate $1's lock for the rest of the transaction, before
-// the transaction has a transaction id, and insertSQL then writes one event
-// for it (numbered by the aggregate's row in agg_seq).
+// sourcetest.LockSQL takes aggregate $1's lock for the rest of the
+// transaction, before the transaction has a transaction id, and insertSQL
+// then writes one event for it (numbered by the aggregate's row in agg_seq).
 //
 // The xid8 source delivers in transaction-id order, so each aggregate's
 // transactions must get their ids in their commit order, and only a lock
@@ -93,14 +93,11 @@ func aggregateID(n int) string { return fmt.Sprintf("agg-%02d", n) }
 // relay did not cause. An advisory lock takes no transaction id. All
 // aggregate rows exist before the run (SchemaSQL), so insertSQL only
 // updates.
-const (
-	lockSQL   = `SELECT pg_advisory_xact_lock(hashtext($1))`
-	insertSQL = `WITH s AS (
+const insertSQL = `WITH s AS (
 	UPDATE agg_seq SET seq = seq + 1 WHERE id = $1 RETURNING seq)
 INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
 SELECT 'order', $1, 'OrderUpdated', jsonb_build_object('agg', $1::text, 'seq', s.seq) FROM s
 RETURNING id, (payload->>'seq')::int`
-)
 
 // insert writes one event for agg in tx.
 func insert(ctx context.Context, tx pgx.Tx, agg string) (sourcetest.Written, error) {
@@ -182,7 +179,7 @@ func (w *Writer) runTx(ctx context.Context, p txPlan) error {
 		w.record(nil, batch, nil)
 		return err
 	}
-	if _, err := tx.Exec(ctx, lockSQL, p.aggregate); err != nil {
+	if _, err := tx.Exec(ctx, sourcetest.LockSQL, p.aggregate); err != nil {
 		return abort(err)
 	}
 	for range p.events {
@@ -261,12 +258,4 @@ func (w *Writer) RolledBack() []int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]int64(nil), w.rolledBack...)
-}
-
-// InDoubt returns the outbox ids of rows whose COMMIT failed: committed or
-// not, only the table can tell.
-func (w *Writer) InDoubt() []int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]int64(nil), w.inDoubt...)
 }

@@ -143,13 +143,6 @@ func (p *Proxy) Heal() {
 	p.state = statePass
 }
 
-// Connections is the number of connections open through the proxy.
-func (p *Proxy) Connections() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.links)
-}
-
 // Close stops the proxy and closes every connection. Safe to call twice.
 func (p *Proxy) Close() {
 	p.mu.Lock()
