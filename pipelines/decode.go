@@ -150,7 +150,7 @@ func (d *decoder) typeErrors(err error, path string) {
 				msg = fmt.Sprintf("want %s, got the value of %s", want, d.filled[i].written)
 			}
 		}
-		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: at, Msg: d.hide(msg)})
+		d.errs = append(d.errs, &Error{File: d.file, Line: line, Path: at, Msg: d.hide(at, msg)})
 	}
 }
 

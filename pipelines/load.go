@@ -378,23 +378,24 @@ type decoder struct {
 type filled struct{ path, value, written string }
 
 func (d *decoder) fail(path, format string, args ...any) {
-	d.errs = append(d.errs, &Error{File: d.file, Line: d.lineOf(path), Path: path, Msg: d.hide(fmt.Sprintf(format, args...))})
+	d.errs = append(d.errs, &Error{File: d.file, Line: d.lineOf(path), Path: path, Msg: d.hide(path, fmt.Sprintf(format, args...))})
 }
 
-// minHidden is the shortest filled-in value hide replaces: shorter ones are
-// no secrets, and replacing "1" or "nats" would garble unrelated words.
+// minHidden is the shortest filled-in value hide replaces in an error about
+// another key: replacing "1" or "nats" everywhere would garble unrelated
+// words. At its own key a value of any length is replaced.
 const minHidden = 6
 
 // hide replaces, in msg, every value a ${VAR} reference filled in with the
 // reference as written: an error says `the value of ${KAFKA_PASSWORD}`, never
 // the value, which may be a secret put under the wrong key (redaction only
 // recognises secrets by their shape, such as a URL's password).
-func (d *decoder) hide(msg string) string {
+func (d *decoder) hide(path, msg string) string {
 	// Longest first: a value may contain a shorter one.
 	longest := slices.Clone(d.filled)
 	slices.SortStableFunc(longest, func(a, b filled) int { return len(b.value) - len(a.value) })
 	for _, f := range longest {
-		if len(f.value) < minHidden {
+		if len(f.value) < minHidden && f.path != path {
 			continue
 		}
 		msg = strings.ReplaceAll(msg, strconv.Quote(f.value), "the value of "+f.written)

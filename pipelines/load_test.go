@@ -57,7 +57,7 @@ func TestLoadValid(t *testing.T) {
 }
 
 func TestLoadErrors(t *testing.T) {
-	env := map[string]string{"ORDERS_DB_URL": "postgres://ferry:hunter2@db/app", "BARE_SECRET": "hunter2 x"}
+	env := map[string]string{"ORDERS_DB_URL": "postgres://ferry:hunter2@db/app", "BARE_SECRET": "hunter2 x", "SHORT": "pw 1"}
 	cases := []struct {
 		name, yaml string
 		want       []string // each must appear in the error text
@@ -105,6 +105,8 @@ func TestLoadErrors(t *testing.T) {
 		{"bare secret under the wrong keys", strings.Replace(strings.Replace(valid, "${BATCH:-250}", "${BARE_SECRET}", 1), "subject: outbox.orders", "subject: x.${BARE_SECRET}", 1),
 			[]string{`source.batch_size: want a whole number, got the value of ${BARE_SECRET}`,
 				`sink.subject: the value of x.${BARE_SECRET} is not a NATS subject`}, 2},
+		{"short value at its own key", strings.Replace(valid, "subject: outbox.orders", "subject: ${SHORT}", 1),
+			[]string{`sink.subject: the value of ${SHORT} is not a NATS subject`}, 1},
 		{"secret in an echoed value", strings.Replace(valid, "url: nats://127.0.0.1:4222", "url: nats://ferry:hunter2@nats:port", 1),
 			[]string{`orders.yaml:10: sink.url: not a NATS URL like nats://host:4222: parse "…": invalid port`}, 0},
 		{"secret in an invalid dsn", strings.Replace(valid, "${ORDERS_DB_URL}", "postgres://ferry:hunter2@db:port/app", 1),
