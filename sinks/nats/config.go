@@ -87,12 +87,12 @@ func (c *Config) Validate() error {
 		p.Add("url", "must not be empty")
 	}
 	for _, u := range strings.Split(c.URL, ",") {
-		// A URL that does not parse is not quoted: redaction cannot find the
-		// token in it. One that parses is, with its token masked.
+		// Not quoted: redaction cannot find the token in a malformed URL
+		// (nats:/token@h parses, with no host and the token in its path).
 		if pu, err := url.Parse(strings.TrimSpace(u)); err != nil {
 			p.Add("url", "not a NATS URL like nats://host:4222: %v", redact.Unparsed(err))
 		} else if pu.Host == "" {
-			p.Add("url", "%q is not a NATS URL like nats://host:4222", redact.String(u))
+			p.Add("url", "not a NATS URL like nats://host:4222: no host")
 		}
 	}
 	if c.Subject == "" {

@@ -116,7 +116,6 @@ func (s *Sink) options() ([]nats.Option, error) {
 		// connection unnoticed for minutes: every publish times out
 		// meanwhile.
 		nats.PingInterval(s.cfg.PingInterval),
-		nats.MaxPingsOutstanding(2),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				s.log.Warn("nats disconnected", "err", redact.Error(err))
