@@ -3,7 +3,7 @@
 #   make test   — go vet and every test, with the race detector
 GO ?= go
 
-.PHONY: build demo test vet bench fuzz clean
+.PHONY: build demo test vet bench bench-go bench-smoke fuzz chaos clean
 
 build:
 	$(GO) build -o bin/ferry ./cmd/ferry
@@ -46,9 +46,8 @@ fuzz:
 
 # The fault-injection suite's full plan: every source × sink, every fault
 # (20 kills, 5 broker restarts, 3 PostgreSQL crashes, network cuts, 1,000
-# commit interleavings); writes docs/reliability.md. About an hour. `make
+# commit interleavings); writes docs/reliability.md. About 40 minutes. `make
 # test` runs its bounded plan.
-.PHONY: chaos
 chaos:
 	FERRY_CHAOS=full FERRY_CHAOS_REPORT=$(CURDIR)/docs/reliability.md $(GO) test -count=1 -timeout 3h -run '^TestChaos$$' -v ./chaos/
 

@@ -149,13 +149,15 @@ type child struct {
 	stopProfile func()
 }
 
-// startProfile starts the CPU profile measured stops.
+// startProfile starts the CPU profile; measured stops it and also writes the
+// allocation profile, which counts from the process's start (cumulative).
 func (c *child) startProfile() error {
 	f, err := os.Create(c.job.Profile)
-	if err == nil {
-		err = pprof.StartCPUProfile(f)
-	}
 	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
 		return err
 	}
 	c.profMu.Lock()
