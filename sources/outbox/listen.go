@@ -139,26 +139,40 @@ func (l *listener) session(ctx context.Context, connected func()) error {
 	}
 	defer conn.Close(context.Background())
 	listened := map[string]bool{}
+	// Only a change of subscribers needs LISTEN/UNLISTEN, not every
+	// notification: this session serves every pipeline on the database.
+	resync := true
 	for {
-		if err := l.sync(ctx, conn, listened); err != nil {
-			return err
+		if resync {
+			// Bounded like the ping below: a connection that died without
+			// an error would hold LISTEN for as long as TCP retries.
+			syncCtx, cancel := context.WithTimeout(ctx, listenCheck/3)
+			err := l.sync(syncCtx, conn, listened)
+			cancel()
+			if err != nil {
+				return err
+			}
+			connected()
+			l.setListening(listened)
 		}
-		connected()
-		l.setListening(listened)
 		// Wait for a notification, until the channels change, or for
 		// listenCheck: a cancelled wait leaves the connection usable.
 		waitCtx, cancel := context.WithTimeout(ctx, listenCheck)
+		changed := make(chan bool, 1)
 		go func() {
 			select {
 			case <-l.changed:
+				changed <- true
 				cancel()
 			case <-waitCtx.Done():
+				changed <- false
 			}
 		}()
 		n, err := conn.WaitForNotification(waitCtx)
 		interrupted := waitCtx.Err() != nil && ctx.Err() == nil
 		quiet := errors.Is(waitCtx.Err(), context.DeadlineExceeded)
 		cancel()
+		resync = <-changed // a change that raced the notification is not lost
 		if err != nil {
 			if !interrupted || conn.IsClosed() {
 				return err
