@@ -27,6 +27,9 @@ func TestHalfOpenDatabase(t *testing.T, h Harness) {
 	proxy := faultproxy.Start(t, u.Host)
 	u.Host = proxy.Addr()
 	y := strings.Replace(e.YAML("halfopen", 100), "dsn: "+e.DSN, "dsn: "+u.String(), 1)
+	if !strings.Contains(y, proxy.Addr()) {
+		t.Fatalf("the pipeline's dsn does not go through the proxy:\n%s", y)
+	}
 	e.Start(t, y)
 	ctx := context.Background()
 	first, err := Insert(ctx, e.Pool, "agg-1")

@@ -59,10 +59,10 @@ type Config struct {
 	IdlePollInterval time.Duration `yaml:"idle_poll_interval"`
 	// OnDelivered is mark (set published_at) or delete. Default mark.
 	OnDelivered string `yaml:"on_delivered"`
-	// MaxAttempts is how many permanent delivery failures (plugins.Permanent:
-	// oversize, no route, …) a row gets before it is dead-lettered. Transient
-	// failures — a broker outage — are counted in attempts but never park a
-	// row. Default 10.
+	// MaxAttempts parks a row (dead-letters it) at a permanent delivery
+	// failure (plugins.Permanent: oversize, no route, …) once the row has
+	// failed this many times in all. Transient failures — a broker outage —
+	// are counted in attempts but never park a row themselves. Default 10.
 	MaxAttempts int `yaml:"max_attempts"`
 	// MarkInterval is how often acked rows are marked, in one statement per
 	// worker. Default 100ms.

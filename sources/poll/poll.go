@@ -369,7 +369,12 @@ func (w *worker) claimLoop(ctx context.Context) {
 			n, err = w.claimLeases(ctx, limit)
 		}
 		if errors.Is(err, errBatchFailed) {
-			// The pipeline reports the failing deliveries; just wait.
+			// The pipeline reports the failing deliveries; just wait. The
+			// claim itself worked: a database failure reported before is over.
+			if failing {
+				w.s.env.Report.Recovered()
+				failing = false
+			}
 			d := bo.NextBackOff()
 			backingOff = time.Now().Add(d)
 			timer.Reset(d)
@@ -566,7 +571,7 @@ func (w *worker) nacked(id int64, _ int, m *message.Message) window.Decision {
 		w.mu.Unlock()
 		return window.GiveUpLane
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), w.s.cfg.QueryTimeout)
 	defer cancel()
 	var attempts int
 	if err := w.s.pool.QueryRow(ctx, w.s.sql.nack, id, f.reason, w.s.maxAttempts(f.permanent)).Scan(&attempts); err != nil {
@@ -739,7 +744,7 @@ func (w *worker) release(ctx context.Context) {
 	if len(ids) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, w.s.cfg.QueryTimeout)
 	defer cancel()
 	if _, err := w.s.pool.Exec(ctx, w.s.sql.release, ids, w.id); err != nil {
 		w.s.log.Warn("release leases; they expire on their own", "err", redact.Error(err))

@@ -276,20 +276,20 @@ func (st *streamer) admit(ctx context.Context, key string, pos Position, msg *me
 		// The socket is not read while waiting: silence meanwhile says
 		// nothing about the connection.
 		defer func() { st.heard = time.Now() }()
-	}
-	for s.win.Room() <= 0 {
-		t := time.NewTimer(max(time.Until(st.nextStatus), 0))
-		select {
-		case <-s.win.Progressed():
-		case <-t.C:
-		case <-ctx.Done():
+		for s.win.Room() <= 0 {
+			t := time.NewTimer(max(time.Until(st.nextStatus), 0))
+			select {
+			case <-s.win.Progressed():
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			}
 			t.Stop()
-			return ctx.Err()
-		}
-		t.Stop()
-		if !time.Now().Before(st.nextStatus) || s.win.Unrecorded() >= s.recordAt {
-			if err := st.sendStatus(); err != nil {
-				return err
+			if !time.Now().Before(st.nextStatus) || s.win.Unrecorded() >= s.recordAt {
+				if err := st.sendStatus(); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -346,11 +346,11 @@ func (st *streamer) sendStatus() error {
 func (st *streamer) finish() error {
 	s := st.s
 	s.log.Info("wal source stopping: waiting for in-flight events, then confirming what was delivered",
-		"in_flight", s.win.Stats().Dispatched, "drain_timeout", s.drainTimeout())
+		"in_flight", s.win.Stats().Dispatched, "drain_timeout", outbox.DrainTimeout(s.env))
 	// Drain in status-interval steps: a drain timeout longer than the
 	// server's wal_sender_timeout must not cost the connection (and with it
 	// the final confirmation).
-	deadline := time.Now().Add(s.drainTimeout())
+	deadline := time.Now().Add(outbox.DrainTimeout(s.env))
 	for {
 		step := st.nextStatus
 		if deadline.Before(step) {

@@ -342,7 +342,7 @@ func (s *Source) run(ctx context.Context) {
 	stop()
 	// A session drains before it returns; this covers a stop while no
 	// session was connected (nothing can be confirmed then).
-	drainCtx, cancel := context.WithTimeout(context.Background(), s.drainTimeout())
+	drainCtx, cancel := context.WithTimeout(context.Background(), outbox.DrainTimeout(s.env))
 	_ = s.win.Drain(drainCtx)
 	cancel()
 	s.bg.Wait()
@@ -353,7 +353,7 @@ func (s *Source) run(ctx context.Context) {
 		s.pool.Close()
 	}
 	s.win.Close()
-	outbox.WaitIdle(s.log, s.drainTimeout(), s.win.Idle)
+	outbox.WaitIdle(s.log, outbox.DrainTimeout(s.env), s.win.Idle)
 }
 
 // fail stops the source for good: it logs err at error level, makes it
@@ -365,13 +365,6 @@ func (s *Source) fail(err error) {
 	s.errMu.Unlock()
 	s.env.Report.Fatal(s.err)
 	close(s.failed)
-}
-
-func (s *Source) drainTimeout() time.Duration {
-	if s.env.DrainTimeout > 0 {
-		return s.env.DrainTimeout
-	}
-	return 10 * time.Second
 }
 
 // positionText renders a position for the position metadata: the commit

@@ -433,8 +433,6 @@ func (s *Source) commitLoop(ctx context.Context, pool *pgxpool.Pool) {
 }
 
 func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
 	pos, mark, ok := s.win.Prefix()
 	if !ok {
 		return nil
@@ -446,6 +444,8 @@ func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
 	// Only forwards: an incarnation still draining after its successor
 	// started (a restart, an ownership hand-over) must not move the cursor
 	// back over what the successor recorded.
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
 	offsets := outbox.Quote(s.cfg.OffsetsTable)
 	_, err := pool.Exec(ctx, `INSERT INTO `+offsets+` AS o (pipeline, xact_id, id, updated_at)
 		VALUES ($1, $2::text::xid8, $3, now())
