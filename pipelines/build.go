@@ -126,6 +126,11 @@ func (p *Pipeline) Start(ctx context.Context) error {
 // (a *StageError) means the event was not (fully) delivered. A message a
 // transform marks final (plugins.MetaFinal) skips the transforms after it.
 func (p *Pipeline) Handle(msg *message.Message) error {
+	if why := msg.Metadata.Get(plugins.MetaUndecodable); why != "" {
+		// A row the source could not decode: no transform may see it and it
+		// is never published as an event; the dead-letter topic takes it.
+		return &StageError{Stage: StageRead, Err: plugins.Permanent(plugins.ReasonUndecodableRow, errors.New(why))}
+	}
 	obs := p.metrics
 	readAt, readErr := plugins.ParseTime(msg.Metadata.Get(plugins.MetaReadAt))
 	if readErr == nil {

@@ -22,8 +22,18 @@ import (
 // Columns names the outbox columns a source reads. Defaults match the DDL
 // printed by `ferry schema`.
 type Columns struct {
-	// ID is the bigint primary key. Default "id".
+	// ID is the row's identifier: bigint, integer, uuid or text. The wal
+	// source takes its order from the log and accepts any of them, or ""
+	// for a table without one (then event_id must be mapped, or
+	// initial_snapshot off). The xid8 and poll sources order rows by it
+	// unless OrderBy names another column, so without OrderBy it must be an
+	// integer. Default "id".
 	ID string `yaml:"id"`
+	// OrderBy is the sortable column (smallint, integer or bigint, unique,
+	// e.g. `seq bigint GENERATED ALWAYS AS IDENTITY`) the xid8 and poll
+	// sources order and track rows by, for tables whose id is a uuid or
+	// text. Default "": the id column. The wal source ignores it.
+	OrderBy string `yaml:"order_by"`
 	// AggregateType names the aggregate kind, e.g. "order". Default "aggregate_type".
 	AggregateType string `yaml:"aggregate_type"`
 	// AggregateID identifies one aggregate; events of one aggregate keep their order. Default "aggregate_id".
@@ -35,7 +45,10 @@ type Columns struct {
 	// Headers is an optional jsonb object passed on as message headers
 	// (e.g. traceparent). Default "headers"; "" if the table has none.
 	Headers string `yaml:"headers"`
-	// CreatedAt is when the row was written, on the database clock. Default "created_at".
+	// CreatedAt is when the row was written, on the database clock:
+	// timestamptz, timestamp (taken as UTC), bigint epoch milliseconds, or
+	// text. Default "created_at". "" for a table without one (Debezium's):
+	// the wal source then uses the commit time (xid8 and poll need it).
 	CreatedAt string `yaml:"created_at"`
 	// EventID, if set, is a column holding the event's id (uuid or text). When
 	// empty, Ferry derives a stable UUID from database, table and row id.
@@ -63,14 +76,14 @@ func ValidIdentifier(s string) bool { return identifier.MatchString(s) }
 // Validate checks every column name.
 func (c Columns) Validate() error {
 	var p plugins.Problems
-	required := []struct{ key, val string }{{"id", c.ID}, {"aggregate_type", c.AggregateType},
-		{"aggregate_id", c.AggregateID}, {"type", c.Type}, {"payload", c.Payload}, {"created_at", c.CreatedAt}}
+	required := []struct{ key, val string }{{"aggregate_type", c.AggregateType},
+		{"aggregate_id", c.AggregateID}, {"type", c.Type}, {"payload", c.Payload}}
 	for _, r := range required {
 		if !ValidIdentifier(r.val) {
 			p.Add(r.key, "%q is not a valid column name (letters, digits, _; at most 63)", r.val)
 		}
 	}
-	for _, o := range []struct{ key, val string }{{"headers", c.Headers}, {"event_id", c.EventID}} {
+	for _, o := range []struct{ key, val string }{{"id", c.ID}, {"order_by", c.OrderBy}, {"created_at", c.CreatedAt}, {"headers", c.Headers}, {"event_id", c.EventID}} {
 		if o.val != "" && !ValidIdentifier(o.val) {
 			p.Add(o.key, "%q is not a valid column name (letters, digits, _; at most 63)", o.val)
 		}
@@ -108,19 +121,39 @@ func Quote(s string) string {
 	return pgx.Identifier{schema, table}.Sanitize()
 }
 
+// OrderColumn is the column the xid8 and poll sources sort and track rows
+// by: OrderBy, else ID.
+func (c Columns) OrderColumn() string {
+	if c.OrderBy != "" {
+		return c.OrderBy
+	}
+	return c.ID
+}
+
 // Select returns the quoted select list, each column qualified by alias:
-// extra expressions first, then the outbox columns in the order Row.Dest
-// scans them.
+// extra expressions first, then the outbox columns in the order Scan scans
+// them. It is for the sources that sort by OrderColumn (xid8, poll): it
+// must be an integer (CheckTable makes sure).
 func (c Columns) Select(alias string, extra ...string) string {
 	cols := append([]string(nil), extra...)
 	q := func(n string) string { return alias + "." + pgx.Identifier{n}.Sanitize() }
-	cols = append(cols, q(c.ID), q(c.AggregateType)+"::text", q(c.AggregateID)+"::text", q(c.Type)+"::text", q(c.Payload))
+	cols = append(cols, q(c.OrderColumn()))
+	if c.ID != "" {
+		cols = append(cols, q(c.ID)+"::text")
+	} else {
+		cols = append(cols, "NULL::text")
+	}
+	cols = append(cols, q(c.AggregateType)+"::text", q(c.AggregateID)+"::text", q(c.Type)+"::text", q(c.Payload))
 	if c.Headers != "" {
 		cols = append(cols, q(c.Headers)+"::text")
 	} else {
 		cols = append(cols, "NULL::text")
 	}
-	cols = append(cols, q(c.CreatedAt))
+	if c.CreatedAt != "" {
+		cols = append(cols, q(c.CreatedAt))
+	} else {
+		cols = append(cols, "NULL::timestamptz")
+	}
 	if c.EventID != "" {
 		cols = append(cols, q(c.EventID)+"::text")
 	} else {
@@ -135,7 +168,8 @@ func (c Columns) Select(alias string, extra ...string) string {
 // Scan returns r's scan targets in Select's order, after lead (the extra
 // expressions Select was given).
 func (c Columns) Scan(r *Row, lead ...any) []any {
-	dest := append(lead, &r.ID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.Headers, &r.CreatedAt, &r.EventID)
+	dest := append(lead, &r.ID, &r.RowID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.Headers,
+		&createdAtScanner{r: r, column: c.CreatedAt}, &r.EventID)
 	if len(c.Extra) > 0 {
 		r.ExtraNames = c.Extra
 		r.Extra = make([]pgtype.Text, len(c.Extra))
@@ -148,7 +182,13 @@ func (c Columns) Scan(r *Row, lead ...any) []any {
 
 // Row is one outbox row as read.
 type Row struct {
-	ID            int64
+	// ID is the row's place in the xid8 and poll sources' order: the
+	// integer id, or the columns.order_by column. Zero in the wal source,
+	// whose order is the log's.
+	ID int64
+	// RowID is the id column's value as text, whatever its type (NULL
+	// when the table has none).
+	RowID         pgtype.Text
 	AggregateType pgtype.Text
 	AggregateID   pgtype.Text
 	Type          pgtype.Text
@@ -162,6 +202,18 @@ type Row struct {
 	// DBReadAt is the database clock when the row was read (the source
 	// selects clock_timestamp() with it), for the commit→read segment.
 	DBReadAt time.Time
+	// Undecodable is set when a column of the row could not be decoded:
+	// Message then makes the row a dead letter instead of an event, so it
+	// never wedges the pipeline.
+	Undecodable *DecodeError
+}
+
+// IDText is the row's id as text: the id column, else the sort position.
+func (r *Row) IDText() string {
+	if r.RowID.Valid {
+		return r.RowID.String
+	}
+	return strconv.FormatInt(r.ID, 10)
 }
 
 // Key is the ordering key of the row's aggregate: events with equal keys are
@@ -181,14 +233,21 @@ type Table struct {
 // ferryNamespace scopes derived event ids (UUIDv5) to Ferry.
 var ferryNamespace = uuid.MustParse("0b5c1f9e-6a44-5d0e-9c61-3f7a2d8e4b10")
 
-// EventID returns the row's stable event id: the event_id column when mapped,
-// else a UUIDv5 of database, schema, table and row id. Every source derives
-// the same id for the same row, so switching sources keeps deduplication.
+// EventID returns the row's stable event id: the event_id column when
+// mapped; else the id column itself when it holds a UUID (Debezium's table:
+// its router sends that id as the event's id header); else a UUIDv5 of
+// database, schema, table and row id. Every source derives the same id for
+// the same row, so switching sources keeps deduplication.
 func (t Table) EventID(r *Row) string {
 	if r.EventID.Valid && r.EventID.String != "" {
 		return r.EventID.String
 	}
-	return uuid.NewSHA1(ferryNamespace, []byte(t.Database+"/"+t.Schema+"."+t.Name+"/"+strconv.FormatInt(r.ID, 10))).String()
+	if r.RowID.Valid {
+		if id, err := uuid.Parse(r.RowID.String); err == nil && len(r.RowID.String) == 36 {
+			return id.String()
+		}
+	}
+	return uuid.NewSHA1(ferryNamespace, []byte(t.Database+"/"+t.Schema+"."+t.Name+"/"+r.IDText())).String()
 }
 
 // MetaHeadersError is set instead of the row's headers when its headers
@@ -198,6 +257,9 @@ const MetaHeadersError = "ferry_headers_error"
 // Message turns r into a Watermill message. position is the source-specific
 // position rendered as text; readAt is the relay clock at read.
 func (t Table) Message(r *Row, position string, readAt time.Time) *message.Message {
+	if r.Undecodable != nil {
+		return t.deadLetter(r, position, readAt)
+	}
 	m := message.NewMessage(t.EventID(r), r.Payload)
 	md := m.Metadata
 	if r.Headers.Valid && r.Headers.String != "" && r.Headers.String != "null" {
@@ -206,9 +268,18 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	md[plugins.MetaAggregateType] = r.AggregateType.String
 	md[plugins.MetaAggregateID] = r.AggregateID.String
 	md[plugins.MetaEventType] = r.Type.String
-	md[plugins.MetaCreatedAt] = plugins.FormatTime(r.CreatedAt)
+	created := r.CreatedAt
+	if created.IsZero() {
+		// No created_at column (or NULL): the read on the database clock
+		// is the best bound.
+		created = r.DBReadAt
+		if created.IsZero() {
+			created = readAt
+		}
+	}
+	md[plugins.MetaCreatedAt] = plugins.FormatTime(created)
 	md[plugins.MetaReadAt] = plugins.FormatTime(readAt)
-	md[plugins.MetaOutboxID] = strconv.FormatInt(r.ID, 10)
+	md[plugins.MetaOutboxID] = r.IDText()
 	md[plugins.MetaPosition] = position
 	if !r.DBReadAt.IsZero() {
 		md[plugins.MetaDBReadAt] = strconv.FormatInt(r.DBReadAt.UnixNano(), 10)

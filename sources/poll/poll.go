@@ -293,8 +293,11 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	s.table = t
+	if err := s.checkTable(ctx, pool); err != nil {
+		return err
+	}
 	tbl := outbox.Quote(s.cfg.Table)
-	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	id := pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
 	cols := s.cfg.Columns.Select("o", "clock_timestamp()")
 	// Claimable: not delivered, and not leased (or the lease expired). The
 	// partial index on (id) WHERE published_at IS NULL serves the ORDER BY.

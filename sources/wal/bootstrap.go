@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/sources/outbox"
@@ -67,7 +69,7 @@ func (s *Source) bootstrap(ctx context.Context, conn *pgconn.PgConn) (string, er
 	if !s.cfg.TemporarySlot {
 		name, promote = bootSlotName(s.slot), true
 	}
-	delivered := &idSet{}
+	delivered := &keySet{}
 	passCtx, stopPasses := context.WithCancel(ctx)
 	passesDone := make(chan struct{})
 	go func() {
@@ -115,7 +117,7 @@ func (s *Source) bootstrap(ctx context.Context, conn *pgconn.PgConn) (string, er
 }
 
 // snapshotPasses reads the table until ctx ends (slot creation returned).
-func (s *Source) snapshotPasses(ctx context.Context, delivered *idSet) {
+func (s *Source) snapshotPasses(ctx context.Context, delivered *keySet) {
 	for ctx.Err() == nil {
 		if err := s.snapshotPass(ctx, delivered, ""); err != nil && ctx.Err() == nil {
 			s.log.Warn("initial snapshot: read the outbox table", "err", redact.Error(err))
@@ -129,7 +131,7 @@ func (s *Source) snapshotPasses(ctx context.Context, delivered *idSet) {
 
 // snapshotPass delivers the rows of one snapshot (the slot's when snapshot
 // is set) that were not delivered yet, in id order.
-func (s *Source) snapshotPass(ctx context.Context, delivered *idSet, snapshot string) error {
+func (s *Source) snapshotPass(ctx context.Context, delivered *keySet, snapshot string) error {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return err
@@ -140,26 +142,76 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *idSet, snapshot st
 			return err
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT `+s.cfg.Columns.Select("o", "clock_timestamp()")+` FROM `+outbox.Quote(s.cfg.Table)+
-		` AS o ORDER BY o.`+pgx.Identifier{s.cfg.Columns.ID}.Sanitize())
+	rows, err := tx.Query(ctx, s.snapshotSQL())
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	c := s.cfg.Columns
 	for rows.Next() {
-		var r outbox.Row
-		if err := rows.Scan(s.cfg.Columns.Scan(&r, &r.DBReadAt)...); err != nil {
+		var v [outbox.NumFields]outbox.Text
+		extra := make([]outbox.Text, len(c.Extra))
+		var readAt time.Time
+		dest := []any{&readAt}
+		for i := range v {
+			dest = append(dest, &v[i])
+		}
+		for i := range extra {
+			dest = append(dest, &extra[i])
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return err
 		}
-		if delivered.has(r.ID) {
+		r := c.DecodeText(s.typeMap, s.layout.OID, v, extra)
+		r.DBReadAt = readAt
+		key := s.rowKey(&r)
+		if delivered.has(key) {
 			continue
 		}
 		if err := s.admitSnapshotRow(ctx, r.Key(), s.table.Message(&r, positionText(0, 0), time.Now())); err != nil {
 			return err
 		}
-		delivered.add(r.ID)
+		delivered.add(key)
 	}
 	return rows.Err()
+}
+
+// snapshotSQL reads every mapped column as text, the form the stream
+// sends, so one decoder reads both (see outbox.Columns.DecodeText). The
+// order approximates insertion order: an integer id's, else created_at's,
+// else the heap's.
+func (s *Source) snapshotSQL() string {
+	c := s.cfg.Columns
+	q := func(n string) string { return "o." + pgx.Identifier{n}.Sanitize() }
+	cols := []string{"clock_timestamp()"}
+	for _, name := range c.Names() {
+		if name == "" {
+			cols = append(cols, "NULL::text")
+		} else {
+			cols = append(cols, q(name)+"::text")
+		}
+	}
+	for _, e := range c.Extra {
+		cols = append(cols, q(e)+"::text")
+	}
+	order := "o.ctid"
+	switch {
+	case slices.Contains([]uint32{pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID}, s.layout.OID[outbox.FieldID]):
+		order = q(c.ID)
+	case c.CreatedAt != "":
+		order = q(c.CreatedAt) + ", o.ctid"
+	}
+	return "SELECT " + strings.Join(cols, ", ") + " FROM " + outbox.Quote(s.cfg.Table) + " AS o ORDER BY " + order
+}
+
+// rowKey identifies a row across the snapshot passes and the stream: its
+// id, else its event id (Validate requires one of them with an initial
+// snapshot).
+func (s *Source) rowKey(r *outbox.Row) string {
+	if r.RowID.Valid {
+		return r.RowID.String
+	}
+	return r.EventID.String
 }
 
 // admitSnapshotRow admits a row of the initial snapshot. Nothing can be
@@ -182,6 +234,35 @@ func (s *Source) admitSnapshotRow(ctx context.Context, key string, msg *message.
 	s.admitted++
 	return nil
 }
+
+// keySet is the set of rows (by rowKey) the initial snapshot delivered.
+// Integer ids are kept as ranges (they arrive mostly in order, so a few
+// ranges however many rows); other ids (uuid, text) one by one.
+type keySet struct {
+	ids   idSet
+	other map[string]struct{}
+}
+
+func (k *keySet) has(key string) bool {
+	if id, err := strconv.ParseInt(key, 10, 64); err == nil {
+		return k.ids.has(id)
+	}
+	_, ok := k.other[key]
+	return ok
+}
+
+func (k *keySet) add(key string) {
+	if id, err := strconv.ParseInt(key, 10, 64); err == nil {
+		k.ids.add(id)
+		return
+	}
+	if k.other == nil {
+		k.other = map[string]struct{}{}
+	}
+	k.other[key] = struct{}{}
+}
+
+func (k *keySet) len() int { return k.ids.len() + len(k.other) }
 
 // idSet is a set of row ids kept as sorted, disjoint, non-adjacent ranges:
 // ids arrive mostly in order, so it stays a few ranges however many rows.

@@ -90,6 +90,10 @@ func (c *Config) Validate() error {
 		p.Add("table", "%v", err)
 	}
 	p.Nest("columns", c.Columns.Validate())
+	if c.Columns.ID == "" && c.Columns.EventID == "" && c.InitialSnapshot {
+		p.Add("columns.id", `is "" (no id column): the initial snapshot must recognise the rows the stream sends again; `+
+			"map columns.event_id, or set initial_snapshot: false")
+	}
 	if c.Publication != "" && !slotName.MatchString(c.Publication) {
 		p.Add("publication", "%q: want lowercase letters, digits and _, at most 63", c.Publication)
 	}

@@ -191,10 +191,11 @@ func (s *Source) prepareTable(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, `SELECT `+s.cfg.Columns.Select("o")+` FROM `+outbox.Quote(s.cfg.Table)+` AS o LIMIT 0`); err != nil {
-		return fmt.Errorf("read outbox %s (check source.columns): %w", s.cfg.Table, err)
+	layout, err := outbox.CheckTable(ctx, s.pool, s.cfg.Table, s.cfg.Columns, outbox.Need{Source: Name})
+	if err != nil {
+		return err
 	}
-	s.table = t
+	s.table, s.layout = t, layout
 	return nil
 }
 

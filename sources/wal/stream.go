@@ -228,24 +228,29 @@ func (st *streamer) decode(ctx context.Context, walData []byte) error {
 
 func (st *streamer) insert(ctx context.Context, rel *relation, tuple *pglogrepl.TupleData) error {
 	s := st.s
-	row, err := s.decodeRow(rel, tuple)
-	if err != nil {
-		return fmt.Errorf("decode outbox row in transaction committed at %s: %w", st.commitLSN, err)
-	}
+	row := s.decodeRow(rel, tuple)
 	if s.skip != nil {
 		// Rows an initial-snapshot pass already delivered, committed just
 		// after the slot's start: they are streamed again; skip them.
 		if st.commitLSN > s.skipUntil {
 			s.skip = nil
-		} else if s.skip.has(row.ID) {
+		} else if s.skip.has(s.rowKey(&row)) {
 			return nil
 		}
 	}
 	st.ordinal++
+	if !row.RowID.Valid {
+		// No id column: the row's place in the log identifies it, the same
+		// at every re-send of its transaction.
+		row.RowID = pgtype.Text{String: positionText(st.commitLSN, st.ordinal), Valid: true}
+	}
 	if st.ordinal == 1 {
 		s.notePending(st.commitLSN, st.commitTime)
 	}
 	row.DBReadAt = st.serverTime
+	if row.CreatedAt.IsZero() {
+		row.CreatedAt = st.commitTime // no created_at column
+	}
 	msg := s.table.Message(&row, positionText(st.commitLSN, st.ordinal), time.Now())
 	msg.Metadata[MetaCommitLSN] = st.commitLSN.String()
 	msg.Metadata[MetaCommittedAt] = plugins.FormatTime(st.commitTime)
@@ -404,25 +409,12 @@ func (st *streamer) promote(ctx context.Context) error {
 	return errSwitchSlot
 }
 
-// Outbox fields in the order relation.idx holds them.
-const (
-	fieldID = iota
-	fieldAggregateType
-	fieldAggregateID
-	fieldType
-	fieldPayload
-	fieldHeaders
-	fieldCreatedAt
-	fieldEventID
-	numFields
-)
-
 // relation maps a RELATION message's columns to the outbox fields.
 type relation struct {
 	outbox bool
-	idx    [numFields]int    // column index in the tuple; -1 when not mapped
-	oid    [numFields]uint32 // column type
-	extra  []int             // column index of each columns.extra entry
+	idx    [outbox.NumFields]int    // column index in the tuple; -1 when not mapped
+	oid    [outbox.NumFields]uint32 // column type
+	extra  []int                    // column index of each columns.extra entry
 }
 
 func (s *Source) mapRelation(m *pglogrepl.RelationMessage) (*relation, error) {
@@ -431,12 +423,15 @@ func (s *Source) mapRelation(m *pglogrepl.RelationMessage) (*relation, error) {
 		return rel, nil
 	}
 	c := s.cfg.Columns
-	names := [numFields]string{c.ID, c.AggregateType, c.AggregateID, c.Type, c.Payload, c.Headers, c.CreatedAt, c.EventID}
-	for f, name := range names {
+	for f, name := range c.Names() {
 		rel.idx[f] = -1
 		for i, col := range m.Columns {
 			if name != "" && col.Name == name {
 				rel.idx[f], rel.oid[f] = i, col.DataType
+				if o := s.layout.OID[f]; o != 0 {
+					// A domain arrives as its own type: decode its base type.
+					rel.oid[f] = o
+				}
 			}
 		}
 		if name != "" && rel.idx[f] < 0 {
@@ -458,56 +453,25 @@ func missingColumn(m *pglogrepl.RelationMessage, name string) error {
 		m.Namespace, m.RelationName, name)
 }
 
-// decodeRow turns a tuple's text values into an outbox row, the same values
-// the other sources read with SQL.
-func (s *Source) decodeRow(rel *relation, tuple *pglogrepl.TupleData) (outbox.Row, error) {
-	var r outbox.Row
-	col := func(f int) *pglogrepl.TupleDataColumn {
-		i := rel.idx[f]
-		if i < 0 || tuple == nil || i >= len(tuple.Columns) {
-			return nil
+// decodeRow turns a tuple's text values into an outbox row, the same way
+// the initial snapshot reads one. A value that does not decode makes the
+// row undecodable (a dead letter), never a stream error: an error here
+// would end the session, and the slot would send the same row again and
+// again.
+func (s *Source) decodeRow(rel *relation, tuple *pglogrepl.TupleData) outbox.Row {
+	text := func(i int) outbox.Text {
+		if i < 0 || tuple == nil || i >= len(tuple.Columns) || tuple.Columns[i].DataType != pglogrepl.TupleDataTypeText {
+			return outbox.Text{}
 		}
-		return tuple.Columns[i]
+		return outbox.Text{String: string(tuple.Columns[i].Data), Valid: true}
 	}
-	text := func(f int) pgtype.Text {
-		c := col(f)
-		if c == nil || c.DataType != pglogrepl.TupleDataTypeText {
-			return pgtype.Text{}
-		}
-		return pgtype.Text{String: string(c.Data), Valid: true}
+	var v [outbox.NumFields]outbox.Text
+	for f := range v {
+		v[f] = text(rel.idx[f])
 	}
-	id := text(fieldID)
-	if !id.Valid {
-		return r, fmt.Errorf("column %s is NULL", s.cfg.Columns.ID)
+	var extra []outbox.Text
+	for _, ci := range rel.extra {
+		extra = append(extra, text(ci))
 	}
-	var err error
-	if r.ID, err = strconv.ParseInt(id.String, 10, 64); err != nil {
-		return r, fmt.Errorf("column %s: %q is not a whole number", s.cfg.Columns.ID, id.String)
-	}
-	r.AggregateType, r.AggregateID, r.Type = text(fieldAggregateType), text(fieldAggregateID), text(fieldType)
-	r.Headers, r.EventID = text(fieldHeaders), text(fieldEventID)
-	if c := col(fieldPayload); c != nil && c.DataType == pglogrepl.TupleDataTypeText {
-		if rel.oid[fieldPayload] == pgtype.ByteaOID {
-			if err := s.typeMap.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, c.Data, &r.Payload); err != nil {
-				return r, fmt.Errorf("column %s: %w", s.cfg.Columns.Payload, err)
-			}
-		} else {
-			r.Payload = c.Data // pglogrepl copied it out of the read buffer
-		}
-	}
-	if len(rel.extra) > 0 {
-		r.ExtraNames = s.cfg.Columns.Extra
-		r.Extra = make([]pgtype.Text, len(rel.extra))
-		for i, ci := range rel.extra {
-			if ci < len(tuple.Columns) && tuple.Columns[ci].DataType == pglogrepl.TupleDataTypeText {
-				r.Extra[i] = pgtype.Text{String: string(tuple.Columns[ci].Data), Valid: true}
-			}
-		}
-	}
-	if c := col(fieldCreatedAt); c != nil && c.DataType == pglogrepl.TupleDataTypeText {
-		if err := s.typeMap.Scan(rel.oid[fieldCreatedAt], pgtype.TextFormatCode, c.Data, &r.CreatedAt); err != nil {
-			return r, fmt.Errorf("column %s: %w", s.cfg.Columns.CreatedAt, err)
-		}
-	}
-	return r, nil
+	return s.cfg.Columns.DecodeText(s.typeMap, rel.oid, v, extra)
 }

@@ -112,6 +112,7 @@ type Source struct {
 	// snapshot reader while the run goroutine waits for it).
 	pool         *pgxpool.Pool
 	table        outbox.Table
+	layout       outbox.Layout // the mapped columns' types, from the start-up check
 	typeMap      *pgtype.Map
 	server       serverInfo
 	admitted     uint64        // messages admitted since creation; window Marks count the same way
@@ -120,7 +121,7 @@ type Source struct {
 	hadSlot      bool          // this process streamed the (permanent) slot, so its absence means it was lost
 	hadTemporary bool          // a temporary slot was streamed: a new one after a reconnect skipped what committed meanwhile
 	boot         *bootstrap    // the initial snapshot, until its rows are acked and its slot promoted
-	skip         *idSet        // ids the initial snapshot delivered that the stream may send again
+	skip         *keySet       // ids the initial snapshot delivered that the stream may send again
 	skipUntil    pglogrepl.LSN // ... in transactions committed up to here
 	bgStarted    bool
 	bg           sync.WaitGroup

@@ -231,11 +231,15 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	s.table = t
+	if _, err := outbox.CheckTable(ctx, pool, s.cfg.Table, s.cfg.Columns, outbox.Need{Source: Name, Ordered: true,
+		OrderIndex: "CREATE INDEX ON %[1]s (" + pgx.Identifier{s.cfg.XactIDColumn}.Sanitize() + ", %[2]s)", RefuseDeleteOnInsert: true}); err != nil {
+		return err
+	}
 	// Columns are qualified by the alias o: an unqualified ORDER BY name would
 	// bind to the select list's xact_id::text and sort transaction ids as
 	// text ("1000" before "969").
 	xact := "o." + pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
-	id := "o." + pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	id := "o." + pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
 	// The xmin bound is what makes the cursor safe; see the package comment.
 	s.readSQL = fmt.Sprintf(`SELECT %s FROM %s AS o
 		WHERE (%s, %s) > ($1::text::xid8, $2)
@@ -474,7 +478,7 @@ func (s *Source) deleteDelivered(ctx context.Context, pool *pgxpool.Pool, r *out
 		return 0, nil
 	}
 	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
-	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	id := pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
 	tbl := outbox.Quote(s.cfg.Table)
 	tag, err := pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (
 		SELECT %[2]s FROM %[1]s WHERE (%[3]s, %[2]s) <= ($1::text::xid8, $2) AND %[4]s < now() - make_interval(secs => $3)
@@ -525,7 +529,7 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool, pos Position) 
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
-	id := pgx.Identifier{s.cfg.Columns.ID}.Sanitize()
+	id := pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
 	var n int64
 	var age float64
 	err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8
