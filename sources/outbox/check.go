@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -230,4 +231,16 @@ func checkDeleteOnInsert(ctx context.Context, q Querier, table string, need Need
 		"never become visible to the %s source, which would deliver nothing; use the wal source (it reads inserts from the log), "+
 		"or drop the trigger (DROP TRIGGER %s ON %s) and let Ferry delete delivered rows",
 		table, strings.Join(names, ", "), need.Source, pgx.Identifier{names[0]}.Sanitize(), Quote(table))
+}
+
+// CheckLive connects to dsn once and runs CheckTable: what `ferry validate
+// --connect` does for a source. Connection errors are returned redacted.
+func CheckLive(ctx context.Context, dsn, table string, cols Columns, need Need) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return redact.Error(fmt.Errorf("connect to the source database: %w", err))
+	}
+	defer conn.Close(context.Background())
+	_, err = CheckTable(ctx, conn, table, cols, need)
+	return err
 }

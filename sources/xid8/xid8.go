@@ -231,8 +231,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	s.table = t
-	if _, err := outbox.CheckTable(ctx, pool, s.cfg.Table, s.cfg.Columns, outbox.Need{Source: Name, Ordered: true,
-		OrderIndex: "CREATE INDEX ON %[1]s (" + pgx.Identifier{s.cfg.XactIDColumn}.Sanitize() + ", %[2]s)", RefuseDeleteOnInsert: true}); err != nil {
+	if _, err := outbox.CheckTable(ctx, pool, s.cfg.Table, s.cfg.Columns, s.need()); err != nil {
 		return err
 	}
 	// Columns are qualified by the alias o: an unqualified ORDER BY name would

@@ -39,7 +39,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"run", "run pipelines until SIGINT/SIGTERM", runCmd},
-		{"validate", "check pipeline files without connecting", validateCmd},
+		{"validate", "check pipeline files; --connect also checks each outbox table", validateCmd},
 		{"lag", "show a running ferry's pipelines: state, backlog, lag per segment", lagCmd},
 		{"doctor", "walk each pipeline's path and name the first unhealthy stage", doctorCmd},
 		{"schema", "print the outbox DDL for a source", schemaCmd},

@@ -1,0 +1,73 @@
+package cli_test
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/internal/testenv"
+)
+
+// validate --connect runs the sources' start-up schema check: Debezium's
+// table under Ferry's default column names fails with one line per
+// column, naming file and line, the column and the fix; mapped, it passes.
+// Nothing is created on the database, and no password is printed.
+func TestValidateConnect(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id uuid NOT NULL PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+		aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(dsn)
+	u.User = url.UserPassword(u.User.Username(), "hunter2")
+	t.Setenv("DEBEZIUM_DB_URL", u.String())
+	dir := t.TempDir()
+	write := func(name, columns string) string {
+		p := filepath.Join(dir, name)
+		y := "name: " + strings.TrimSuffix(name, ".yaml") + "\nsource:\n  type: wal\n  dsn: ${DEBEZIUM_DB_URL}\n  table: outbox\n" + columns +
+			"sink:\n  type: kafka\n  brokers: [127.0.0.1:9092]\n  topic: outbox.events\n"
+		if err := os.WriteFile(p, []byte(y), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	bad := write("bad.yaml", "")
+	code, out, errOut := run("validate", "--connect", "-c", bad)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{
+		bad + `:1: pipeline bad: source.columns.aggregate_type: outbox table outbox has no column "aggregate_type"`,
+		"set source.columns.aggregate_type: aggregatetype",
+		"set source.columns.aggregate_id: aggregateid",
+		`source.columns.headers: outbox table outbox has no column "headers"`,
+		"4 problem(s) found",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+	if strings.Contains(out+errOut, "hunter2") {
+		t.Error("password in validate output")
+	}
+	good := write("good.yaml", "  columns: {aggregate_type: aggregatetype, aggregate_id: aggregateid, headers: \"\", created_at: \"\"}\n")
+	if code, out, errOut := run("validate", "--connect", "-c", good); code != 0 || !strings.Contains(out, "ok  good (wal → kafka)") {
+		t.Fatalf("exit %d:\n%s%s", code, out, errOut)
+	}
+	var pubs, slots int
+	_ = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_publication), (SELECT count(*) FROM pg_replication_slots WHERE database = current_database())`).Scan(&pubs, &slots)
+	if pubs != 0 || slots != 0 {
+		t.Fatalf("validate --connect created %d publications, %d slots", pubs, slots)
+	}
+}
