@@ -156,7 +156,14 @@ func CheckTable(ctx context.Context, q Querier, table string, cols Columns, need
 		case FieldHeaders:
 			want(f.Key(), c, headerTypes, wantHeaders, `map it to such a column, or set source.columns.headers: "" if the table has none`)
 		case FieldCreatedAt:
-			want(f.Key(), c, timeTypes, wantTime, "")
+			if need.Ordered {
+				// These sources compute ages from it in SQL.
+				want(f.Key(), c, timeTypes[:2], "timestamp with time zone or timestamp without time zone (it computes ages from it in SQL)",
+					fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING …, or use the wal source, which also reads epoch milliseconds and text",
+						Quote(table), pgx.Identifier{c.name}.Sanitize()))
+			} else {
+				want(f.Key(), c, timeTypes, wantTime, "")
+			}
 		case FieldEventID:
 			want(f.Key(), c, eventIDTypes, wantEventID, "")
 		}
