@@ -239,7 +239,7 @@ func (c *Config) sarama() (*sarama.Config, error) {
 	sc.Producer.Timeout = c.Timeout
 	// Key = aggregate id, hashed like the Java client's default partitioner,
 	// so Ferry and Java producers put one aggregate on the same partition.
-	sc.Producer.Partitioner = sarama.NewMurmur2Partitioner
+	sc.Producer.Partitioner = placing(sarama.NewMurmur2Partitioner)
 	sc.Net.DialTimeout = 10 * time.Second
 	sc.Net.ReadTimeout = c.Timeout + 10*time.Second
 	sc.Net.WriteTimeout = c.Timeout + 10*time.Second

@@ -296,6 +296,7 @@ func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMe
 	if key := plugins.Key(msg); key != "" {
 		pm.Key = sarama.StringEncoder(key)
 	}
+	placeRecord(pm, msg)
 	return pm, nil
 }
 

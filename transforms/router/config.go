@@ -42,7 +42,52 @@ type Config struct {
 	// EventTypeTopics overrides the topic for some event types (the event's
 	// type → a topic pattern).
 	EventTypeTopics map[string]string `yaml:"event_type_topics" ferry:"template"`
+
+	// Compat selects another relay's message conventions: "" (Ferry's) or
+	// "debezium", which defaults id_header to "id",
+	// tracing_span_context_field to "tracingspancontext" and
+	// metadata_headers to false, so consumers of Debezium's Outbox Event
+	// Router see the same records. Default "".
+	Compat string `yaml:"compat"`
+	// IDHeader names a header set to the event id (Debezium: "id").
+	// Default "" (none besides the sink's own id header); "id" with compat: debezium.
+	IDHeader string `yaml:"id_header"`
+	// MetadataHeaders sends Ferry's descriptive metadata (aggregate_type,
+	// aggregate_id, event_type, created_at, read_at, outbox_id, position,
+	// commit_lsn, committed_at) as headers. Default true; false with
+	// compat: debezium, whose records carry only the id and placed fields.
+	MetadataHeaders *bool `yaml:"metadata_headers"`
+	// ValueConverter is how the payload becomes the record value, named
+	// after Kafka Connect's converters: "string" (the payload's bytes as
+	// they are, like StringConverter or ByteArrayConverter) or "json" (like
+	// JsonConverter with schemas.enable=false: the payload as a JSON string,
+	// or with expand_json_payload as the JSON it holds, compacted). Default
+	// "string".
+	ValueConverter string `yaml:"value_converter"`
+	// TombstoneOnEmptyPayload sends an event whose payload is empty or NULL
+	// as a tombstone: a Kafka record with a null value (other brokers: an
+	// empty body). Default false.
+	TombstoneOnEmptyPayload bool `yaml:"tombstone_on_empty_payload"`
+	// TracingSpanContextField is a column the source carries
+	// (columns.extra) holding the writer's trace context as Debezium's
+	// tracing integration stores it: Java properties text with a
+	// traceparent (and tracestate) entry, or a bare traceparent. It becomes
+	// the traceparent and tracestate headers. Default ""; "tracingspancontext"
+	// with compat: debezium (ignored when the source does not carry it).
+	TracingSpanContextField string `yaml:"tracing_span_context_field"`
 }
+
+// Compatibility presets.
+const (
+	CompatFerry    = ""
+	CompatDebezium = "debezium"
+)
+
+// Value converters.
+const (
+	ConverterString = "string"
+	ConverterJSON   = "json"
+)
 
 // Replace is a regular-expression rewrite: Pattern must match the whole
 // value; With may use $1, ${name}.
@@ -60,7 +105,8 @@ type Field struct {
 	Column string `yaml:"column"`
 	// As is the header name or envelope key. Default: the column name.
 	As string `yaml:"as"`
-	// Placement is header or envelope. Default header.
+	// Placement is header, envelope or partition (the Kafka partition, a
+	// whole number; other sinks ignore it). Default header.
 	Placement string `yaml:"placement"`
 }
 
@@ -109,14 +155,49 @@ func (c *Config) Validate() error {
 		if !fieldName.MatchString(f.Column) {
 			p.Add(path+".column", "%q is not a field name", f.Column)
 		}
-		if f.Placement != "" && f.Placement != "header" && f.Placement != "envelope" {
-			p.Add(path+".placement", "must be header or envelope, got %q", f.Placement)
+		if f.Placement != "" && f.Placement != "header" && f.Placement != "envelope" && f.Placement != "partition" {
+			p.Add(path+".placement", "must be header, envelope or partition, got %q", f.Placement)
 		}
 		if f.Placement == "envelope" && f.name() == "payload" {
 			p.Add(path+".as", `"payload" is the envelope's payload key`)
 		}
 	}
+	if c.Compat != CompatFerry && c.Compat != CompatDebezium {
+		p.Add("compat", "want %q or \"\" (Ferry's conventions), got %q", CompatDebezium, c.Compat)
+	}
+	if c.IDHeader != "" && !fieldName.MatchString(c.IDHeader) {
+		p.Add("id_header", "%q is not a header name (letters, digits, _)", c.IDHeader)
+	}
+	if c.ValueConverter != "" && c.ValueConverter != ConverterString && c.ValueConverter != ConverterJSON {
+		p.Add("value_converter", "want %q or %q, got %q", ConverterString, ConverterJSON, c.ValueConverter)
+	}
+	if c.TracingSpanContextField != "" && !fieldName.MatchString(c.TracingSpanContextField) {
+		p.Add("tracing_span_context_field", "%q is not a column name", c.TracingSpanContextField)
+	}
 	return p.Err()
+}
+
+// resolved is the config with the compat preset applied to what the user
+// left unset.
+func (c *Config) resolved() *Config {
+	r := *c
+	headers := true
+	if c.Compat == CompatDebezium {
+		headers = false
+		if r.IDHeader == "" {
+			r.IDHeader = "id"
+		}
+		if r.TracingSpanContextField == "" {
+			r.TracingSpanContextField = "tracingspancontext"
+		}
+	}
+	if r.MetadataHeaders == nil {
+		r.MetadataHeaders = &headers
+	}
+	if r.ValueConverter == "" {
+		r.ValueConverter = ConverterString
+	}
+	return &r
 }
 
 func (f Field) name() string {

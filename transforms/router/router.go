@@ -6,10 +6,12 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -45,6 +47,7 @@ type Router struct {
 
 // New compiles the config's patterns.
 func New(cfg *Config, env plugins.Env) (*Router, error) {
+	cfg = cfg.resolved()
 	r := &Router{cfg: cfg, env: env, byType: map[string]template{}}
 	var err error
 	if r.topic, err = parseTemplate(cfg.Topic); err != nil {
@@ -95,48 +98,95 @@ func (r *Router) Process(msg *message.Message) ([]*message.Message, error) {
 	msg.Metadata.Set(plugins.MetaTopic, topic)
 	msg.Metadata.Set(plugins.MetaKey, field(msg, r.cfg.Key))
 
+	if f := r.cfg.TracingSpanContextField; f != "" {
+		placeTraceContext(msg, field(msg, f))
+	}
+	if h := r.cfg.IDHeader; h != "" {
+		msg.Metadata.Set(h, msg.UUID)
+	}
+	if err := r.placePayload(msg); err != nil {
+		return nil, err
+	}
+	if !*r.cfg.MetadataHeaders {
+		dropMetadataHeaders(msg)
+	}
+	return []*message.Message{msg}, nil
+}
+
+// placePayload turns the payload into the record value: tombstone,
+// expansion, JSON checks, the value converter, and the fields placed in
+// headers, the envelope or the partition.
+func (r *Router) placePayload(msg *message.Message) error {
+	var envelope map[string]any
+	for _, f := range r.cfg.Fields {
+		v := field(msg, f.Column)
+		switch f.Placement {
+		case "envelope":
+			if envelope == nil {
+				envelope = map[string]any{}
+			}
+			envelope[f.name()] = v
+		case "partition":
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+			if err != nil || n < 0 {
+				return plugins.Permanent("bad_partition", fmt.Errorf("field %s = %q is not a partition number (a whole number, 0 or more)", f.Column, v))
+			}
+			msg.Metadata.Set(plugins.MetaPartition, strconv.FormatInt(n, 10))
+		default:
+			msg.Metadata.Set(f.name(), v)
+		}
+	}
+	if r.cfg.TombstoneOnEmptyPayload && len(msg.Payload) == 0 {
+		// Debezium's route.tombstone.on.empty.payload: the record keeps key
+		// and headers; its value is null, which deletes the key in a
+		// compacted topic.
+		msg.Metadata.Set(plugins.MetaTombstone, "true")
+		msg.Payload = nil
+		return nil
+	}
+	expanded := false
 	if r.cfg.ExpandJSONPayload {
-		if err := expandJSON(msg); err != nil {
-			return nil, err
+		if r.cfg.ValueConverter == ConverterJSON {
+			expanded = expandJSONLenient(msg)
+		} else if err := expandJSON(msg); err != nil {
+			return err
 		}
 	}
 	if r.cfg.RequireJSON {
 		switch {
 		case len(msg.Payload) == 0:
-			return nil, plugins.Permanent("undecodable_payload", errors.New("payload is empty (NULL)"))
+			return plugins.Permanent("undecodable_payload", errors.New("payload is empty (NULL)"))
 		case !utf8.Valid(msg.Payload):
 			// encoding/json accepts invalid UTF-8 in strings; JSON does not.
-			return nil, plugins.Permanent("undecodable_payload", errors.New("payload is not UTF-8"))
+			return plugins.Permanent("undecodable_payload", errors.New("payload is not UTF-8"))
 		case !json.Valid(msg.Payload):
-			return nil, plugins.Permanent("undecodable_payload", errors.New("payload is not valid JSON"))
+			return plugins.Permanent("undecodable_payload", errors.New("payload is not valid JSON"))
 		}
 	}
-	var envelope map[string]any
-	for _, f := range r.cfg.Fields {
-		v := field(msg, f.Column)
-		if f.Placement == "envelope" {
-			if envelope == nil {
-				envelope = map[string]any{}
-			}
-			envelope[f.name()] = v
-			continue
-		}
-		msg.Metadata.Set(f.name(), v)
-	}
-	if envelope != nil {
-		envelope["payload"] = json.RawMessage(msg.Payload)
-		if len(msg.Payload) == 0 {
-			envelope["payload"] = nil
-		} else if !json.Valid(msg.Payload) {
-			return nil, plugins.Permanent("undecodable_payload", errors.New("payload is not JSON; it cannot go into an envelope"))
-		}
-		b, err := json.Marshal(envelope)
+	if r.cfg.ValueConverter == ConverterJSON && !expanded && msg.Payload != nil {
+		// JsonConverter writes a string field as a JSON string: the
+		// payload column's text, quoted and escaped.
+		b, err := jsonString(msg.Payload)
 		if err != nil {
-			return nil, err
+			return plugins.Permanent("undecodable_payload", err)
 		}
 		msg.Payload = b
 	}
-	return []*message.Message{msg}, nil
+	if envelope == nil {
+		return nil
+	}
+	envelope["payload"] = json.RawMessage(msg.Payload)
+	if len(msg.Payload) == 0 {
+		envelope["payload"] = nil
+	} else if !json.Valid(msg.Payload) {
+		return plugins.Permanent("undecodable_payload", errors.New("payload is not JSON; it cannot go into an envelope"))
+	}
+	b, err := json.Marshal(envelope)
+	if err != nil {
+		return err
+	}
+	msg.Payload = b
+	return nil
 }
 
 // route is the route value after route_replace; ok is false when there is
@@ -196,6 +246,98 @@ func expandJSON(msg *message.Message) error {
 	}
 	msg.Payload = []byte(inner)
 	return nil
+}
+
+// expandJSONLenient is table.expand.json.payload under the JSON
+// converter: a payload holding JSON (or a JSON string holding JSON) is sent
+// as that JSON, compacted as JsonConverter writes it; anything else is kept
+// as it is (then sent as a JSON string). It reports whether it expanded.
+func expandJSONLenient(msg *message.Message) bool {
+	p := bytes.TrimSpace(msg.Payload)
+	if len(p) > 0 && p[0] == '"' {
+		var inner string
+		if json.Unmarshal(p, &inner) == nil && json.Valid([]byte(inner)) {
+			p = []byte(inner)
+		}
+	}
+	if len(p) == 0 || !json.Valid(p) || p[0] == '"' {
+		return false
+	}
+	var b bytes.Buffer
+	if json.Compact(&b, p) != nil {
+		return false
+	}
+	msg.Payload = b.Bytes()
+	return true
+}
+
+// jsonString writes s as a JSON string the way Jackson (Kafka Connect's
+// JsonConverter) does: UTF-8 as is, no HTML escaping.
+func jsonString(s []byte) ([]byte, error) {
+	if !utf8.Valid(s) {
+		return nil, errors.New("payload is not UTF-8; the json value converter writes text only")
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(string(s)); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// placeTraceContext sets the traceparent and tracestate headers from a
+// trace context column: Java properties text as Debezium's tracing
+// integration writes it ("traceparent=00-…" lines, # comments), or a bare
+// traceparent value.
+func placeTraceContext(msg *message.Message, v string) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return
+	}
+	if !strings.ContainsAny(v, "=:\n") || strings.HasPrefix(v, "00-") {
+		msg.Metadata.Set("traceparent", v)
+		return
+	}
+	for _, line := range strings.Split(v, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' || line[0] == '!' {
+			continue
+		}
+		i := strings.IndexAny(line, "=:")
+		if i < 0 {
+			continue
+		}
+		// Properties.store escapes = : # ! and \ with a backslash.
+		k, val := strings.TrimSpace(line[:i]), propertiesUnescape.Replace(strings.TrimSpace(line[i+1:]))
+		switch strings.ToLower(k) {
+		case "traceparent":
+			msg.Metadata.Set("traceparent", val)
+		case "tracestate":
+			msg.Metadata.Set("tracestate", val)
+		}
+	}
+}
+
+var propertiesUnescape = strings.NewReplacer(`\=`, "=", `\:`, ":", `\#`, "#", `\!`, "!", `\\`, `\`, `\ `, " ")
+
+// metadataHeaders are the descriptive metadata every source sets, which
+// sinks send as headers unless the router drops them.
+var metadataHeaders = []string{plugins.MetaAggregateType, plugins.MetaAggregateID, plugins.MetaEventType,
+	plugins.MetaCreatedAt, plugins.MetaReadAt, plugins.MetaOutboxID, plugins.MetaPosition, "commit_lsn", "committed_at"}
+
+// dropMetadataHeaders removes Ferry's descriptive headers (Debezium's
+// records carry none). created_at still serves the commit→read lag, as the
+// internal commit time, when the source set none.
+func dropMetadataHeaders(msg *message.Message) {
+	if msg.Metadata.Get(plugins.MetaCommitAt) == "" {
+		if t, err := plugins.ParseTime(msg.Metadata.Get(plugins.MetaCreatedAt)); err == nil {
+			msg.Metadata.Set(plugins.MetaCommitAt, strconv.FormatInt(t.UnixNano(), 10))
+		}
+	}
+	for _, k := range metadataHeaders {
+		delete(msg.Metadata, k)
+	}
 }
 
 // template is a topic pattern split into literal text and placeholders.

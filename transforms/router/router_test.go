@@ -112,7 +112,7 @@ func TestValidate(t *testing.T) {
 		{func(c *router.Config) { c.Topic = "outbox.${route" }, "topic: unterminated ${"},
 		{func(c *router.Config) { c.RouteBy = "a b" }, `route_by: "a b" is not a field name`},
 		{func(c *router.Config) { c.RouteReplace = &router.Replace{Pattern: "("} }, "route_replace.pattern: not a regular expression"},
-		{func(c *router.Config) { c.Fields = []router.Field{{Column: "x", Placement: "body"}} }, "fields[0].placement: must be header or envelope"},
+		{func(c *router.Config) { c.Fields = []router.Field{{Column: "x", Placement: "body"}} }, "fields[0].placement: must be header, envelope or partition"},
 		{func(c *router.Config) { c.EventTypeTopics = map[string]string{"A": "${nope}"} }, "event_type_topics.A:"},
 	}
 	for _, c := range cases {
