@@ -93,9 +93,10 @@ const (
 // value; With may use $1, ${name}.
 type Replace struct {
 	// Pattern is a Go regular expression (RE2). Required.
-	Pattern string `yaml:"pattern"`
-	// With is the replacement. Default "$1".
-	With string `yaml:"with"`
+	Pattern string `yaml:"pattern" ferry:"template"`
+	// With is the replacement. Default "$1". ${name} refers to a named
+	// group (not an environment variable).
+	With string `yaml:"with" ferry:"template"`
 }
 
 // Field is one more field on the routed message.

@@ -43,6 +43,7 @@ func commands() []command {
 		{"lag", "show a running ferry's pipelines: state, backlog, lag per segment", lagCmd},
 		{"doctor", "walk each pipeline's path and name the first unhealthy stage", doctorCmd},
 		{"schema", "print the outbox DDL for a source", schemaCmd},
+		{"migrate", "print the Ferry pipeline for a Debezium outbox connector's configuration", migrateCmd},
 		{"demo", "run an end-to-end demo on embedded PostgreSQL and NATS", demoCmd},
 		{"bench", "measure drain rate, latency, memory and idle cost against watermill-sql and the broker ceiling", benchCmd},
 		{"version", "print the version", versionCmd},

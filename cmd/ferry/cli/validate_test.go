@@ -71,3 +71,25 @@ func TestValidateConnect(t *testing.T) {
 		t.Fatalf("validate --connect created %d publications, %d slots", pubs, slots)
 	}
 }
+
+// migrate debezium prints YAML that validate accepts; unmapped options are
+// counted on stderr; another system is refused.
+func TestMigrateDebezium(t *testing.T) {
+	t.Setenv("DEBEZIUM_DB_PASSWORD", "pw")
+	t.Setenv("KAFKA_BROKERS", "127.0.0.1:9092")
+	code, out, errOut := run("migrate", "debezium", "--reuse-slot", "../../../internal/migrate/testdata/connect-quarkus.properties")
+	if code != 0 || !strings.Contains(out, "slot: customer_outbox") || !strings.Contains(out, "compat: debezium") ||
+		!strings.Contains(errOut, "2 option(s) not translated") || strings.Contains(out, "changeit") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	p := filepath.Join(t.TempDir(), "customer.yaml")
+	if err := os.WriteFile(p, []byte(out), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, vout, verr := run("validate", "-c", p); code != 0 || !strings.Contains(vout, "ok  customer-outbox (wal → event_router → kafka)") {
+		t.Fatalf("validate: exit %d\n%s%s", code, vout, verr)
+	}
+	if code, _, errOut := run("migrate", "maxwell", "x.json"); code != 2 || !strings.Contains(errOut, `unknown system "maxwell"`) {
+		t.Fatalf("migrate maxwell: exit %d %s", code, errOut)
+	}
+}
