@@ -209,6 +209,11 @@ transforms:
 		if h["id"] != quarkus[i].id || string(r.Key) != "7" {
 			t.Errorf("quarkus record %d: key %q id %q, want %s", i, r.Key, h["id"], quarkus[i].id)
 		}
+		// table.field.event.timestamp: the record's timestamp is the row's
+		// (timestamp without time zone, taken as UTC).
+		if want := time.Date(2026, 12, 1, 9, 0, 0, 123e6, time.UTC); !r.Timestamp.Equal(want) {
+			t.Errorf("quarkus record %d: timestamp %s, want %s", i, r.Timestamp.UTC(), want)
+		}
 		switch i {
 		case 0:
 			if string(r.Value) != quarkus[0].payload || h["traceparent"] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" ||

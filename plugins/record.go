@@ -10,4 +10,8 @@ const (
 	// value null (a tombstone, for compacted topics); other sinks send an
 	// empty body.
 	MetaTombstone = InternalPrefix + "tombstone"
+	// MetaTimestamp, set by a transform to a time (FormatTime), is the
+	// Kafka record's timestamp (Debezium: the event's timestamp); without
+	// it the producer's clock stamps the record. Other sinks ignore it.
+	MetaTimestamp = InternalPrefix + "timestamp"
 )

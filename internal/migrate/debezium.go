@@ -610,7 +610,7 @@ func (t *translation) translate(router string, opts Options) (*Result, error) {
 }
 
 var routerNotes = map[string]string{
-	"table.field.event.schema.version":        "Ferry writes no Connect schemas",
+	"table.field.event.schema.version":         "Ferry writes no Connect schemas",
 	"table.fields.additional.error.on.missing": "the start-up schema check refuses a table that lacks a mapped column",
 	"table.json.payload.null.behavior":         "a NULL payload is a null value (or a tombstone with tombstone_on_empty_payload)",
 	"table.op.invalid.behavior":                "Ferry reads inserts only: the publication it creates does not publish updates",

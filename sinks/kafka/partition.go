@@ -38,7 +38,7 @@ func (p placingPartitioner) Partition(m *sarama.ProducerMessage, n int32) (int32
 func (p placingPartitioner) RequiresConsistency() bool { return p.next.RequiresConsistency() }
 
 // placeRecord applies a transform's record-level choices: the partition,
-// and a null value for a tombstone.
+// a null value for a tombstone, the record timestamp.
 func placeRecord(pm *sarama.ProducerMessage, msg *message.Message) {
 	if v := msg.Metadata.Get(plugins.MetaPartition); v != "" {
 		if n, err := strconv.ParseInt(v, 10, 32); err == nil && n >= 0 {
@@ -47,5 +47,8 @@ func placeRecord(pm *sarama.ProducerMessage, msg *message.Message) {
 	}
 	if msg.Metadata.Get(plugins.MetaTombstone) == "true" {
 		pm.Value = nil
+	}
+	if ts, err := plugins.ParseTime(msg.Metadata.Get(plugins.MetaTimestamp)); err == nil {
+		pm.Timestamp = ts
 	}
 }

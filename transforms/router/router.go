@@ -107,6 +107,14 @@ func (r *Router) Process(msg *message.Message) ([]*message.Message, error) {
 	if err := r.placePayload(msg); err != nil {
 		return nil, err
 	}
+	if r.cfg.Compat == CompatDebezium {
+		// Debezium stamps the record with the event's time: the
+		// table.field.event.timestamp column, else the commit (which the
+		// wal source puts in created_at when the table has no such column).
+		if t := msg.Metadata.Get(plugins.MetaCreatedAt); t != "" {
+			msg.Metadata.Set(plugins.MetaTimestamp, t)
+		}
+	}
 	if !*r.cfg.MetadataHeaders {
 		dropMetadataHeaders(msg)
 	}
