@@ -102,6 +102,9 @@ func (c Columns) DecodeText(tm *pgtype.Map, oid [NumFields]uint32, v [NumFields]
 	if len(c.Extra) > 0 {
 		r.ExtraNames, r.Extra = c.Extra, extra
 	}
+	if c.Derive != nil {
+		c.Derive(&r)
+	}
 	return r
 }
 

@@ -53,6 +53,10 @@ type Columns struct {
 	// EventID, if set, is a column holding the event's id (uuid or text). When
 	// empty, Ferry derives a stable UUID from database, table and row id.
 	EventID string `yaml:"event_id"`
+	// Derive, when set by a source (never from YAML), completes each row
+	// after it was read: e.g. the aggregate id taken from the headers of a
+	// table that has no aggregate column (watermill-sql's metadata).
+	Derive func(*Row) `yaml:"-"`
 	// Extra lists more columns to carry with each event, read as text, for
 	// transforms (the event router's route_by and fields). They travel as
 	// internal metadata (plugins.ColumnKey) and are not sent as headers
@@ -76,14 +80,14 @@ func ValidIdentifier(s string) bool { return identifier.MatchString(s) }
 // Validate checks every column name.
 func (c Columns) Validate() error {
 	var p plugins.Problems
-	required := []struct{ key, val string }{{"aggregate_type", c.AggregateType},
-		{"aggregate_id", c.AggregateID}, {"type", c.Type}, {"payload", c.Payload}}
+	required := []struct{ key, val string }{{"payload", c.Payload}}
 	for _, r := range required {
 		if !ValidIdentifier(r.val) {
 			p.Add(r.key, "%q is not a valid column name (letters, digits, _; at most 63)", r.val)
 		}
 	}
-	for _, o := range []struct{ key, val string }{{"id", c.ID}, {"order_by", c.OrderBy}, {"created_at", c.CreatedAt}, {"headers", c.Headers}, {"event_id", c.EventID}} {
+	for _, o := range []struct{ key, val string }{{"id", c.ID}, {"order_by", c.OrderBy}, {"aggregate_type", c.AggregateType},
+		{"aggregate_id", c.AggregateID}, {"type", c.Type}, {"created_at", c.CreatedAt}, {"headers", c.Headers}, {"event_id", c.EventID}} {
 		if o.val != "" && !ValidIdentifier(o.val) {
 			p.Add(o.key, "%q is not a valid column name (letters, digits, _; at most 63)", o.val)
 		}
@@ -143,7 +147,13 @@ func (c Columns) Select(alias string, extra ...string) string {
 	} else {
 		cols = append(cols, "NULL::text")
 	}
-	cols = append(cols, q(c.AggregateType)+"::text", q(c.AggregateID)+"::text", q(c.Type)+"::text", q(c.Payload))
+	text := func(n string) string {
+		if n == "" {
+			return "NULL::text" // the table has no such column (watermill-sql's)
+		}
+		return q(n) + "::text"
+	}
+	cols = append(cols, text(c.AggregateType), text(c.AggregateID), text(c.Type), q(c.Payload))
 	if c.Headers != "" {
 		cols = append(cols, q(c.Headers)+"::text")
 	} else {
@@ -162,6 +172,9 @@ func (c Columns) Select(alias string, extra ...string) string {
 	for _, e := range c.Extra {
 		cols = append(cols, q(e)+"::text")
 	}
+	if c.Derive != nil {
+		cols = append(cols, "NULL::text") // scanned last: completes the row
+	}
 	return strings.Join(cols, ", ")
 }
 
@@ -177,8 +190,20 @@ func (c Columns) Scan(r *Row, lead ...any) []any {
 			dest = append(dest, &r.Extra[i])
 		}
 	}
+	if c.Derive != nil {
+		dest = append(dest, &deriveScanner{r, c.Derive})
+	}
 	return dest
 }
+
+// deriveScanner scans Select's last, empty column: by then every other
+// column of the row was scanned, so Derive sees the whole row.
+type deriveScanner struct {
+	r      *Row
+	derive func(*Row)
+}
+
+func (d *deriveScanner) Scan(any) error { d.derive(d.r); return nil }
 
 // Row is one outbox row as read.
 type Row struct {

@@ -20,6 +20,7 @@ import (
 	_ "github.com/ferryhq/ferry/sinks/rabbitmq"
 	_ "github.com/ferryhq/ferry/sources/poll"
 	_ "github.com/ferryhq/ferry/sources/wal"
+	_ "github.com/ferryhq/ferry/sources/watermillsql"
 	_ "github.com/ferryhq/ferry/sources/xid8"
 	_ "github.com/ferryhq/ferry/transforms/canary"
 	_ "github.com/ferryhq/ferry/transforms/filter"
