@@ -20,8 +20,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/outbox"
