@@ -127,3 +127,62 @@ func TestAnyIDTypeTextAndNone(t *testing.T) {
 	}
 	check(nm, nm.Metadata.Get(wal.MetaCommitLSN)+"/1", "\x00\xff", "2026-01-02T03:00:00.123000Z")
 }
+
+// The cut-over onto Debezium's own slot: a pgoutput slot and an all-ops
+// publication Debezium created, confirmed up to some point; Ferry streams
+// that slot and delivers exactly what was committed after its confirmed
+// position — deletes (the Quarkus extension's remove-after-insert) ignored.
+func TestReuseDebeziumSlot(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	pool := newPool(t, dsn)
+	dropSlotsOf(t, pool)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE outboxevent (id uuid NOT NULL PRIMARY KEY, aggregatetype varchar(255) NOT NULL,
+		aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb);
+		CREATE PUBLICATION dbz_publication FOR TABLE outboxevent`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot('debezium', 'pgoutput')`); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(id string) {
+		if _, err := pool.Exec(ctx, `INSERT INTO outboxevent VALUES ($1, 'order', '1', 'Created', '{}')`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Delivered by Debezium, which confirmed the slot past it (flushed, so
+	// the slot may be advanced past it whatever synchronous_commit says).
+	if _, err := pool.Exec(ctx, `BEGIN; SET LOCAL synchronous_commit = on;
+		INSERT INTO outboxevent VALUES ('00000000-0000-4000-8000-000000000001', 'order', '1', 'Created', '{}'); COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	var advanced string
+	if err := pool.QueryRow(ctx, `SELECT end_lsn::text FROM pg_replication_slot_advance('debezium', pg_current_wal_insert_lsn())`).Scan(&advanced); err != nil {
+		t.Fatal(err)
+	}
+	// Committed while Debezium was stopped: in the slot, not confirmed.
+	insert("00000000-0000-4000-8000-000000000002")
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO outboxevent VALUES ('00000000-0000-4000-8000-000000000003', 'order', '1', 'Created', '{}');
+		DELETE FROM outboxevent WHERE id = '00000000-0000-4000-8000-000000000003'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d := startDirect(t, dsn, testenv.Name("reuse"), 10, func(c *wal.Config) {
+		c.Table, c.Columns, c.Slot, c.Publication, c.InitialSnapshot = "outboxevent", debeziumColumns, "debezium", "dbz_publication", false
+	})
+	insert("00000000-0000-4000-8000-000000000004")
+	testenv.Eventually(t, 20*time.Second, "3 events", func() bool { return len(d.messages()) >= 3 })
+	var got []string
+	for _, m := range d.messages() {
+		got = append(got, m.UUID)
+	}
+	if want := "00000000-0000-4000-8000-000000000002,00000000-0000-4000-8000-000000000003,00000000-0000-4000-8000-000000000004"; strings.Join(got, ",") != want {
+		t.Fatalf("delivered %v, want %s (the slot was confirmed up to %s)", got, want, advanced)
+	}
+}
