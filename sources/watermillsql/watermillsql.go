@@ -116,12 +116,21 @@ func (c *Config) xid8() *xid8.Config {
 	// watermill-sql sends no notifications: poll.
 	x.Listen = false
 	x.BatchSize, x.PollInterval, x.OffsetsTable, x.QueryTimeout = c.BatchSize, c.PollInterval, c.OffsetsTable, c.QueryTimeout
-	if key := c.PartitionKey; key != "" {
-		forwarder := c.Forwarder
-		x.Columns.Derive = func(r *outbox.Row) { r.AggregateID = partitionKey(r, key, forwarder) }
+	key, forwarder := c.PartitionKey, c.Forwarder
+	x.Columns.Derive = func(r *outbox.Row) {
+		if key != "" {
+			r.AggregateID = partitionKey(r, key, forwarder)
+		}
+		// The metadata as stored, for shape: Ferry's own metadata keys
+		// (aggregate_id, created_at, …) must not replace the message's.
+		r.ExtraNames = append(r.ExtraNames, rawMetadata)
+		r.Extra = append(r.Extra, r.Headers)
 	}
 	return x
 }
+
+// rawMetadata carries a row's metadata column, as stored, to shape.
+const rawMetadata = "metadata"
 
 // OutboxTable describes the table (for components that write to it).
 func (c *Config) OutboxTable() plugins.OutboxTable { return c.xid8().OutboxTable() }
@@ -200,6 +209,18 @@ func (s *Source) shape(m *message.Message) {
 	key := m.Metadata.Get(plugins.MetaAggregateID)
 	for _, k := range absent {
 		delete(m.Metadata, k)
+	}
+	raw := m.Metadata.Get(plugins.ColumnKey(rawMetadata))
+	delete(m.Metadata, plugins.ColumnKey(rawMetadata))
+	if !s.cfg.Forwarder && raw != "" {
+		var md map[string]string
+		if json.Unmarshal([]byte(raw), &md) == nil {
+			for k, v := range md {
+				if !plugins.IsInternal(k) {
+					m.Metadata.Set(k, v)
+				}
+			}
+		}
 	}
 	if s.cfg.Forwarder {
 		var e envelope

@@ -123,6 +123,7 @@ limits: {max_in_flight: 64}
 		m.Metadata.Set("partition_key", key)
 		m.Metadata.Set("seq", strconv.Itoa(seq[key]))
 		m.Metadata.Set("tenant", "shop")
+		m.Metadata.Set("created_at", "yesterday") // a key Ferry also uses: the message's wins
 		if err := pub.Publish("orders", m); err != nil {
 			t.Fatal(err)
 		}
@@ -200,6 +201,9 @@ limits: {max_in_flight: 64}
 			for _, kv := range r.Headers {
 				if kv.Key == "seq" && string(kv.Value) != strconv.Itoa(w.seq) {
 					t.Errorf("message %s: seq %s, want %d", w.uuid, kv.Value, w.seq)
+				}
+				if kv.Key == "created_at" && w.topic == "orders" && string(kv.Value) != "yesterday" {
+					t.Errorf("message %s: created_at %s, want the message's own", w.uuid, kv.Value)
 				}
 			}
 		}
