@@ -43,6 +43,7 @@ import (
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
+	"github.com/ferryhq/ferry/sources/watermillsql"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -337,6 +338,12 @@ func (r *runner) drainScenario(ctx context.Context) error {
 			if r.wants(SystemWatermill) {
 				m, err := r.watermillDrain(ctx, sink, rep)
 				errs = append(errs, r.record(ScenarioDrain, SystemWatermill, "", sink, m, err))
+				if r.wants(SystemFerry) {
+					// The comparison Watermill users ask for: Ferry's
+					// watermill_sql source on the same kind of table.
+					m, err := r.watermillDrain(ctx, sink, rep, SystemFerry)
+					errs = append(errs, r.record(ScenarioDrain, SystemFerry, watermillsql.Name, sink, m, err))
+				}
 			}
 			for _, src := range r.sources() {
 				m, err := r.ferryDrain(ctx, ScenarioDrain, src, sink, r.o.Events, r.o.Verify, rep)
@@ -421,6 +428,26 @@ func (r *runner) pipelineYAML(name, source, table string, t *target) string {
 	return string(b)
 }
 
+// watermillPipelineYAML is a pipeline reading topic's watermill-sql table.
+func (r *runner) watermillPipelineYAML(name, topic string, t *target) string {
+	src := map[string]any{"type": watermillsql.Name, "dsn": r.s.dsn, "topic": topic}
+	maps(src, r.set[watermillsql.Name])
+	snk := map[string]any{"type": t.sink}
+	maps(snk, t.config)
+	maps(snk, r.set[t.sink])
+	doc := map[string]any{"name": name, "source": src, "sink": snk}
+	limits := map[string]any{}
+	if r.o.MaxInFlight > 0 {
+		limits["max_in_flight"] = r.o.MaxInFlight
+	}
+	maps(limits, r.set["limits"])
+	if len(limits) > 0 {
+		doc["limits"] = limits
+	}
+	b, _ := yaml.Marshal(doc)
+	return string(b)
+}
+
 func maps(dst, src map[string]any) {
 	for k, v := range src {
 		dst[k] = v
@@ -472,11 +499,17 @@ func (r *runner) ferryDrain(ctx context.Context, scenario, source, sink string, 
 }
 
 // watermillDrain prefills n rows into watermill-sql's table and drains them
-// through the baseline.
-func (r *runner) watermillDrain(ctx context.Context, sink string, rep int) (Measurement, error) {
+// through the baseline, or with system ferry through Ferry's watermill_sql
+// source.
+func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, system ...string) (Measurement, error) {
 	n := r.o.Events
+	ferry := len(system) > 0 && system[0] == SystemFerry
 	id := r.nextID(ScenarioDrain, "wm", sink)
 	label := fmt.Sprintf("drain watermill-sql →%s", sink)
+	if ferry {
+		id = r.nextID(ScenarioDrain, "fwm", sink)
+		label = fmt.Sprintf("drain ferry watermill_sql →%s", sink)
+	}
 	topic := "bench_" + id
 	pool := r.s.pool
 	table, err := watermillTable(ctx, pool, topic)
@@ -496,11 +529,17 @@ func (r *runner) watermillDrain(ctx context.Context, sink string, rep int) (Meas
 	}
 	defer t.cleanup()
 	j := job{System: SystemWatermill, Mode: modeDrain, Expect: n, Sink: sink, SinkYAML: sinkYAML(t, r.set[sink]), DSN: r.s.dsn, Topic: topic}
+	if ferry {
+		j = job{System: SystemFerry, Mode: modeDrain, Expect: n, Pipelines: r.watermillPipelineYAML(id, topic, t)}
+	}
 	m, err := r.drainChild(ctx, id, label, j, n)
 	if err != nil {
 		return m, err
 	}
 	m.Scenario, m.System, m.Sink, m.Repeat = ScenarioDrain, SystemWatermill, sink, rep
+	if ferry {
+		m.System, m.Source = SystemFerry, watermillsql.Name
+	}
 	return m, r.verify(ctx, label, &m, t, n, r.o.Verify)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/ferryhq/ferry/sinks/rabbitmq"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
+	"github.com/ferryhq/ferry/sources/watermillsql"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -39,6 +40,7 @@ func (f *ferrySystem) start(ctx context.Context) error {
 	xid8.Register(reg)
 	poll.Register(reg)
 	wal.Register(reg)
+	watermillsql.Register(reg)
 	registerCountingSinks(reg, f.c)
 	specs, err := pipelines.Loader{Registry: reg}.LoadBytes("bench.yaml", []byte(f.c.job.Pipelines))
 	if err != nil {

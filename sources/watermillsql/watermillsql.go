@@ -2,7 +2,8 @@
 // (github.com/ThreeDotsLabs/watermill-sql, PostgreSQL schema) writes, as
 // they are: each row is published with its original UUID and metadata, and
 // rows written through Watermill's components/forwarder are unwrapped and
-// published to their destination topic. It is the xid8 source on
+// published to their destination topic (other rows go to the sink's topic,
+// or where an event router sends them). It is the xid8 source on
 // watermill-sql's own table layout (its transaction_id xid8 column), so it
 // has xid8's guarantees: no row skipped under out-of-order commits, and
 // per-key order when the messages carry a partition key in their metadata.
@@ -241,9 +242,6 @@ func (s *Source) shape(m *message.Message) {
 			}
 		}
 		m.Metadata.Set(plugins.MetaTopic, e.DestinationTopic)
-	} else {
-		// The Watermill topic it was published to (a transform may choose another).
-		m.Metadata.Set(plugins.MetaTopic, s.cfg.Topic)
 	}
 	if key != "" {
 		m.Metadata.Set(plugins.MetaKey, key)

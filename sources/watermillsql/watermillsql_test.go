@@ -73,7 +73,7 @@ func TestDrainWatermillTables(t *testing.T) {
 	coll := testenv.CollectKafka(t, brokers, topics)
 	specs, err := pipelines.Loader{}.LoadBytes("watermill.yaml", []byte(fmt.Sprintf(`name: wm-orders
 source: {type: watermill_sql, dsn: %[1]q, topic: orders, poll_interval: 20ms}
-sink: {type: kafka, brokers: [%[2]s], topic: unused}
+sink: {type: kafka, brokers: [%[2]s], topic: orders}
 limits: {max_in_flight: 64}
 ---
 name: wm-forwarded
