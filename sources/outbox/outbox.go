@@ -56,7 +56,7 @@ type Columns struct {
 	// Derive, when set by a source (never from YAML), completes each row
 	// after it was read: e.g. the aggregate id taken from the headers of a
 	// table that has no aggregate column (watermill-sql's metadata).
-	Derive func(*Row) `yaml:"-"`
+	Derive func(*Row) `yaml:"-" json:"-"`
 	// Extra lists more columns to carry with each event, read as text, for
 	// transforms (the event router's route_by and fields). They travel as
 	// internal metadata (plugins.ColumnKey) and are not sent as headers
