@@ -40,6 +40,9 @@ type Need struct {
 type Layout struct {
 	// OID is each mapped field's type (a domain's base type); 0 when not mapped.
 	OID [NumFields]uint32
+	// Declared is each mapped field's declared type: the domain itself for
+	// a domain, else OID.
+	Declared [NumFields]uint32
 	// Type is each mapped field's type as format_type writes it.
 	Type [NumFields]string
 }
@@ -50,8 +53,8 @@ type Querier interface {
 }
 
 type column struct {
-	name, typ string
-	oid       uint32
+	name, typ     string
+	oid, declared uint32
 }
 
 // Type families a column may have.
@@ -82,7 +85,7 @@ const (
 func CheckTable(ctx context.Context, q Querier, table string, cols Columns, need Need) (Layout, error) {
 	var l Layout
 	rows, err := q.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod),
-			CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END
+			CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, a.atttypid
 		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
 		ORDER BY a.attnum`, Quote(table))
@@ -91,7 +94,7 @@ func CheckTable(ctx context.Context, q Querier, table string, cols Columns, need
 	}
 	have, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (column, error) {
 		var c column
-		err := r.Scan(&c.name, &c.typ, &c.oid)
+		err := r.Scan(&c.name, &c.typ, &c.oid, &c.declared)
 		return c, err
 	})
 	if err != nil {
@@ -140,7 +143,7 @@ func CheckTable(ctx context.Context, q Querier, table string, cols Columns, need
 		if !ok {
 			continue
 		}
-		l.OID[f], l.Type[f] = c.oid, c.typ
+		l.OID[f], l.Declared[f], l.Type[f] = c.oid, c.declared, c.typ
 		switch f {
 		case FieldID:
 			if need.Ordered && cols.OrderBy == "" {

@@ -428,9 +428,11 @@ func (s *Source) mapRelation(m *pglogrepl.RelationMessage) (*relation, error) {
 		for i, col := range m.Columns {
 			if name != "" && col.Name == name {
 				rel.idx[f], rel.oid[f] = i, col.DataType
-				if o := s.layout.OID[f]; o != 0 {
-					// A domain arrives as its own type: decode its base type.
-					rel.oid[f] = o
+				if col.DataType == s.layout.Declared[f] && s.layout.OID[f] != 0 {
+					// A domain arrives as its own type: decode its base
+					// type. (A column altered since the start-up check
+					// arrives as its new type and is decoded as such.)
+					rel.oid[f] = s.layout.OID[f]
 				}
 			}
 		}
