@@ -336,12 +336,15 @@ func (r *runner) drainScenario(ctx context.Context) error {
 				errs = append(errs, r.record(ScenarioDrain, SystemCeiling, "", sink, m, err))
 			}
 			if r.wants(SystemWatermill) {
-				m, err := r.watermillDrain(ctx, sink, rep)
+				m, err := r.watermillDrain(ctx, sink, rep, SystemWatermill, false)
 				errs = append(errs, r.record(ScenarioDrain, SystemWatermill, "", sink, m, err))
+				// The comparison Watermill users ask for: its forwarder
+				// (watermill-sql subscriber → forwarder → broker), and Ferry's
+				// watermill_sql source on the same kind of table.
+				m, err = r.watermillDrain(ctx, sink, rep, SystemWatermill, true)
+				errs = append(errs, r.record(ScenarioDrain, SystemWatermill, sourceForwarder, sink, m, err))
 				if r.wants(SystemFerry) {
-					// The comparison Watermill users ask for: Ferry's
-					// watermill_sql source on the same kind of table.
-					m, err := r.watermillDrain(ctx, sink, rep, SystemFerry)
+					m, err := r.watermillDrain(ctx, sink, rep, SystemFerry, true)
 					errs = append(errs, r.record(ScenarioDrain, SystemFerry, watermillsql.Name, sink, m, err))
 				}
 			}
@@ -428,9 +431,21 @@ func (r *runner) pipelineYAML(name, source, table string, t *target) string {
 	return string(b)
 }
 
-// watermillPipelineYAML is a pipeline reading topic's watermill-sql table.
-func (r *runner) watermillPipelineYAML(name, topic string, t *target) string {
-	src := map[string]any{"type": watermillsql.Name, "dsn": r.s.dsn, "topic": topic}
+// destination is the topic (subject, routing key) the target reads: where
+// forwarder envelopes send their messages.
+func destination(t *target) string {
+	for _, k := range []string{"subject", "topic", "routing_key"} {
+		if v, ok := t.config[k].(string); ok && v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// watermillPipelineYAML is a pipeline reading topic's watermill-sql table
+// (forwarder envelopes with fwd).
+func (r *runner) watermillPipelineYAML(name, topic string, fwd bool, t *target) string {
+	src := map[string]any{"type": watermillsql.Name, "dsn": r.s.dsn, "topic": topic, "forwarder": fwd}
 	maps(src, r.set[watermillsql.Name])
 	snk := map[string]any{"type": t.sink}
 	maps(snk, t.config)
@@ -498,18 +513,25 @@ func (r *runner) ferryDrain(ctx context.Context, scenario, source, sink string, 
 	return m, nil
 }
 
+// sourceForwarder labels the baseline that is Watermill's forwarder.
+const sourceForwarder = "forwarder"
+
 // watermillDrain prefills n rows into watermill-sql's table and drains them
-// through the baseline, or with system ferry through Ferry's watermill_sql
-// source.
-func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, system ...string) (Measurement, error) {
+// through the baseline (system watermill-sql), or through Ferry's
+// watermill_sql source (system ferry). With fwd the rows are forwarder
+// envelopes, drained by Watermill's forwarder or by Ferry with forwarder: true.
+func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, system string, fwd bool) (Measurement, error) {
 	n := r.o.Events
-	ferry := len(system) > 0 && system[0] == SystemFerry
-	id := r.nextID(ScenarioDrain, "wm", sink)
+	ferry := system == SystemFerry
+	kind := "wm"
 	label := fmt.Sprintf("drain watermill-sql →%s", sink)
-	if ferry {
-		id = r.nextID(ScenarioDrain, "fwm", sink)
-		label = fmt.Sprintf("drain ferry watermill_sql →%s", sink)
+	switch {
+	case ferry:
+		kind, label = "fwm", fmt.Sprintf("drain ferry watermill_sql (forwarder envelopes) →%s", sink)
+	case fwd:
+		kind, label = "wmf", fmt.Sprintf("drain watermill forwarder →%s", sink)
 	}
+	id := r.nextID(ScenarioDrain, kind, sink)
 	topic := "bench_" + id
 	pool := r.s.pool
 	table, err := watermillTable(ctx, pool, topic)
@@ -520,25 +542,34 @@ func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, syste
 		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+table)
 		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS "watermill_offsets_`+topic+`"`)
 	}()
-	if err := prefillWatermill(ctx, pool, topic, n, r.prog.counter(label+": prefill", n)); err != nil {
-		return Measurement{}, err
-	}
 	t, err := r.s.target(ctx, sink, id)
 	if err != nil {
 		return Measurement{}, err
 	}
 	defer t.cleanup()
-	j := job{System: SystemWatermill, Mode: modeDrain, Expect: n, Sink: sink, SinkYAML: sinkYAML(t, r.set[sink]), DSN: r.s.dsn, Topic: topic}
+	if fwd {
+		err = prefillForwarder(ctx, pool, topic, destination(t), n, r.prog.counter(label+": prefill", n))
+	} else {
+		err = prefillWatermill(ctx, pool, topic, n, r.prog.counter(label+": prefill", n))
+	}
+	if err != nil {
+		return Measurement{}, err
+	}
+	j := job{System: SystemWatermill, Mode: modeDrain, Expect: n, Sink: sink, SinkYAML: sinkYAML(t, r.set[sink]), DSN: r.s.dsn,
+		Topic: topic, Forwarder: fwd}
 	if ferry {
-		j = job{System: SystemFerry, Mode: modeDrain, Expect: n, Pipelines: r.watermillPipelineYAML(id, topic, t)}
+		j = job{System: SystemFerry, Mode: modeDrain, Expect: n, Pipelines: r.watermillPipelineYAML(id, topic, fwd, t)}
 	}
 	m, err := r.drainChild(ctx, id, label, j, n)
 	if err != nil {
 		return m, err
 	}
 	m.Scenario, m.System, m.Sink, m.Repeat = ScenarioDrain, SystemWatermill, sink, rep
-	if ferry {
+	switch {
+	case ferry:
 		m.System, m.Source = SystemFerry, watermillsql.Name
+	case fwd:
+		m.Source = sourceForwarder
 	}
 	return m, r.verify(ctx, label, &m, t, n, r.o.Verify)
 }

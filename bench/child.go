@@ -59,6 +59,10 @@ type job struct {
 	// Baseline: the database and watermill topic.
 	DSN   string `json:"dsn,omitempty"`
 	Topic string `json:"topic,omitempty"`
+	// Forwarder: the baseline is Watermill's components/forwarder reading
+	// envelopes from Topic, instead of a router handler publishing each
+	// message.
+	Forwarder bool `json:"forwarder,omitempty"`
 	// Ceiling steady: publish Rate events/s for Duration.
 	Rate     int           `json:"rate,omitempty"`
 	Duration time.Duration `json:"duration,omitempty"`

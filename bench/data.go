@@ -10,6 +10,7 @@ import (
 	"time"
 
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -179,6 +180,42 @@ func watermillTable(ctx context.Context, pool *pgxpool.Pool, topic string) (stri
 		return "", err
 	}
 	return table, nil
+}
+
+// prefillForwarder writes the same events into watermill-sql's table as
+// Watermill's forwarder publisher stores them: each payload is an envelope
+// naming dest, the event's UUID, payload and metadata (its JSON form, as
+// components/forwarder marshals its envelope).
+func prefillForwarder(ctx context.Context, pool *pgxpool.Pool, topic, dest string, n int, progress func(int)) error {
+	table := wmsql.DefaultPostgreSQLSchema{}.MessagesTable(topic)
+	name := table[1 : len(table)-1]
+	now := plugins.FormatTime(time.Now())
+	return copyChunks(ctx, pool, name, n, progress, func(ctx context.Context, conn *pgx.Conn, from, to int) error {
+		_, err := conn.CopyFrom(ctx, pgx.Identifier{name}, []string{"uuid", "payload", "metadata"}, pgx.CopyFromFunc(func() func() ([]any, error) {
+			i := from
+			return func() ([]any, error) {
+				if i >= to {
+					return nil, nil
+				}
+				env, _ := json.Marshal(struct {
+					DestinationTopic string            `json:"destination_topic"`
+					UUID             string            `json:"uuid"`
+					Payload          []byte            `json:"payload"`
+					Metadata         map[string]string `json:"metadata"`
+				}{dest, eventID(i), eventPayload(i), map[string]string{
+					plugins.MetaAggregateType: aggregateType,
+					plugins.MetaAggregateID:   aggregateID(i),
+					plugins.MetaEventType:     eventType,
+					plugins.MetaCreatedAt:     now,
+					plugins.MetaOutboxID:      strconv.Itoa(i + 1),
+				}})
+				row := []any{uuid.NewString(), string(env), "{}"}
+				i++
+				return row, nil
+			}
+		}()))
+		return err
+	})
 }
 
 // prefillWatermill writes the same events into watermill-sql's table: the

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,16 +20,19 @@ import (
 // watermill-sql PostgreSQL subscriber (its xid8 schema and offsets adapter,
 // batch size 100) in a Watermill router whose handler publishes each
 // message to the same Ferry sink, with the same retry and recoverer
-// middleware Ferry's handlers get.
+// middleware Ferry's handlers get. With job.Forwarder it is Watermill's
+// components/forwarder instead, reading the envelopes its publisher stored.
 type watermillSystem struct {
 	c      *child
 	pool   *pgxpool.Pool
 	sink   plugins.Sink
 	router *message.Router
-	cancel context.CancelFunc
-	done   chan error
-	fail   chan struct{}
-	runErr error
+	// running is closed once the router (or the forwarder) runs.
+	running func() chan struct{}
+	cancel  context.CancelFunc
+	done    chan error
+	fail    chan struct{}
+	runErr  error
 }
 
 // watermillBatch is the subscriber's batch size in the baseline (its default).
@@ -55,20 +59,33 @@ func (w *watermillSystem) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if w.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger); err != nil {
-		return err
-	}
 	retry := middleware.Retry{MaxRetries: 3, InitialInterval: 100 * time.Millisecond, MaxInterval: 2 * time.Second, Multiplier: 2, RandomizationFactor: 0.25}
-	w.router.AddMiddleware(middleware.Recoverer, retry.Middleware)
-	w.router.AddConsumerHandler("baseline", j.Topic, sub, func(msg *message.Message) error {
-		return w.sink.Publish("", msg)
-	})
+	run := func(ctx context.Context) error { return w.router.Run(ctx) }
+	if j.Forwarder {
+		// Watermill's own forwarder: it unwraps each envelope and publishes
+		// the message to its destination topic through the same sink.
+		fwd, err := forwarder.NewForwarder(sub, w.sink, logger, forwarder.Config{ForwarderTopic: j.Topic,
+			Middlewares: []message.HandlerMiddleware{middleware.Recoverer, retry.Middleware}, CloseTimeout: 10 * time.Second})
+		if err != nil {
+			return err
+		}
+		w.running, run = fwd.Running, fwd.Run
+	} else {
+		if w.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger); err != nil {
+			return err
+		}
+		w.router.AddMiddleware(middleware.Recoverer, retry.Middleware)
+		w.router.AddConsumerHandler("baseline", j.Topic, sub, func(msg *message.Message) error {
+			return w.sink.Publish("", msg)
+		})
+		w.running = w.router.Running
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	w.cancel = cancel
 	w.done = make(chan error, 1)
 	w.fail = make(chan struct{})
 	go func() {
-		err := w.router.Run(runCtx)
+		err := run(runCtx)
 		w.done <- err
 		if runCtx.Err() == nil {
 			w.runErr = fmt.Errorf("router stopped: %v", err)
@@ -80,7 +97,7 @@ func (w *watermillSystem) start(ctx context.Context) error {
 
 func (w *watermillSystem) ready(ctx context.Context, stop <-chan struct{}) error {
 	select {
-	case <-w.router.Running():
+	case <-w.running():
 		return nil
 	case <-w.fail:
 		return w.runErr
