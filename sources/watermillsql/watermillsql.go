@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -171,13 +172,20 @@ func partitionKey(r *outbox.Row, key string, forwarder bool) outbox.Text {
 // table, unwrapping forwarder envelopes on the way out.
 type Source struct {
 	*xid8.Source
-	cfg *Config
-	out chan *message.Message
+	cfg       *Config
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // New returns a source; it does no I/O until Subscribe.
 func New(cfg *Config, env plugins.Env) *Source {
-	return &Source{Source: xid8.New(cfg.xid8(), env), cfg: cfg}
+	return &Source{Source: xid8.New(cfg.xid8(), env), cfg: cfg, closing: make(chan struct{})}
+}
+
+// Close stops the source (see xid8.Source.Close). Idempotent.
+func (s *Source) Close() error {
+	s.closeOnce.Do(func() { close(s.closing) })
+	return s.Source.Close()
 }
 
 // Subscribe starts reading. Messages keep the xid8 source's ack contract:
@@ -192,7 +200,13 @@ func (s *Source) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 		defer close(out)
 		for m := range in {
 			s.shape(m)
-			out <- m
+			select {
+			case out <- m:
+			case <-ctx.Done():
+				m.Nack() // nobody reads any more: the xid8 source keeps it for the next start
+			case <-s.closing:
+				m.Nack()
+			}
 		}
 	}()
 	return out, nil
