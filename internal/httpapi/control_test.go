@@ -1,0 +1,306 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/sources/xid8"
+	"github.com/ferryhq/ferry/store"
+
+	_ "github.com/ferryhq/ferry/sinks/nats"
+)
+
+const adminToken = "bootstrap-admin-secret"
+
+// controlFixture is an instance with a store, a supervisor converging on
+// it, and the API.
+type controlFixture struct {
+	e    *sourcetest.Env
+	st   *store.Store
+	sup  *pipelines.Supervisor
+	conv *store.Converger
+	srv  *httptest.Server
+}
+
+func startControl(t *testing.T, admin string) *controlFixture {
+	t.Helper()
+	f := &controlFixture{e: sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})}
+	ctx := context.Background()
+	var err error
+	if f.st, err = store.Open(ctx, f.e.DSN); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.st.Close)
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if f.sup, err = pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
+		t.Fatal(err)
+	}
+	f.conv = &store.Converger{Store: f.st, Supervisor: f.sup, Interval: time.Second, Logger: log}
+	if err := f.conv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.sup.Run(runCtx, nil) }()
+	go f.conv.Run(runCtx)
+	t.Cleanup(func() { cancel(); <-done })
+	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
+		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// pipelineYAML is a valid pipeline of tenant (none when empty).
+func (f *controlFixture) pipelineYAML(name, tenant string) string {
+	y := fmt.Sprintf("name: %s\n", name)
+	if tenant != "" {
+		y += "tenant: " + tenant + "\n"
+	}
+	return y + fmt.Sprintf("source: {type: xid8, dsn: %q, poll_interval: 20ms}\nsink: {type: nats, url: %q, subject: %s.%s}\n",
+		f.e.DSN, f.e.NATS, f.e.Subject, name)
+}
+
+type response struct {
+	code int
+	hdr  http.Header
+	body map[string]any
+	raw  []byte
+}
+
+func (f *controlFixture) do(t testing.TB, method, path, bearer, contentType, body string, hdr ...string) response {
+	t.Helper()
+	req, _ := http.NewRequest(method, f.srv.URL+path, strings.NewReader(body))
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	r := response{code: resp.StatusCode, hdr: resp.Header, raw: raw}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(raw, &r.body); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, raw)
+		}
+	}
+	return r
+}
+
+func (r response) pipelineVersion() int64 {
+	p, _ := r.body["pipeline"].(map[string]any)
+	v, _ := p["version"].(float64)
+	return int64(v)
+}
+
+// A pipeline created over the API runs; an unchanged PUT changes nothing;
+// a changed one takes a new version and restarts it; a stale If-Match is
+// refused with the current version; delete stops it. The audit log has
+// every change.
+func TestControlPipelineLifecycle(t *testing.T) {
+	f := startControl(t, adminToken)
+	y := f.pipelineYAML("orders", "team-a")
+
+	r := f.do(t, "POST", "/api/v1/pipelines", adminToken, "application/yaml", y)
+	if r.code != 201 || r.pipelineVersion() != 1 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines", adminToken, "application/yaml", y); r.code != 409 {
+		t.Fatalf("second create: %d %s, want 409", r.code, r.raw)
+	}
+	testenv.Eventually(t, 10*time.Second, "orders running", func() bool {
+		st, err := f.sup.Status("orders")
+		return err == nil && st.State == pipelines.StateRunning
+	})
+	// The same pipeline, reformatted with a comment: nothing changes.
+	same := "# the orders relay\n" + strings.ReplaceAll(y, "poll_interval: 20ms", "poll_interval: \"20ms\"")
+	r = f.do(t, "PUT", "/api/v1/pipelines/orders/config", adminToken, "application/yaml", same, "If-Match", `"1"`)
+	if r.code != 200 || r.body["changed"] != false || r.pipelineVersion() != 1 {
+		t.Fatalf("unchanged put: %d %s", r.code, r.raw)
+	}
+	changed := strings.ReplaceAll(y, "20ms", "30ms")
+	r = f.do(t, "PUT", "/api/v1/pipelines/orders/config", adminToken, "application/yaml", changed, "If-Match", `"1"`)
+	if r.code != 200 || r.body["changed"] != true || r.pipelineVersion() != 2 || r.hdr.Get("ETag") != `"2"` {
+		t.Fatalf("changed put: %d %s", r.code, r.raw)
+	}
+	testenv.Eventually(t, 10*time.Second, "orders restarted with version 2", func() bool {
+		st, err := f.sup.Status("orders")
+		return err == nil && st.Starts == 2 && st.State == pipelines.StateRunning
+	})
+	r = f.do(t, "PUT", "/api/v1/pipelines/orders/config", adminToken, "application/yaml", y, "If-Match", `"1"`)
+	if r.code != 409 || r.body["current_version"] != float64(2) {
+		t.Fatalf("stale put: %d %s, want 409 with current_version 2", r.code, r.raw)
+	}
+	r = f.do(t, "GET", "/api/v1/pipelines/orders/config", adminToken, "", "")
+	if r.code != 200 || !strings.Contains(string(r.raw), "30ms") {
+		t.Fatalf("config: %d %s", r.code, r.raw)
+	}
+	r = f.do(t, "GET", "/api/v1/pipelines/orders", adminToken, "", "")
+	if r.code != 200 || r.body["managed_by"] != "api" || r.body["version"] != float64(2) || r.body["state"] != "running" {
+		t.Fatalf("get: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines/orders/pause", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("pause: %d %s", r.code, r.raw)
+	}
+	testenv.Eventually(t, 10*time.Second, "orders paused (stopped here)", func() bool {
+		_, err := f.sup.Status("orders")
+		return err != nil
+	})
+	if r := f.do(t, "POST", "/api/v1/pipelines/orders/resume", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("resume: %d %s", r.code, r.raw)
+	}
+	testenv.Eventually(t, 10*time.Second, "orders running again", func() bool {
+		st, err := f.sup.Status("orders")
+		return err == nil && st.State == pipelines.StateRunning
+	})
+	if r := f.do(t, "DELETE", "/api/v1/pipelines/orders", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("delete: %d %s", r.code, r.raw)
+	}
+	testenv.Eventually(t, 10*time.Second, "orders stopped", func() bool {
+		_, err := f.sup.Status("orders")
+		return err != nil
+	})
+	r = f.do(t, "GET", "/api/v1/audit", adminToken, "", "")
+	var actions []string
+	for _, e := range r.body["entries"].([]any) {
+		m := e.(map[string]any)
+		actions = append(actions, fmt.Sprintf("%s %v→%v by %s", m["action"], m["old_version"], m["new_version"], m["token_id"]))
+	}
+	want := []string{"delete 2→<nil> by admin-token", "resume 2→2 by admin-token", "pause 2→2 by admin-token",
+		"update 1→2 by admin-token", "create <nil>→1 by admin-token"}
+	if fmt.Sprint(actions) != fmt.Sprint(want) {
+		t.Errorf("audit:\n got %q\nwant %q", actions, want)
+	}
+}
+
+// Of many PUTs holding the same If-Match, exactly one wins.
+func TestConcurrentPutsOneWins(t *testing.T) {
+	f := startControl(t, adminToken)
+	y := f.pipelineYAML("race", "")
+	if r := f.do(t, "PUT", "/api/v1/pipelines/race/config", adminToken, "application/yaml", y); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	const n = 8
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := strings.ReplaceAll(y, "20ms", fmt.Sprintf("%dms", 100+i))
+			codes[i] = f.do(t, "PUT", "/api/v1/pipelines/race/config", adminToken, "application/yaml", body, "If-Match", `"1"`).code
+		}()
+	}
+	wg.Wait()
+	won, lost := 0, 0
+	for _, c := range codes {
+		switch c {
+		case 200:
+			won++
+		case 409:
+			lost++
+		}
+	}
+	if won != 1 || lost != n-1 {
+		t.Fatalf("codes %v: want one 200 and %d 409s", codes, n-1)
+	}
+	p, err := f.st.Pipeline(context.Background(), "race")
+	if err != nil || p.Version != 2 {
+		t.Fatalf("stored version %d (%v), want 2", p.Version, err)
+	}
+}
+
+// Bad input is a 4xx naming the problem, never a 500, and writes nothing.
+func TestControlBadInput(t *testing.T) {
+	f := startControl(t, adminToken)
+	ctx := context.Background()
+	_, tenantTok, err := f.st.CreateToken(ctx, store.Actor{TokenID: "test", Scope: store.ScopeAdmin}, "tenant:team-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := f.pipelineYAML("good", "")
+	goodJSON := fmt.Sprintf(`{"name":"good","source":{"type":"xid8","dsn":%q},"sink":{"type":"nats","url":%q,"subject":"s"}}`, f.e.DSN, f.e.NATS)
+	cases := []struct {
+		name, method, path, token, ct, body string
+		code                                int
+		detailPath                          string
+	}{
+		{"malformed json", "POST", "/api/v1/pipelines", adminToken, "application/json", `{"name": "x",`, 400, ""},
+		{"malformed yaml", "POST", "/api/v1/pipelines", adminToken, "application/yaml", "name: [x\n", 400, ""},
+		{"json array", "POST", "/api/v1/pipelines", adminToken, "application/json", `[1]`, 400, ""},
+		{"unknown field", "POST", "/api/v1/pipelines", adminToken, "application/json", strings.Replace(goodJSON, `"name"`, `"nmae":1,"name"`, 1), 422, "nmae"},
+		{"unknown source key", "POST", "/api/v1/pipelines", adminToken, "application/yaml", strings.Replace(good, "poll_interval", "pol_interval", 1), 422, "source.pol_interval"},
+		{"unknown type", "POST", "/api/v1/pipelines", adminToken, "application/yaml", strings.Replace(good, "type: nats", "type: natz", 1), 422, "sink.type"},
+		{"other tenant", "POST", "/api/v1/pipelines", tenantTok, "application/yaml", f.pipelineYAML("good", "team-b"), 403, "tenant"},
+		{"bad name in body", "POST", "/api/v1/pipelines", adminToken, "application/yaml", strings.Replace(good, "name: good", "name: Good!", 1), 422, "name"},
+		{"bad name in path", "PUT", "/api/v1/pipelines/Bad!/config", adminToken, "application/yaml", good, 400, "name"},
+		{"path and body differ", "PUT", "/api/v1/pipelines/other/config", adminToken, "application/yaml", good, 400, "name"},
+		{"two documents", "POST", "/api/v1/pipelines", adminToken, "application/yaml", good + "---\n" + good, 400, ""},
+		{"too big", "POST", "/api/v1/pipelines", adminToken, "application/yaml", good + "# " + strings.Repeat("x", httpapi.MaxBody) + "\n", 413, ""},
+		{"wrong content type", "POST", "/api/v1/pipelines", adminToken, "text/plain", good, 415, "Content-Type"},
+		{"bad If-Match", "PUT", "/api/v1/pipelines/good/config", adminToken, "application/yaml", good, 400, "If-Match"},
+		{"empty body", "POST", "/api/v1/pipelines", adminToken, "application/yaml", "", 400, ""},
+		{"tenant limits unknown field", "PUT", "/api/v1/tenants/team-a", adminToken, "application/json", `{"limits":{"rate":1,"burst":2}}`, 400, "burst"},
+		{"tenant limits negative", "PUT", "/api/v1/tenants/team-a", adminToken, "application/json", `{"limits":{"rate":-1}}`, 422, "limits.rate"},
+		{"tenant limits wrong type", "PUT", "/api/v1/tenants/team-a", adminToken, "application/yaml", "limits: {rate: fast}\n", 400, ""},
+		{"bad tenant name", "PUT", "/api/v1/tenants/Team", adminToken, "application/json", `{"limits":{}}`, 400, "name"},
+		{"bad scope", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"root"}`, 422, "scope"},
+		{"token unknown field", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"read","ttl":"1h"}`, 400, "ttl"},
+		{"unknown endpoint", "GET", "/api/v1/nothing", adminToken, "", "", 404, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var hdr []string
+			if c.name == "bad If-Match" {
+				hdr = []string{"If-Match", "yesterday"}
+			}
+			r := f.do(t, c.method, c.path, c.token, c.ct, c.body, hdr...)
+			if r.code != c.code {
+				t.Fatalf("%d %s, want %d", r.code, r.raw, c.code)
+			}
+			if r.body["error"] == nil || r.body["error"] == "" {
+				t.Fatalf("no error message: %s", r.raw)
+			}
+			if c.code != 404 {
+				ds, _ := r.body["details"].([]any)
+				if len(ds) == 0 {
+					t.Fatalf("no details: %s", r.raw)
+				}
+				if c.detailPath != "" && !bytes.Contains(r.raw, []byte(`"path": "`+c.detailPath+`"`)) {
+					t.Errorf("details do not name %s: %s", c.detailPath, r.raw)
+				}
+			}
+		})
+	}
+	if ps, _ := f.st.Pipelines(ctx); len(ps) != 0 {
+		t.Errorf("bad input wrote %d pipelines", len(ps))
+	}
+	if ts, _ := f.st.Tenants(ctx); len(ts) != 0 {
+		t.Errorf("bad input wrote %d tenants", len(ts))
+	}
+}
