@@ -41,6 +41,13 @@ type controlFixture struct {
 
 func startControl(t *testing.T, admin string) *controlFixture {
 	t.Helper()
+	return startControlWith(t, admin, true)
+}
+
+// startControlWith starts the fixture; without converge the supervisor
+// only runs what the store held at start (tests of the API alone).
+func startControlWith(t *testing.T, admin string, converge bool) *controlFixture {
+	t.Helper()
 	f := &controlFixture{e: sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})}
 	ctx := context.Background()
 	var err error
@@ -60,7 +67,9 @@ func startControl(t *testing.T, admin string) *controlFixture {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- f.sup.Run(runCtx, nil) }()
-	go f.conv.Run(runCtx)
+	if converge {
+		go f.conv.Run(runCtx)
+	}
 	t.Cleanup(func() { cancel(); <-done })
 	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
 		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}}))

@@ -9,7 +9,9 @@ import (
 	"github.com/ferryhq/ferry/store"
 )
 
-func constantTimeEqual(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+func constantTimeEqual(a, b string) bool {
+	return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1
+}
 
 func (c *api) listTenants(w http.ResponseWriter, r *http.Request, p principal) {
 	ctx, cancel := ctxTimeout(r)

@@ -1,0 +1,385 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/sources/xid8"
+)
+
+const cpAdmin = "control-plane-admin-token"
+
+// startStoreInstance runs `ferry run --store` with no pipeline files.
+func startStoreInstance(t *testing.T, name, storeDSN string) *instance {
+	t.Helper()
+	in := &instance{name: name, addr: freeAddr(t)}
+	args := []string{"run", "--store", storeDSN, "--http", in.addr, "--instance-id", name, "--ha-interval", "500ms",
+		"--store-interval", "1s", "--log-level", "warn", "--shutdown-timeout", "3s"}
+	in.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	in.cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"), "FERRY_ADMIN_TOKEN="+cpAdmin)
+	in.cmd.Stdout, in.cmd.Stderr = os.Stderr, os.Stderr
+	if err := in.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.kill() })
+	testenv.Eventually(t, 30*time.Second, name+" answers", func() bool {
+		code, _ := in.api("GET", "/api/v1/pipelines", "", nil)
+		return code == 200
+	})
+	return in
+}
+
+// api calls the instance's API as the admin.
+func (in *instance) api(method, path, body string, out any, hdr ...string) (int, string) {
+	req, _ := http.NewRequest(method, "http://"+in.addr+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+cpAdmin)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/yaml")
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		_ = json.Unmarshal(raw, out)
+	}
+	return resp.StatusCode, string(raw)
+}
+
+// localStatus is one instance's view of a pipeline ("" when it does not
+// know it).
+func (in *instance) localStatus(name string) (state string, starts int) {
+	var v struct {
+		State  string `json:"state"`
+		Starts int    `json:"starts"`
+	}
+	if code, _ := in.api("GET", "/api/v1/pipelines/"+name, "", &v); code != 200 {
+		return "", 0
+	}
+	return v.State, v.Starts
+}
+
+// owner returns the instance running name, and its start count.
+func owner(ins []*instance, name string) (*instance, int) {
+	var found *instance
+	starts := 0
+	for _, in := range ins {
+		if in.cmd.ProcessState != nil {
+			continue
+		}
+		if st, n := in.localStatus(name); st == "running" {
+			if found != nil {
+				return nil, 0 // two owners: not settled
+			}
+			found, starts = in, n
+		}
+	}
+	return found, starts
+}
+
+// Three `ferry run --store` instances with no pipeline files: a pipeline
+// created on one delivers on some instance; an update restarts only it,
+// without losing an event; concurrent updates holding one version have
+// exactly one winner; its owner killed with -9 during an update, the
+// others converge on the new version; delete stops it everywhere. Every
+// written id reaches the broker.
+func TestControlPlaneThreeInstances(t *testing.T) {
+	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	ctx := context.Background()
+	for _, table := range []string{"outbox_orders", "outbox_other"} {
+		ddl, _ := xid8.Schema(table)
+		if _, err := e.Pool.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_CP", 100*time.Millisecond, e.Subject+".>")
+	ins := []*instance{startStoreInstance(t, "a", e.DSN), startStoreInstance(t, "b", e.DSN), startStoreInstance(t, "c", e.DSN)}
+	spec := func(name, table, subject string) string {
+		return fmt.Sprintf("name: %s\ntenant: team-orders\nsource: {type: xid8, dsn: %q, table: %s, poll_interval: 20ms}\nsink: {type: nats, url: %q, subject: %s.%s}\nlimits: {max_in_flight: 100}\n",
+			name, e.DSN, table, e.NATS, e.Subject, subject)
+	}
+
+	// Write to both tables all along.
+	var mu sync.Mutex
+	written := map[string][]int64{}
+	stopWriting := map[string]chan struct{}{"outbox_orders": make(chan struct{}), "outbox_other": make(chan struct{})}
+	var writers sync.WaitGroup
+	for table, stop := range stopWriting {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				var id int64
+				if err := e.Pool.QueryRow(ctx, `INSERT INTO `+table+` (aggregate_type, aggregate_id, type, payload)
+					VALUES ('order', $1, 'T', '{}') RETURNING id`, fmt.Sprintf("agg-%d", k%7)).Scan(&id); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				written[table] = append(written[table], id)
+				mu.Unlock()
+			}
+		}()
+	}
+
+	if code, body := ins[1].api("PUT", "/api/v1/pipelines/other/config", spec("other", "outbox_other", "other"), nil); code != 201 {
+		t.Fatalf("create other: %d %s", code, body)
+	}
+	created := time.Now()
+	if code, body := ins[0].api("POST", "/api/v1/pipelines", spec("orders", "outbox_orders", "orders"), nil); code != 201 {
+		t.Fatalf("create orders on a: %d %s", code, body)
+	}
+	var firstDelivery time.Duration
+	coll.WaitFor(t, 30*time.Second, "the first orders event", func(m []testenv.Received) bool {
+		for _, r := range m {
+			if r.Subject == e.Subject+".orders" {
+				firstDelivery = r.At.Sub(created)
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("create on instance a → first delivery: %s", firstDelivery.Round(time.Millisecond))
+	if firstDelivery > 5*time.Second {
+		t.Errorf("create → first delivery took %s, want within 5s", firstDelivery)
+	}
+
+	var ordersOwner, otherOwner *instance
+	var ordersStarts, otherStarts int
+	testenv.Eventually(t, 30*time.Second, "orders and other each run on one instance", func() bool {
+		ordersOwner, ordersStarts = owner(ins, "orders")
+		otherOwner, otherStarts = owner(ins, "other")
+		return ordersOwner != nil && otherOwner != nil
+	})
+
+	// Update orders: only it restarts.
+	var cur struct {
+		Version int64 `json:"version"`
+	}
+	ins[2].api("GET", "/api/v1/pipelines/orders", "", &cur)
+	updated := time.Now()
+	if code, body := ins[2].api("PUT", "/api/v1/pipelines/orders/config", spec("orders", "outbox_orders", "orders.v2"), nil,
+		"If-Match", fmt.Sprintf(`"%d"`, cur.Version)); code != 200 {
+		t.Fatalf("update orders: %d %s", code, body)
+	}
+	var restartedIn time.Duration
+	testenv.Eventually(t, 30*time.Second, "orders restarted", func() bool {
+		o, n := owner(ins, "orders")
+		if o != nil && n > ordersStarts && o == ordersOwner {
+			restartedIn = time.Since(updated)
+			return true
+		}
+		return false
+	})
+	var restartDelivery time.Duration
+	coll.WaitFor(t, 30*time.Second, "the first orders.v2 event", func(m []testenv.Received) bool {
+		for _, r := range m {
+			if r.Subject == e.Subject+".orders.v2" {
+				restartDelivery = r.At.Sub(updated)
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("update → restart seen in the owner's status: %s; → first event of the new version: %s",
+		restartedIn.Round(time.Millisecond), restartDelivery.Round(time.Millisecond))
+	if o, n := owner(ins, "other"); o != otherOwner || n != otherStarts {
+		t.Errorf("other was restarted by orders' update: starts %d → %d", otherStarts, n)
+	}
+
+	// Concurrent updates holding one version: exactly one wins.
+	ins[0].api("GET", "/api/v1/pipelines/orders", "", &cur)
+	codes := make([]int, 6)
+	var wg sync.WaitGroup
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			y := strings.Replace(spec("orders", "outbox_orders", "orders.v3"), "20ms", fmt.Sprintf("%dms", 21+i), 1)
+			codes[i], _ = ins[i%3].api("PUT", "/api/v1/pipelines/orders/config", y, nil, "If-Match", fmt.Sprintf(`"%d"`, cur.Version))
+		}()
+	}
+	wg.Wait()
+	won := 0
+	for _, c := range codes {
+		if c == 200 {
+			won++
+		} else if c != 409 {
+			t.Errorf("concurrent PUT answered %d", c)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("concurrent PUTs with one If-Match: %v, want exactly one 200", codes)
+	}
+
+	// Kill the owner with -9 in the middle of an update.
+	testenv.Eventually(t, 30*time.Second, "orders settled on v3", func() bool {
+		ordersOwner, _ = owner(ins, "orders")
+		return ordersOwner != nil
+	})
+	var other *instance
+	for _, in := range ins {
+		if in != ordersOwner {
+			other = in
+		}
+	}
+	other.api("GET", "/api/v1/pipelines/orders", "", &cur)
+	if code, body := other.api("PUT", "/api/v1/pipelines/orders/config", spec("orders", "outbox_orders", "orders.v4"), nil,
+		"If-Match", fmt.Sprintf(`"%d"`, cur.Version)); code != 200 {
+		t.Fatalf("update orders: %d %s", code, body)
+	}
+	ordersOwner.kill()
+	killed := time.Now()
+	coll.WaitFor(t, 30*time.Second, "orders.v4 delivering after kill -9 of its owner", func(m []testenv.Received) bool {
+		for _, r := range m {
+			if r.Subject == e.Subject+".orders.v4" && r.At.After(killed) {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("kill -9 of the owner during an update → the new version delivering on a survivor: %s", time.Since(killed).Round(time.Millisecond))
+
+	// Every orders id reached the broker, on one version's subject or another.
+	close(stopWriting["outbox_orders"])
+	waitAll := func(table string, subjects ...string) {
+		mu.Lock()
+		ids := append([]int64(nil), written[table]...)
+		mu.Unlock()
+		coll.WaitFor(t, time.Minute, fmt.Sprintf("all %d %s events", len(ids), table), func(m []testenv.Received) bool {
+			seen := map[string]bool{}
+			for _, r := range m {
+				for _, s := range subjects {
+					if r.Subject == e.Subject+"."+s {
+						seen[r.Header.Get("outbox_id")] = true
+					}
+				}
+			}
+			for _, id := range ids {
+				if !seen[fmt.Sprint(id)] {
+					return false
+				}
+			}
+			return true
+		})
+		t.Logf("%s: all %d events delivered", table, len(ids))
+	}
+	waitAll("outbox_orders", "orders", "orders.v2", "orders.v3", "orders.v4")
+
+	// Delete: it stops everywhere.
+	if code, body := other.api("DELETE", "/api/v1/pipelines/orders", "", nil); code != 200 {
+		t.Fatalf("delete: %d %s", code, body)
+	}
+	testenv.Eventually(t, 10*time.Second, "orders gone from every live instance", func() bool {
+		for _, in := range ins {
+			if in.cmd.ProcessState != nil {
+				continue
+			}
+			if code, _ := in.api("GET", "/api/v1/pipelines/orders", "", nil); code != 404 {
+				return false
+			}
+		}
+		return true
+	})
+	close(stopWriting["outbox_other"])
+	writers.Wait()
+	waitAll("outbox_other", "other")
+}
+
+// plan lists what apply then does; a second apply changes nothing.
+func TestPipelinesPlanApply(t *testing.T) {
+	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	in := startStoreInstance(t, "solo", e.DSN)
+	t.Setenv("FERRY_TOKEN", cpAdmin)
+	url := "http://" + in.addr
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := func(name, subject string) string {
+		return fmt.Sprintf("name: %s\nsource: {type: xid8, dsn: %q}\nsink: {type: nats, url: %q, subject: %s}\n", name, e.DSN, e.NATS, subject)
+	}
+	write("a.yaml", p("alpha", "s.alpha")+"---\n"+p("beta", "s.beta"))
+	// A pipeline only the server has, to prune.
+	if code, body := in.api("POST", "/api/v1/pipelines", p("gamma", "s.gamma"), nil); code != 201 {
+		t.Fatalf("%d %s", code, body)
+	}
+	// And one that is already as in the directory.
+	if code, body := in.api("POST", "/api/v1/pipelines", p("beta", "s.beta"), nil); code != 201 {
+		t.Fatalf("%d %s", code, body)
+	}
+	steps := func(out string) []string {
+		var l []string
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && strings.Contains("+~-=", f[0]) {
+				l = append(l, f[1]+" "+f[2])
+			}
+		}
+		return l
+	}
+	code, plan, errOut := run("pipelines", "plan", "-f", dir, "--prune", "--url", url)
+	if code != 0 {
+		t.Fatalf("plan: %d %s", code, errOut)
+	}
+	want := []string{"create alpha", "delete gamma", "unchanged beta"}
+	if fmt.Sprint(steps(plan)) != fmt.Sprint(want) {
+		t.Fatalf("plan:\n%s\nwant %v", plan, want)
+	}
+	code, applied, errOut := run("pipelines", "apply", "-f", dir, "--prune", "--url", url)
+	if code != 0 {
+		t.Fatalf("apply: %d %s %s", code, applied, errOut)
+	}
+	if fmt.Sprint(steps(applied)) != fmt.Sprint(steps(plan)) {
+		t.Fatalf("apply did\n%s\nbut the plan said\n%s", applied, plan)
+	}
+	code, list, _ := run("pipelines", "list", "--url", url, "-o", "json")
+	if code != 0 || !strings.Contains(list, `"alpha"`) || strings.Contains(list, `"gamma"`) || !strings.Contains(list, `"beta"`) {
+		t.Fatalf("after apply: %s", list)
+	}
+	// Change one, then apply twice: the second changes nothing.
+	write("a.yaml", p("alpha", "s.alpha2")+"---\n"+p("beta", "s.beta"))
+	_, plan, _ = run("pipelines", "plan", "-f", dir, "--url", url)
+	if fmt.Sprint(steps(plan)) != "[update alpha unchanged beta]" {
+		t.Fatalf("plan after an edit:\n%s", plan)
+	}
+	run("pipelines", "apply", "-f", dir, "--url", url)
+	code, again, _ := run("pipelines", "apply", "-f", dir, "--prune", "--url", url)
+	if code != 0 || fmt.Sprint(steps(again)) != "[unchanged alpha unchanged beta]" {
+		t.Fatalf("second apply:\n%s", again)
+	}
+	var audit struct {
+		Entries []struct{ Action, Pipeline string } `json:"entries"`
+	}
+	in.api("GET", "/api/v1/audit", "", &audit)
+	var got []string
+	for _, a := range audit.Entries {
+		got = append(got, a.Action+" "+a.Pipeline)
+	}
+	if fmt.Sprint(got) != "[update alpha delete gamma create alpha create beta create gamma]" {
+		t.Errorf("audit: %v", got)
+	}
+}
