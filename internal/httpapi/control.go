@@ -181,6 +181,7 @@ func writeProblem(w http.ResponseWriter, p *problem) {
 	if len(p.details) > 0 {
 		for i := range p.details {
 			p.details[i].Message = redact.String(p.details[i].Message)
+			p.details[i].Path = redact.String(p.details[i].Path)
 		}
 		body["details"] = p.details
 	}
