@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
@@ -48,10 +50,21 @@ func startControl(t *testing.T, admin string) *controlFixture {
 // only runs what the store held at start (tests of the API alone).
 func startControlWith(t *testing.T, admin string, converge bool) *controlFixture {
 	t.Helper()
+	return startControlVia(t, admin, converge, nil)
+}
+
+// startControlVia reaches the store through storeDSN(the database's DSN)
+// when set (a fault proxy).
+func startControlVia(t *testing.T, admin string, converge bool, storeDSN func(string) string) *controlFixture {
+	t.Helper()
 	f := &controlFixture{e: sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})}
 	ctx := context.Background()
+	dsn := f.e.DSN
+	if storeDSN != nil {
+		dsn = storeDSN(dsn)
+	}
 	var err error
-	if f.st, err = store.Open(ctx, f.e.DSN); err != nil {
+	if f.st, err = store.Open(ctx, dsn); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(f.st.Close)
@@ -311,5 +324,76 @@ func TestControlBadInput(t *testing.T) {
 	}
 	if ts, _ := f.st.Tenants(ctx); len(ts) != 0 {
 		t.Errorf("bad input wrote %d tenants", len(ts))
+	}
+}
+
+// With the store unreachable, writes are refused with 503 and write
+// nothing, reads serve the last state read marked stale, and running
+// pipelines keep running; once it is back, writes work again.
+func TestStoreUnavailable(t *testing.T) {
+	var proxy *faultproxy.Proxy
+	f := startControlVia(t, adminToken, true, func(dsn string) string {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy = faultproxy.Start(t, u.Host)
+		u.Host = proxy.Addr()
+		return u.String()
+	})
+	y := f.pipelineYAML("steady", "team-a")
+	if r := f.do(t, "PUT", "/api/v1/pipelines/steady/config", adminToken, "application/yaml", y); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	testenv.Eventually(t, 10*time.Second, "steady running", func() bool {
+		st, err := f.sup.Status("steady")
+		return err == nil && st.State == pipelines.StateRunning
+	})
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_UNAV", 0, f.e.Subject+".steady")
+
+	proxy.Cut()
+	r := f.do(t, "PUT", "/api/v1/pipelines/steady/config", adminToken, "application/yaml", strings.ReplaceAll(y, "20ms", "50ms"))
+	if r.code != 503 || r.body["error"] == nil {
+		t.Fatalf("write with the store down: %d %s, want 503", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines", adminToken, "application/yaml", f.pipelineYAML("new-one", "")); r.code != 503 {
+		t.Fatalf("create with the store down: %d %s, want 503", r.code, r.raw)
+	}
+	r = f.do(t, "GET", "/api/v1/pipelines", adminToken, "", "")
+	list, _ := r.body["pipelines"].([]any)
+	if r.code != 200 || r.body["stale"] != true || len(list) != 1 || list[0].(map[string]any)["state"] != "running" {
+		t.Fatalf("list with the store down: %d %s, want the last state, stale", r.code, r.raw)
+	}
+	if r := f.do(t, "GET", "/api/v1/pipelines/steady/config", adminToken, "", ""); r.code != 200 || !strings.Contains(string(r.raw), "20ms") || r.hdr.Get("Warning") == "" {
+		t.Fatalf("config with the store down: %d %s", r.code, r.raw)
+	}
+	// A convergence round passes without the store: the pipeline still
+	// delivers.
+	testenv.Eventually(t, 10*time.Second, "the converger noticing", func() bool { return f.conv.Snapshot().Stale })
+	var id int64
+	if err := f.e.Pool.QueryRow(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+		VALUES ('order', 'o-1', 'T', '{}') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	coll.WaitFor(t, 10*time.Second, "the event written during the outage", func(m []testenv.Received) bool {
+		for _, r := range m {
+			if r.Header.Get("outbox_id") == fmt.Sprint(id) {
+				return true
+			}
+		}
+		return false
+	})
+
+	proxy.Heal()
+	var after response
+	testenv.Eventually(t, 20*time.Second, "writes accepted again", func() bool {
+		after = f.do(t, "PUT", "/api/v1/pipelines/steady/config", adminToken, "application/yaml", strings.ReplaceAll(y, "20ms", "50ms"))
+		return after.code == 200
+	})
+	if after.pipelineVersion() != 2 {
+		t.Fatalf("after the outage: %s, want version 2 (the refused writes wrote nothing)", after.raw)
+	}
+	if ps, _ := f.st.Pipelines(context.Background()); len(ps) != 1 {
+		t.Fatalf("%d pipelines stored, want 1", len(ps))
 	}
 }
