@@ -397,3 +397,80 @@ func TestStoreUnavailable(t *testing.T) {
 		t.Fatalf("%d pipelines stored, want 1", len(ps))
 	}
 }
+
+// File pipelines show as managed_by file and are read-only over the API;
+// a store pipeline with a file pipeline's name does not run, and both
+// sides say so.
+func TestFilePipelinesAreReadOnly(t *testing.T) {
+	f := startControlWith(t, adminToken, false)
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/p.yaml", []byte("# from a file\n"+f.pipelineYAML("from-file", "team-a")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.conv.LoadFiles = func() ([]*pipelines.Spec, error) { return pipelines.Load(dir) }
+	// A store row of the same name, as another instance without the file
+	// could have accepted.
+	ctx := context.Background()
+	y := f.pipelineYAML("from-file", "team-a")
+	_, sum, _ := store.Canonical([]byte(y))
+	if _, err := f.st.PutPipeline(ctx, store.Actor{TokenID: "test", Scope: store.ScopeAdmin}, store.Write{Name: "from-file", Tenant: "team-a", Config: y, Canonical: sum}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.conv.ReloadFiles(); err != nil {
+		t.Fatal(err)
+	}
+	r := f.do(t, "GET", "/api/v1/pipelines/from-file", adminToken, "", "")
+	if r.code != 200 || r.body["managed_by"] != "file" || !strings.Contains(fmt.Sprint(r.body["problem"]), "defined both in the store and in") {
+		t.Fatalf("get: %d %s", r.code, r.raw)
+	}
+	r = f.do(t, "GET", "/api/v1/pipelines", adminToken, "", "")
+	if n := len(r.body["pipelines"].([]any)); n != 1 {
+		t.Fatalf("list shows %d entries for one name: %s", n, r.raw)
+	}
+	if r := f.do(t, "GET", "/api/v1/pipelines/from-file/config", adminToken, "", ""); r.code != 200 || !strings.Contains(string(r.raw), "name: from-file") {
+		t.Fatalf("config: %d %s", r.code, r.raw)
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{"PUT", "/api/v1/pipelines/from-file/config", y},
+		{"POST", "/api/v1/pipelines", y},
+		{"DELETE", "/api/v1/pipelines/from-file", ""},
+	} {
+		if r := f.do(t, c.method, c.path, adminToken, "application/yaml", c.body); r.code != 409 {
+			t.Errorf("%s %s: %d %s, want 409", c.method, c.path, r.code, r.raw)
+		}
+	}
+	if st, err := f.sup.Status("from-file"); err != nil || st.Starts != 1 {
+		t.Fatalf("the file pipeline: %+v %v", st, err)
+	}
+}
+
+// DELETE ?purge=true warns, and drops the xid8 cursor row once the
+// pipeline stopped.
+func TestDeletePurge(t *testing.T) {
+	f := startControl(t, adminToken)
+	ctx := context.Background()
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_PURGE", 0, f.e.Subject+".purged")
+	if r := f.do(t, "PUT", "/api/v1/pipelines/purged/config", adminToken, "application/yaml", f.pipelineYAML("purged", "")); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	if _, err := f.e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', 'o', 'T', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	coll.WaitFor(t, 20*time.Second, "one event", func(m []testenv.Received) bool { return len(m) == 1 })
+	cursor := func() int {
+		var n int
+		if err := f.e.Pool.QueryRow(ctx, `SELECT count(*) FROM ferry_offsets WHERE pipeline = 'purged'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	testenv.Eventually(t, 10*time.Second, "the cursor row", func() bool { return cursor() == 1 })
+	r := f.do(t, "DELETE", "/api/v1/pipelines/purged?purge=true", adminToken, "", "")
+	if r.code != 200 || !strings.Contains(fmt.Sprint(r.body["warning"]), "starts from the beginning") ||
+		!strings.Contains(fmt.Sprint(r.body["purged"]), "xid8 cursor row of purged") {
+		t.Fatalf("delete: %d %s", r.code, r.raw)
+	}
+	if n := cursor(); n != 0 {
+		t.Fatalf("%d cursor rows left", n)
+	}
+}
