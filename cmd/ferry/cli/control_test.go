@@ -22,11 +22,11 @@ import (
 const cpAdmin = "control-plane-admin-token"
 
 // startStoreInstance runs `ferry run --store` with no pipeline files.
-func startStoreInstance(t *testing.T, name, storeDSN string) *instance {
+func startStoreInstance(t *testing.T, name, storeDSN string, extra ...string) *instance {
 	t.Helper()
 	in := &instance{name: name, addr: freeAddr(t)}
-	args := []string{"run", "--store", storeDSN, "--http", in.addr, "--instance-id", name, "--ha-interval", "500ms",
-		"--store-interval", "1s", "--log-level", "warn", "--shutdown-timeout", "3s"}
+	args := append([]string{"run", "--store", storeDSN, "--http", in.addr, "--instance-id", name, "--ha-interval", "500ms",
+		"--store-interval", "1s", "--log-level", "warn", "--shutdown-timeout", "3s"}, extra...)
 	in.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	in.cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"), "FERRY_ADMIN_TOKEN="+cpAdmin)
 	in.cmd.Stdout, in.cmd.Stderr = os.Stderr, os.Stderr
@@ -308,10 +308,16 @@ func TestControlPlaneThreeInstances(t *testing.T) {
 	waitAll("outbox_other", "other")
 }
 
-// plan lists what apply then does; a second apply changes nothing.
+// plan lists what apply then does; a second apply changes nothing. The
+// source DSN is a ${VAR} the instance resolves from --secrets-dir: the
+// store keeps the reference, never the value.
 func TestPipelinesPlanApply(t *testing.T) {
 	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
-	in := startStoreInstance(t, "solo", e.DSN)
+	secrets := t.TempDir()
+	if err := os.WriteFile(filepath.Join(secrets, "ORDERS_DB_URL"), []byte(e.DSN+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in := startStoreInstance(t, "solo", e.DSN, "--secrets-dir", secrets)
 	t.Setenv("FERRY_TOKEN", cpAdmin)
 	url := "http://" + in.addr
 	dir := t.TempDir()
@@ -321,7 +327,7 @@ func TestPipelinesPlanApply(t *testing.T) {
 		}
 	}
 	p := func(name, subject string) string {
-		return fmt.Sprintf("name: %s\nsource: {type: xid8, dsn: %q}\nsink: {type: nats, url: %q, subject: %s}\n", name, e.DSN, e.NATS, subject)
+		return fmt.Sprintf("name: %s\nsource: {type: xid8, dsn: \"${ORDERS_DB_URL}\"}\nsink: {type: nats, url: %q, subject: %s}\n", name, e.NATS, subject)
 	}
 	write("a.yaml", p("alpha", "s.alpha")+"---\n"+p("beta", "s.beta"))
 	// A pipeline only the server has, to prune.
@@ -382,4 +388,12 @@ func TestPipelinesPlanApply(t *testing.T) {
 	if fmt.Sprint(got) != "[update alpha delete gamma create alpha create beta create gamma]" {
 		t.Errorf("audit: %v", got)
 	}
+	var leaked int
+	if err := e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM ferry_pipelines WHERE config LIKE '%' || $1 || '%' OR config NOT LIKE '%${ORDERS_DB_URL}%'`, e.DSN).Scan(&leaked); err != nil || leaked != 0 {
+		t.Errorf("%d stored configs hold the resolved DSN (%v)", leaked, err)
+	}
+	testenv.Eventually(t, 10*time.Second, "alpha running with the DSN from --secrets-dir", func() bool {
+		st, _ := in.localStatus("alpha")
+		return st == "running"
+	})
 }
