@@ -21,7 +21,7 @@ type controlFlags struct {
 }
 
 func (c *controlFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.store, "store", "", "PostgreSQL DSN of the control-plane store: pipelines managed over /api/v1, tenants, tokens, audit log (and the HA heartbeat unless --coordination-dsn is given); with it, -c is optional")
+	fs.StringVar(&c.store, "store", os.Getenv("FERRY_STORE_DSN"), "PostgreSQL DSN of the control-plane store (else $FERRY_STORE_DSN, which keeps its password out of the process list): pipelines managed over /api/v1, tenants, tokens, audit log, and the HA heartbeat unless --coordination-dsn is given; with it, -c is optional")
 	fs.StringVar(&c.secretsDir, "secrets-dir", "", "directory of files named after ${VAR} references (Kubernetes secret volume style), consulted when the environment lacks the variable")
 	fs.DurationVar(&c.interval, "store-interval", 5*time.Second, "full read of the store as a safety net behind its change notifications")
 }
