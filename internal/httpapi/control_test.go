@@ -227,6 +227,17 @@ func TestConcurrentPutsOneWins(t *testing.T) {
 	if r := f.do(t, "PUT", "/api/v1/pipelines/race/config", adminToken, "application/yaml", y); r.code != 201 {
 		t.Fatalf("create: %d %s", r.code, r.raw)
 	}
+	// Hold the row while the PUTs arrive, so they all overlap: each has
+	// read (or is waiting to read) the pipeline before any commits.
+	ctx := context.Background()
+	holder, err := f.e.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck
+	if _, err := holder.Exec(ctx, `SELECT 1 FROM ferry_pipelines WHERE name = 'race' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
 	const n = 8
 	codes := make([]int, n)
 	var wg sync.WaitGroup
@@ -237,6 +248,15 @@ func TestConcurrentPutsOneWins(t *testing.T) {
 			body := strings.ReplaceAll(y, "20ms", fmt.Sprintf("%dms", 100+i))
 			codes[i] = f.do(t, "PUT", "/api/v1/pipelines/race/config", adminToken, "application/yaml", body, "If-Match", `"1"`).code
 		}()
+	}
+	testenv.Eventually(t, 10*time.Second, "every PUT waiting on the row", func() bool {
+		var waiting int
+		err := f.e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'ferry:store'`).Scan(&waiting)
+		// The store's pool holds 4 connections, one of them LISTENing.
+		return err == nil && waiting >= 3
+	})
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
 	}
 	wg.Wait()
 	won, lost := 0, 0
@@ -251,7 +271,7 @@ func TestConcurrentPutsOneWins(t *testing.T) {
 	if won != 1 || lost != n-1 {
 		t.Fatalf("codes %v: want one 200 and %d 409s", codes, n-1)
 	}
-	p, err := f.st.Pipeline(context.Background(), "race")
+	p, err := f.st.Pipeline(ctx, "race")
 	if err != nil || p.Version != 2 {
 		t.Fatalf("stored version %d (%v), want 2", p.Version, err)
 	}
