@@ -494,3 +494,35 @@ func TestDeletePurge(t *testing.T) {
 		t.Fatalf("%d cursor rows left", n)
 	}
 }
+
+// A tenant token's pipeline gets its tenant; the tenant's record is
+// created; max_pipelines refuses one too many, and writes nothing.
+func TestTenantTokenAndLimits(t *testing.T) {
+	f := startControlWith(t, adminToken, false)
+	ctx := context.Background()
+	_, tok, err := f.st.CreateToken(ctx, store.Actor{TokenID: "test", Scope: store.ScopeAdmin}, "tenant:team-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines", tok, "application/yaml", f.pipelineYAML("mine", "")); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	p, err := f.st.Pipeline(ctx, "mine")
+	if err != nil || p.Tenant != "team-a" || !strings.Contains(p.Config, "tenant: team-a") {
+		t.Fatalf("stored %+v %v, want tenant team-a filled in", p, err)
+	}
+	r := f.do(t, "GET", "/api/v1/tenants/team-a", tok, "", "")
+	if r.code != 200 || r.body["name"] != "team-a" {
+		t.Fatalf("tenant record: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "PUT", "/api/v1/tenants/team-a", tok, "application/yaml", "limits: {max_pipelines: 1, rate: 100}\n"); r.code != 200 {
+		t.Fatalf("limits: %d %s", r.code, r.raw)
+	}
+	r = f.do(t, "POST", "/api/v1/pipelines", tok, "application/yaml", f.pipelineYAML("second", ""))
+	if r.code != 422 || !strings.Contains(string(r.raw), "max_pipelines 1") {
+		t.Fatalf("over max_pipelines: %d %s", r.code, r.raw)
+	}
+	if _, err := f.st.Pipeline(ctx, "second"); err != store.ErrNotFound {
+		t.Fatalf("the refused pipeline was stored: %v", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/store"
 )
 
@@ -146,6 +147,11 @@ func TestScopeRouteTable(t *testing.T) {
 			if got == allowed && r.code >= 500 {
 				t.Errorf("%s %s %s: %d %s", scope, c.method, c.path, r.code, r.raw)
 			}
+		}
+	}
+	for _, route := range httpapi.ControlRoutes() {
+		if !routesSeen[route] {
+			t.Errorf("the table does not try %s", route)
 		}
 	}
 	t.Logf("scope × route table: %d rows (6 scopes × %d requests over %d routes)", rows, len(cases), len(routesSeen))

@@ -26,7 +26,7 @@ import (
 )
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "-c PATH [-c PATH…] [--http ADDR] [--admin-token-file FILE] [--watch]", stderr)
+	fs := newFlags("run", "-c PATH [-c PATH…] | --store DSN [-c PATH…]   [--http ADDR] [--admin-token-file FILE] [--watch]", stderr)
 	var files paths
 	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable)")
 	httpAddr := fs.String("http", "", "serve /metrics, /healthz, /readyz and /api/v1 on this address; a bare port binds 127.0.0.1 (write 0.0.0.0:PORT for every interface)")
