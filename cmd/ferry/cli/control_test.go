@@ -380,13 +380,17 @@ func TestPipelinesPlanApply(t *testing.T) {
 	var audit struct {
 		Entries []struct{ Action, Pipeline string } `json:"entries"`
 	}
-	in.api("GET", "/api/v1/audit", "", &audit)
+	in.api("GET", "/api/v1/audit?limit=5", "", &audit)
 	var got []string
 	for _, a := range audit.Entries {
 		got = append(got, a.Action+" "+a.Pipeline)
 	}
 	if fmt.Sprint(got) != "[update alpha delete gamma create alpha create beta create gamma]" {
 		t.Errorf("audit: %v", got)
+	}
+	code, list, _ = run("pipelines", "list", "--url", url)
+	if code != 0 || !strings.Contains(list, "NAME") || !strings.Contains(list, "alpha") {
+		t.Fatalf("list: %s", list)
 	}
 	var leaked int
 	if err := e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM ferry_pipelines WHERE config LIKE '%' || $1 || '%' OR config NOT LIKE '%${ORDERS_DB_URL}%'`, e.DSN).Scan(&leaked); err != nil || leaked != 0 {
@@ -396,4 +400,38 @@ func TestPipelinesPlanApply(t *testing.T) {
 		st, _ := in.localStatus("alpha")
 		return st == "running"
 	})
+
+	// The other subcommands, and a token with a tenant's scope.
+	if code, out, errOut := run("pipelines", "pause", "alpha", "--url", url); code != 0 || !strings.Contains(out, "alpha: paused") {
+		t.Fatalf("pause: %d %s %s", code, out, errOut)
+	}
+	code, out, _ := run("pipelines", "get", "alpha", "--url", url, "-o", "yaml")
+	if code != 0 || !strings.Contains(out, "desired_state: paused") {
+		t.Fatalf("get: %d %s", code, out)
+	}
+	if code, out, _ := run("pipelines", "resume", "alpha", "--url", url); code != 0 || !strings.Contains(out, "alpha: resumed") {
+		t.Fatalf("resume: %d %s", code, out)
+	}
+	if code, out, _ := run("pipelines", "get", "alpha", "--config", "--url", url); code != 0 || !strings.Contains(out, "${ORDERS_DB_URL}") {
+		t.Fatalf("get --config: %d %s", code, out)
+	}
+	code, out, errOut = run("tokens", "create", "--scope", "read:team-x", "--url", url, "-o", "json")
+	var created struct{ ID, Token string }
+	if code != 0 || json.Unmarshal([]byte(out), &created) != nil || !strings.HasPrefix(created.Token, "ferry_") {
+		t.Fatalf("tokens create: %d %s %s", code, out, errOut)
+	}
+	t.Setenv("FERRY_TOKEN", created.Token)
+	if code, _, errOut := run("pipelines", "delete", "alpha", "--url", url); code != 1 || !strings.Contains(errOut, "403") {
+		t.Fatalf("delete with a read token: %d %s, want exit 1 and 403", code, errOut)
+	}
+	if code, out, _ := run("pipelines", "list", "--url", url); code != 0 || strings.Contains(out, "alpha") {
+		t.Fatalf("a read:team-x token lists %s", out)
+	}
+	t.Setenv("FERRY_TOKEN", cpAdmin)
+	if code, _, errOut := run("tokens", "delete", created.ID, "--url", url); code != 0 {
+		t.Fatalf("tokens delete: %s", errOut)
+	}
+	if code, out, _ := run("pipelines", "delete", "alpha", "--url", url); code != 0 || !strings.Contains(out, "alpha: deleted") {
+		t.Fatalf("delete: %d %s", code, out)
+	}
 }
