@@ -76,6 +76,36 @@ func (in *instance) localStatus(name string) (state string, starts int) {
 	return v.State, v.Starts
 }
 
+// storeSpread is spread, asking with the admin token.
+func storeSpread(ins []*instance, pipelines, lo, hi int) (bool, string) {
+	owner := map[string]string{}
+	var counts []string
+	for _, in := range ins {
+		var body struct {
+			Pipelines []struct{ Name, State string }
+		}
+		if code, _ := in.api("GET", "/api/v1/pipelines", "", &body); code != 200 {
+			return false, in.name + " does not answer"
+		}
+		n := 0
+		for _, p := range body.Pipelines {
+			if p.State != "running" {
+				continue
+			}
+			n++
+			if prev, dup := owner[p.Name]; dup {
+				return false, fmt.Sprintf("%s run by %s and %s", p.Name, prev, in.name)
+			}
+			owner[p.Name] = in.name
+		}
+		counts = append(counts, fmt.Sprintf("%s:%d", in.name, n))
+		if n < lo || n > hi {
+			return false, strings.Join(counts, " ")
+		}
+	}
+	return len(owner) == pipelines, strings.Join(counts, " ")
+}
+
 // owner returns the instance running name, and its start count.
 func owner(ins []*instance, name string) (*instance, int) {
 	var found *instance
@@ -103,7 +133,7 @@ func owner(ins []*instance, name string) (*instance, int) {
 func TestControlPlaneThreeInstances(t *testing.T) {
 	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
-	for _, table := range []string{"outbox_orders", "outbox_other"} {
+	for _, table := range []string{"outbox_orders", "outbox_other", "outbox_spread"} {
 		ddl, _ := xid8.Schema(table)
 		if _, err := e.Pool.Exec(ctx, ddl); err != nil {
 			t.Fatal(err)
@@ -232,6 +262,29 @@ func TestControlPlaneThreeInstances(t *testing.T) {
 	}
 	if won != 1 {
 		t.Fatalf("concurrent PUTs with one If-Match: %v, want exactly one 200", codes)
+	}
+
+	// Store pipelines spread over the instances as file ones do: 8 over 3
+	// is 2 or 3 each. (They read a table of their own: the event id is the
+	// row's, and JetStream would drop one pipeline's copy as a duplicate of
+	// another's.)
+	for i := range 6 {
+		name := fmt.Sprintf("spread-%d", i)
+		if code, body := ins[i%3].api("PUT", "/api/v1/pipelines/"+name+"/config", spec(name, "outbox_spread", name), nil); code != 201 {
+			t.Fatalf("create %s: %d %s", name, code, body)
+		}
+	}
+	var why string
+	testenv.Eventually(t, 60*time.Second, "8 store pipelines spread 2 or 3 over 3 instances", func() bool {
+		var ok bool
+		ok, why = storeSpread(ins, 8, 2, 3)
+		return ok
+	})
+	t.Logf("spread: %s", why)
+	for i := range 6 {
+		if code, body := ins[0].api("DELETE", fmt.Sprintf("/api/v1/pipelines/spread-%d", i), "", nil); code != 200 {
+			t.Fatalf("delete: %d %s", code, body)
+		}
 	}
 
 	// Kill the owner with -9 in the middle of an update.
