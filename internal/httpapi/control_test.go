@@ -526,3 +526,34 @@ func TestTenantTokenAndLimits(t *testing.T) {
 		t.Fatalf("the refused pipeline was stored: %v", err)
 	}
 }
+
+// POST /validate reports every problem with path and line, masking
+// secrets as `ferry validate` does, and changes nothing.
+func TestValidateEndpoint(t *testing.T) {
+	f := startControlWith(t, adminToken, false)
+	t.Setenv("SECRET_SIZE", "hunter2-is-not-a-number")
+	body := "name: v\nsource:\n  type: xid8\n  dsn: postgres://u:hunter2@db/app\n  batch_size: ${SECRET_SIZE}\n  tabel: outbox\nsink: {type: nats, subject: s}\n"
+	r := f.do(t, "POST", "/api/v1/validate", adminToken, "application/yaml", body)
+	if r.code != 200 || r.body["valid"] != false {
+		t.Fatalf("%d %s", r.code, r.raw)
+	}
+	errs := r.body["errors"].([]any)
+	var got []string
+	for _, e := range errs {
+		m := e.(map[string]any)
+		got = append(got, fmt.Sprintf("%v:%v", m["line"], m["path"]))
+	}
+	if fmt.Sprint(got) != "[6:source.tabel 5:source.batch_size]" {
+		t.Errorf("errors %v", got)
+	}
+	if strings.Contains(string(r.raw), "hunter2") {
+		t.Errorf("a secret in the answer: %s", r.raw)
+	}
+	good := f.do(t, "POST", "/api/v1/validate", adminToken, "application/yaml", f.pipelineYAML("ok", ""))
+	if good.code != 200 || good.body["valid"] != true || fmt.Sprint(good.body["pipelines"]) != "[ok]" {
+		t.Fatalf("valid: %d %s", good.code, good.raw)
+	}
+	if ps, _ := f.st.Pipelines(context.Background()); len(ps) != 0 {
+		t.Fatal("validate stored a pipeline")
+	}
+}

@@ -100,6 +100,12 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		if !slices.Equal(want, got) {
 			t.Errorf("%s: path parameters %v, documented %v", route, want, got)
 		}
+		// Authentication: /api/v1 needs the bearer token (the document's
+		// default); the probes and metrics are open.
+		sec, hasSec := op["security"]
+		if open := !strings.HasPrefix(path, "/api/v1/"); open != (hasSec && len(asSlice(sec)) == 0) {
+			t.Errorf("%s: security %v, but the route is open=%v", route, sec, open)
+		}
 		body, hasBody := bodies[route]
 		if (op["requestBody"] != nil) != hasBody {
 			t.Errorf("%s: request body documented %v, taken %v", route, op["requestBody"] != nil, hasBody)
