@@ -383,6 +383,7 @@ func TestPipelinesPlanApply(t *testing.T) {
 		return fmt.Sprintf("name: %s\nsource: {type: xid8, dsn: \"${ORDERS_DB_URL}\"}\nsink: {type: nats, url: %q, subject: %s}\n", name, e.NATS, subject)
 	}
 	write("a.yaml", p("alpha", "s.alpha")+"---\n"+p("beta", "s.beta"))
+	write("tenants.yaml", "kind: tenant\nname: team-x\nlimits: {rate: 100}\n")
 	// A pipeline only the server has, to prune.
 	if code, body := in.api("POST", "/api/v1/pipelines", p("gamma", "s.gamma"), nil); code != 201 {
 		t.Fatalf("%d %s", code, body)
@@ -404,7 +405,7 @@ func TestPipelinesPlanApply(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("plan: %d %s", code, errOut)
 	}
-	want := []string{"create alpha", "delete gamma", "unchanged beta"}
+	want := []string{"create tenant/team-x", "create alpha", "delete gamma", "unchanged beta"}
 	if fmt.Sprint(steps(plan)) != fmt.Sprint(want) {
 		t.Fatalf("plan:\n%s\nwant %v", plan, want)
 	}
@@ -422,23 +423,23 @@ func TestPipelinesPlanApply(t *testing.T) {
 	// Change one, then apply twice: the second changes nothing.
 	write("a.yaml", p("alpha", "s.alpha2")+"---\n"+p("beta", "s.beta"))
 	_, plan, _ = run("pipelines", "plan", "-f", dir, "--url", url)
-	if fmt.Sprint(steps(plan)) != "[update alpha unchanged beta]" {
+	if fmt.Sprint(steps(plan)) != "[unchanged tenant/team-x update alpha unchanged beta]" {
 		t.Fatalf("plan after an edit:\n%s", plan)
 	}
 	run("pipelines", "apply", "-f", dir, "--url", url)
 	code, again, _ := run("pipelines", "apply", "-f", dir, "--prune", "--url", url)
-	if code != 0 || fmt.Sprint(steps(again)) != "[unchanged alpha unchanged beta]" {
+	if code != 0 || fmt.Sprint(steps(again)) != "[unchanged tenant/team-x unchanged alpha unchanged beta]" {
 		t.Fatalf("second apply:\n%s", again)
 	}
 	var audit struct {
 		Entries []struct{ Action, Pipeline string } `json:"entries"`
 	}
-	in.api("GET", "/api/v1/audit?limit=5", "", &audit)
+	in.api("GET", "/api/v1/audit?limit=6", "", &audit)
 	var got []string
 	for _, a := range audit.Entries {
 		got = append(got, a.Action+" "+a.Pipeline)
 	}
-	if fmt.Sprint(got) != "[update alpha delete gamma create alpha create beta create gamma]" {
+	if fmt.Sprint(got) != "[update alpha delete gamma create alpha tenant_put  create beta create gamma]" {
 		t.Errorf("audit: %v", got)
 	}
 	code, list, _ = run("pipelines", "list", "--url", url)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -234,7 +235,12 @@ type localPipeline struct {
 	Line       int
 	Text       []byte
 	SHA256     string
+	// Tenant is set for a `kind: tenant` document: its limits.
+	Tenant *store.TenantLimits
 }
+
+// tenantStep names a tenant's step in a plan: tenant/NAME.
+const tenantStep = "tenant/"
 
 // readLocalPipelines reads every pipeline document of dir (a file or the
 // *.yaml/*.yml directly in a directory).
@@ -277,10 +283,26 @@ func readLocalPipelines(dir string) ([]localPipeline, error) {
 			doc := root.Content[0]
 			var head struct{ Kind, Name string }
 			_ = doc.Decode(&head)
-			if head.Kind == "tenant" {
-				continue // tenant limits are set with PUT /api/v1/tenants/{name}
-			}
 			where := fmt.Sprintf("%s:%d", f, doc.Line)
+			if head.Kind == "tenant" {
+				var td struct {
+					Kind   string             `yaml:"kind"`
+					Name   string             `yaml:"name"`
+					Limits store.TenantLimits `yaml:"limits"`
+				}
+				if err := doc.Decode(&td); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", where, err))
+					continue
+				}
+				key := tenantStep + td.Name
+				if first, dup := seen[key]; dup {
+					errs = append(errs, fmt.Errorf("%s: name: tenant %q is already defined at %s", where, td.Name, first))
+					continue
+				}
+				seen[key] = where
+				out = append(out, localPipeline{Name: key, File: f, Line: doc.Line, Tenant: &td.Limits})
+				continue
+			}
 			if head.Name == "" {
 				errs = append(errs, fmt.Errorf("%s: name: must not be empty", where))
 				continue
@@ -335,6 +357,15 @@ func makePlan(c *apiClient, local []localPipeline, prune bool) ([]planStep, erro
 		wanted[l.Name] = true
 		r, exists := remote[l.Name]
 		where := fmt.Sprintf("%s:%d", l.File, l.Line)
+		if l.Tenant != nil {
+			step, err := tenantPlan(c, l, where)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			plan = append(plan, step)
+			continue
+		}
 		switch {
 		case exists && r.ManagedBy != "api":
 			errs = append(errs, fmt.Errorf("%s: pipeline %q is defined in a pipeline file on the server (%s): file pipelines cannot be changed over the API", where, l.Name, r.File))
@@ -353,14 +384,41 @@ func makePlan(c *apiClient, local []localPipeline, prune bool) ([]planStep, erro
 			}
 		}
 	}
+	// Tenants first: a pipeline created in the same apply finds its
+	// tenant's limits in place.
 	order := map[string]int{"create": 0, "update": 1, "delete": 2, "unchanged": 3}
 	slices.SortStableFunc(plan, func(a, b planStep) int {
+		if ta, tb := strings.HasPrefix(a.Pipeline, tenantStep), strings.HasPrefix(b.Pipeline, tenantStep); ta != tb {
+			if ta {
+				return -1
+			}
+			return 1
+		}
 		if d := order[a.Action] - order[b.Action]; d != 0 {
 			return d
 		}
 		return strings.Compare(a.Pipeline, b.Pipeline)
 	})
 	return plan, errors.Join(errs...)
+}
+
+// tenantPlan compares a `kind: tenant` document's limits with the
+// tenant's record.
+func tenantPlan(c *apiClient, l localPipeline, where string) (planStep, error) {
+	name := strings.TrimPrefix(l.Name, tenantStep)
+	body, _ := json.Marshal(map[string]any{"limits": l.Tenant})
+	var t store.Tenant
+	_, err := c.call("GET", "/tenants/"+url.PathEscape(name), "", nil, &t)
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae) && ae.Status == 404:
+		return planStep{Action: "create", Pipeline: l.Name, File: where, text: body}, nil
+	case err != nil:
+		return planStep{}, fmt.Errorf("%s: tenant %s: %w", where, name, err)
+	case t.Limits != *l.Tenant:
+		return planStep{Action: "update", Pipeline: l.Name, Version: t.Version, File: where, text: body}, nil
+	}
+	return planStep{Action: "unchanged", Pipeline: l.Name, Version: t.Version, File: where}, nil
 }
 
 // applyPlan carries out a plan, each step guarded by the version the plan
@@ -374,6 +432,23 @@ func applyPlan(c *apiClient, plan []planStep) ([]planStep, error) {
 		}
 		var err error
 		path := "/pipelines/" + url.PathEscape(s.Pipeline)
+		if tenant, ok := strings.CutPrefix(s.Pipeline, tenantStep); ok {
+			if s.Action != "unchanged" {
+				var t store.Tenant
+				hdr := []string{}
+				if s.Version > 0 {
+					hdr = []string{"If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10))}
+				}
+				_, err = c.call("PUT", "/tenants/"+url.PathEscape(tenant), "application/json", s.text, &t, hdr...)
+				s.Version = t.Version
+			}
+			if err != nil {
+				s.Error = err.Error()
+				errs = append(errs, fmt.Errorf("%s %s: %w", s.Action, s.Pipeline, err))
+			}
+			done = append(done, s)
+			continue
+		}
 		switch s.Action {
 		case "create":
 			_, err = c.call("POST", "/pipelines", "application/yaml", s.text, &out)
