@@ -596,8 +596,15 @@ func (c *api) deletePipeline(w http.ResponseWriter, r *http.Request, p principal
 		return
 	}
 	if v.ManagedBy == managedByFile {
-		writeProblem(w, &problem{code: http.StatusConflict, msg: fmt.Sprintf("pipeline %s is defined in %s: file pipelines are read-only over the API", v.Name, v.File)})
-		return
+		// A store pipeline shadowed by a file one of the same name may be
+		// deleted: that is how the clash is resolved from the API side.
+		ctx, cancel := ctxTimeout(r)
+		_, err := c.o.Control.Store.Pipeline(ctx, v.Name)
+		cancel()
+		if err != nil {
+			writeProblem(w, &problem{code: http.StatusConflict, msg: fmt.Sprintf("pipeline %s is defined in %s: file pipelines are read-only over the API", v.Name, v.File)})
+			return
+		}
 	}
 	version, prob := ifMatch(r)
 	if prob != nil {

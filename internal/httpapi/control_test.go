@@ -453,11 +453,23 @@ func TestFilePipelinesAreReadOnly(t *testing.T) {
 	for _, c := range []struct{ method, path, body string }{
 		{"PUT", "/api/v1/pipelines/from-file/config", y},
 		{"POST", "/api/v1/pipelines", y},
-		{"DELETE", "/api/v1/pipelines/from-file", ""},
 	} {
 		if r := f.do(t, c.method, c.path, adminToken, "application/yaml", c.body); r.code != 409 {
 			t.Errorf("%s %s: %d %s, want 409", c.method, c.path, r.code, r.raw)
 		}
+	}
+	// Deleting resolves the clash: the store's copy goes, the file's stays.
+	if r := f.do(t, "DELETE", "/api/v1/pipelines/from-file", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("delete the store's copy: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "DELETE", "/api/v1/pipelines/from-file", adminToken, "", ""); r.code != 409 {
+		t.Errorf("delete the file pipeline: %d %s, want 409", r.code, r.raw)
+	}
+	if _, err := f.conv.Converge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do(t, "GET", "/api/v1/pipelines/from-file", adminToken, "", ""); r.body["problem"] != nil {
+		t.Errorf("the clash is still reported: %s", r.raw)
 	}
 	if st, err := f.sup.Status("from-file"); err != nil || st.Starts != 1 {
 		t.Fatalf("the file pipeline: %+v %v", st, err)
