@@ -77,13 +77,18 @@ func startControlVia(t *testing.T, admin string, converge bool, storeDSN func(st
 	if err := f.conv.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
+	// As ferry run does: the converger stops before the supervisor.
+	convCtx, stopConverging := context.WithCancel(ctx)
+	supCtx, stopSupervisor := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- f.sup.Run(runCtx, nil) }()
+	go func() { done <- f.sup.Run(supCtx, nil) }()
+	converged := make(chan struct{})
 	if converge {
-		go f.conv.Run(runCtx)
+		go func() { defer close(converged); f.conv.Run(convCtx) }()
+	} else {
+		close(converged)
 	}
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { stopConverging(); <-converged; stopSupervisor(); <-done })
 	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
 		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}}))
 	t.Cleanup(f.srv.Close)

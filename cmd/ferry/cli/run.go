@@ -141,8 +141,14 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	if *watch {
 		go watchFiles(ctx, files, 2*time.Second, func() { logReload("files changed") })
 	}
+	// With a store, the supervisor stops only after the converger did: a
+	// convergence must not start pipelines into a router shutting down.
+	runCtx := ctx
 	if control != nil {
-		go control.conv.Run(ctx)
+		var stopRun context.CancelFunc
+		runCtx, stopRun = context.WithCancel(context.WithoutCancel(ctx))
+		defer stopRun()
+		go func() { control.conv.Run(ctx); stopRun() }()
 	}
 	go func() {
 		// A second signal while draining means "now".
@@ -155,7 +161,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		os.Exit(1)
 	}()
 	log.Info("ferry starting", "version", version(), "pipelines", len(specs), "admin", token != "")
-	if err := sup.Run(ctx, specs); err != nil {
+	if err := sup.Run(runCtx, specs); err != nil {
 		log.Error("ferry stopped with an error", "err", err)
 		return 1
 	}
