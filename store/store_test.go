@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 
@@ -115,5 +116,17 @@ func TestTokensAndScopes(t *testing.T) {
 	}
 	if _, err := s.DeleteToken(ctx, admin, tok.ID); err != store.ErrNotFound {
 		t.Fatalf("second delete: %v", err)
+	}
+	entries, err := s.Audit(ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Action+" "+e.TokenID+" "+e.Scope+" "+e.Detail)
+	}
+	want := []string{"token_delete test admin " + tok.ID + " tenant:team-a", "token_create test admin " + tok.ID + " tenant:team-a"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("audit %q, want %q", got, want)
 	}
 }
