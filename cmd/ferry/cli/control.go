@@ -21,9 +21,18 @@ type controlFlags struct {
 }
 
 func (c *controlFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.store, "store", os.Getenv("FERRY_STORE_DSN"), "PostgreSQL DSN of the control-plane store (else $FERRY_STORE_DSN, which keeps its password out of the process list): pipelines managed over /api/v1, tenants, tokens, audit log, and the HA heartbeat unless --coordination-dsn is given; with it, -c is optional")
+	fs.StringVar(&c.store, "store", "", "PostgreSQL DSN of the control-plane store (else $FERRY_STORE_DSN, which keeps its password out of the process list): pipelines managed over /api/v1, tenants, tokens, audit log, and the HA heartbeat unless --coordination-dsn is given; with it, -c is optional")
 	fs.StringVar(&c.secretsDir, "secrets-dir", "", "directory of files named after ${VAR} references (Kubernetes secret volume style), consulted when the environment lacks the variable")
 	fs.DurationVar(&c.interval, "store-interval", 5*time.Second, "full read of the store as a safety net behind its change notifications")
+}
+
+// storeDSN is --store, else $FERRY_STORE_DSN. The variable is not the
+// flag's default: --help would print it, password and all.
+func (c *controlFlags) storeDSN() string {
+	if c.store != "" {
+		return c.store
+	}
+	return os.Getenv("FERRY_STORE_DSN")
 }
 
 // loader resolves ${VAR} from the environment, then from --secrets-dir.
@@ -49,7 +58,7 @@ func (c *controlFlags) loader() pipelines.Loader {
 
 // loadFiles loads the pipeline files; with --store there may be none.
 func (c *controlFlags) loadFiles(l pipelines.Loader, files []string) ([]*pipelines.Spec, error) {
-	if len(files) == 0 && c.store != "" {
+	if len(files) == 0 && c.storeDSN() != "" {
 		return nil, nil
 	}
 	return l.Load(files...)
@@ -63,12 +72,12 @@ type controlPlane struct {
 
 // start opens the store and converges once; nil without --store.
 func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, files []string, log *slog.Logger) (*controlPlane, error) {
-	if c.store == "" {
+	if c.storeDSN() == "" {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := store.Open(ctx, c.store)
+	st, err := store.Open(ctx, c.storeDSN())
 	if err != nil {
 		return nil, err
 	}

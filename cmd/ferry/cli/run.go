@@ -69,7 +69,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown}
 	if *ha {
-		dsn := cmp.Or(*coordination, cp.store)
+		dsn := cmp.Or(*coordination, cp.storeDSN())
 		for _, sp := range specs {
 			if o, ok := sp.Source.Config.(plugins.OutboxSource); ok && dsn == "" {
 				dsn = o.OutboxTable().DSN
