@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -488,4 +489,101 @@ func TestPipelinesPlanApply(t *testing.T) {
 	if code, out, _ := run("pipelines", "delete", "alpha", "--url", url); code != 0 || !strings.Contains(out, "alpha: deleted") {
 		t.Fatalf("delete: %d %s", code, out)
 	}
+}
+
+// With a password in the store DSN, in a stored pipeline's source DSN and
+// in its NATS URL, and with tokens in use, nothing a client or the log
+// sees holds any of them — at debug level, through good and bad requests.
+// The only answer holding a token is the one that creates it.
+func TestControlPlaneNoSecretInOutput(t *testing.T) {
+	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	const storePW, sourcePW, natsPW = "store-pw-Qx81", "source-pw-Rz52", "nats-pw-Lm37"
+	withPassword := func(raw, pw string) string {
+		u, _ := url.Parse(raw)
+		user := "ferry"
+		if u.User != nil && u.User.Username() != "" {
+			user = u.User.Username()
+		}
+		u.User = url.UserPassword(user, pw)
+		return u.String()
+	}
+	var logs safeBuffer
+	in := &instance{name: "sec", addr: freeAddr(t)}
+	args := []string{"run", "--http", in.addr, "--log-level", "debug", "--ha-interval", "500ms"}
+	in.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	in.cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"), "FERRY_ADMIN_TOKEN="+cpAdmin,
+		"FERRY_STORE_DSN="+withPassword(e.DSN, storePW))
+	in.cmd.Stdout, in.cmd.Stderr = &logs, &logs
+	if err := in.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.kill() })
+	testenv.Eventually(t, 30*time.Second, "the instance answers", func() bool {
+		code, _ := in.api("GET", "/api/v1/pipelines", "", nil)
+		if in.cmd.ProcessState != nil || code == 0 && strings.Contains(logs.String(), "exit") {
+			t.Fatalf("the instance did not start:\n%s", logs.String())
+		}
+		return code == 200
+	})
+	var answers strings.Builder
+	call := func(method, path, body string, hdr ...string) string {
+		code, out := in.api(method, path, body, nil, hdr...)
+		answers.WriteString(fmt.Sprintf("%s %s %d %s\n", method, path, code, out))
+		return out
+	}
+	y := fmt.Sprintf("name: secret-test\nsource: {type: xid8, dsn: %q, poll_interval: 20ms}\nsink: {type: nats, url: %q, subject: %s.sec}\n",
+		withPassword(e.DSN, sourcePW), withPassword(e.NATS, natsPW), e.Subject)
+	call("POST", "/api/v1/pipelines", y)
+	call("PUT", "/api/v1/pipelines/secret-test/config", strings.Replace(y, "poll_interval", "pol_interval", 1))
+	call("PUT", "/api/v1/pipelines/secret-test/config", strings.Replace(y, "20ms", "lots", 1))
+	call("POST", "/api/v1/validate", strings.Replace(y, "type: nats", "type: natz", 1))
+	call("POST", "/api/v1/pipelines", "name: [")
+	call("GET", "/api/v1/pipelines", "")
+	call("GET", "/api/v1/pipelines/secret-test", "")
+	call("GET", "/api/v1/pipelines/secret-test/config", "")
+	call("GET", "/api/v1/pipelines/secret-test/config", "", "Accept", "application/json")
+	created := call("POST", "/api/v1/tokens", `{"scope":"read"}`, "Content-Type", "application/json")
+	var tok struct{ ID, Token string }
+	if json.Unmarshal([]byte(created), &tok) != nil || tok.Token == "" {
+		t.Fatalf("token: %s", created)
+	}
+	call("GET", "/api/v1/tokens", "")
+	call("GET", "/api/v1/audit", "")
+	testenv.Eventually(t, 10*time.Second, "secret-test running", func() bool {
+		st, _ := in.localStatus("secret-test")
+		return st == "running"
+	})
+	call("DELETE", "/api/v1/tokens/"+tok.ID, "")
+	call("DELETE", "/api/v1/pipelines/secret-test?purge=true", "")
+	in.cmd.Process.Signal(os.Interrupt)
+	in.cmd.Wait()
+
+	all := strings.Replace(answers.String(), created, "", 1) + logs.String()
+	for _, s := range []string{storePW, sourcePW, natsPW, cpAdmin, tok.Token} {
+		if strings.Contains(all, s) {
+			i := strings.Index(all, s)
+			t.Errorf("%q shows: …%s…", s, all[max(0, i-200):min(len(all), i+100)])
+		}
+	}
+	if !strings.Contains(logs.String(), "secret-test") {
+		t.Fatalf("the log says nothing of the pipeline: is it at debug level?\n%s", logs.String())
+	}
+}
+
+// safeBuffer is a bytes.Buffer for a child's stdout and stderr at once.
+type safeBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *safeBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *safeBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
