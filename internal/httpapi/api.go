@@ -1,6 +1,8 @@
 // Package httpapi is the HTTP surface of `ferry run --http`: metrics, health
 // and readiness probes, pipeline status, and the admin actions (pause,
-// resume, restart, reload), which require a bearer token.
+// resume, restart, reload), which require a bearer token. With `--store` it
+// serves the control plane instead (control.go): pipelines, tenants, tokens
+// and the audit log, every /api/v1 route behind a scoped token.
 package httpapi
 
 import (
