@@ -32,6 +32,9 @@ type Snapshot struct {
 	// this instance (its YAML does not load here, or a file defines the
 	// same name).
 	Problems map[string]string
+	// Running is, per pipeline, what the instances running it reported,
+	// freshest first.
+	Running map[string][]InstanceStatus
 }
 
 // Converger makes a supervisor run the file-defined pipelines plus the
@@ -49,6 +52,9 @@ type Converger struct {
 	LoadFiles func() ([]*pipelines.Spec, error)
 	// Interval between full reads. Default 5s.
 	Interval time.Duration
+	// Instance names this instance in what it reports it runs; empty
+	// reports nothing.
+	Instance string
 	Logger   *slog.Logger
 
 	convergeMu sync.Mutex // one convergence at a time
@@ -170,7 +176,40 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (pipelines.Relo
 	if len(res.Started)+len(res.Restarted)+len(res.Stopped) > 0 {
 		c.log().Info("converged on the store", "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped, "unchanged", len(res.Unchanged))
 	}
+	if !snap.Stale {
+		c.exchangeStatuses(ctx)
+	}
 	return res, err
+}
+
+// exchangeStatuses reports what this instance runs and reads what every
+// instance reported. A failure only makes the view older.
+func (c *Converger) exchangeStatuses(ctx context.Context) {
+	if c.Instance != "" {
+		var mine []InstanceStatus
+		for _, st := range c.Supervisor.Statuses() {
+			if st.State == pipelines.StateStandby {
+				continue
+			}
+			mine = append(mine, InstanceStatus{Pipeline: st.Name, State: string(st.State), LastError: st.LastError, Starts: st.Starts, Since: st.Since})
+		}
+		if err := c.Store.ReportStatuses(ctx, c.Instance, mine); err != nil {
+			c.log().Debug("report pipeline statuses", "err", redact.Error(err))
+			return
+		}
+	}
+	interval := c.Interval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	running, err := c.Store.Statuses(ctx, 3*interval)
+	if err != nil {
+		c.log().Debug("read pipeline statuses", "err", redact.Error(err))
+		return
+	}
+	c.mu.Lock()
+	c.snap.Running = running
+	c.mu.Unlock()
 }
 
 // storeSpecs loads the store's running pipelines with this instance's

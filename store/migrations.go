@@ -61,6 +61,19 @@ CREATE TABLE ferry_audit (
 );
 CREATE INDEX ferry_audit_pipeline ON ferry_audit (pipeline, id);
 `},
+	{2, "what each instance runs, as it last reported", `
+CREATE TABLE ferry_pipeline_status (
+    pipeline     text NOT NULL,
+    instance     text NOT NULL,
+    state        text NOT NULL,
+    last_error   text NOT NULL DEFAULT '',
+    starts       int NOT NULL DEFAULT 0,
+    since        timestamptz NOT NULL,
+    reported_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, instance)
+);
+CREATE INDEX ferry_pipeline_status_instance ON ferry_pipeline_status (instance);
+`},
 }
 
 // SchemaSQL is every migration as one script, for `ferry schema store`:

@@ -270,6 +270,9 @@ type PipelineView struct {
 	UpdatedAt    *time.Time `json:"updated_at,omitempty"`
 	// Problem says why the pipeline does not run on this instance.
 	Problem string `json:"problem,omitempty"`
+	// RunningOn is what the instances running the pipeline last reported
+	// (every few seconds, through the store), whichever instance answers.
+	RunningOn []store.InstanceStatus `json:"running_on"`
 }
 
 // views builds every pipeline's view from the store (or, when it cannot be
@@ -320,6 +323,12 @@ func (c *api) views(ctx context.Context) ([]PipelineView, bool) {
 			v.State, v.LastError = pipelines.StateFailed, v.Problem
 		}
 		out = append(out, v)
+	}
+	for i := range out {
+		out[i].RunningOn = snap.Running[out[i].Name]
+		if out[i].RunningOn == nil {
+			out[i].RunningOn = []store.InstanceStatus{}
+		}
 	}
 	slices.SortFunc(out, func(a, b PipelineView) int { return strings.Compare(a.Name, b.Name) })
 	return out, stale

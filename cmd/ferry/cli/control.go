@@ -18,9 +18,11 @@ import (
 type controlFlags struct {
 	store, secretsDir string
 	interval          time.Duration
+	fs                *flag.FlagSet // for --instance-id
 }
 
 func (c *controlFlags) register(fs *flag.FlagSet) {
+	c.fs = fs
 	fs.StringVar(&c.store, "store", "", "PostgreSQL DSN of the control-plane store (else $FERRY_STORE_DSN, which keeps its password out of the process list): pipelines managed over /api/v1, tenants, tokens, audit log, and the HA heartbeat unless --coordination-dsn is given; with it, -c is optional")
 	fs.StringVar(&c.secretsDir, "secrets-dir", "", "directory of files named after ${VAR} references (Kubernetes secret volume style), consulted when the environment lacks the variable")
 	fs.DurationVar(&c.interval, "store-interval", 5*time.Second, "full read of the store as a safety net behind its change notifications")
@@ -81,7 +83,11 @@ func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, file
 	if err != nil {
 		return nil, err
 	}
-	conv := &store.Converger{Store: st, Supervisor: sup, Loader: l, Interval: c.interval, Logger: log,
+	instance := ""
+	if f := c.fs.Lookup("instance-id"); f != nil {
+		instance = f.Value.String()
+	}
+	conv := &store.Converger{Store: st, Supervisor: sup, Loader: l, Interval: c.interval, Logger: log, Instance: instance,
 		LoadFiles: func() ([]*pipelines.Spec, error) { return c.loadFiles(l, files) }}
 	if err := conv.Start(ctx); err != nil {
 		st.Close()

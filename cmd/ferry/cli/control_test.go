@@ -205,6 +205,20 @@ func TestControlPlaneThreeInstances(t *testing.T) {
 		return ordersOwner != nil && otherOwner != nil
 	})
 
+	// Every instance, owner or not, says who runs orders and how it is.
+	testenv.Eventually(t, 15*time.Second, "every instance reporting orders' owner", func() bool {
+		for _, in := range ins {
+			var v struct {
+				RunningOn []struct{ Instance, State string } `json:"running_on"`
+			}
+			if code, _ := in.api("GET", "/api/v1/pipelines/orders", "", &v); code != 200 ||
+				len(v.RunningOn) != 1 || v.RunningOn[0].Instance != ordersOwner.name || v.RunningOn[0].State != "running" {
+				return false
+			}
+		}
+		return true
+	})
+
 	// Update orders: only it restarts.
 	var cur struct {
 		Version int64 `json:"version"`
