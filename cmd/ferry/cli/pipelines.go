@@ -34,6 +34,10 @@ type remotePipeline struct {
 	UpdatedAt    *time.Time `json:"updated_at"`
 	LastError    string     `json:"last_error"`
 	Problem      string     `json:"problem"`
+	RunningOn    []struct {
+		Instance string `json:"instance"`
+		State    string `json:"state"`
+	} `json:"running_on"`
 }
 
 const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [--purge] | pause NAME | resume NAME | plan -f DIR [--prune] | apply -f DIR [--prune]`
@@ -204,7 +208,7 @@ func jsonRoundTrip(in any, out any) (bool, error) {
 
 func printPipelines(w io.Writer, ps []remotePipeline) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTENANT\tMANAGED BY\tDESIRED\tSTATE\tVERSION\tUPDATED\tPROBLEM")
+	fmt.Fprintln(tw, "NAME\tTENANT\tMANAGED BY\tDESIRED\tSTATE HERE\tRUNNING ON\tVERSION\tUPDATED\tPROBLEM")
 	for _, p := range ps {
 		version, updated := "-", "-"
 		if p.Version > 0 {
@@ -217,7 +221,12 @@ func printPipelines(w io.Writer, ps []remotePipeline) {
 			updated = p.File
 		}
 		problem := cmpOr(p.Problem, p.LastError)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, cmpOr(p.Tenant, "-"), p.ManagedBy, p.DesiredState, p.State, version, updated, problem)
+		var on []string
+		for _, r := range p.RunningOn {
+			on = append(on, r.Instance+" ("+r.State+")")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, cmpOr(p.Tenant, "-"), p.ManagedBy, p.DesiredState, p.State,
+			cmpOr(strings.Join(on, ", "), "-"), version, updated, problem)
 	}
 	tw.Flush()
 }
