@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"regexp"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/store"
@@ -33,6 +36,15 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	doc := r.body
 	if doc["openapi"] != "3.1.0" {
 		t.Fatalf("openapi: %v", doc["openapi"])
+	}
+	schemas := jsonschema.NewCompiler()
+	schemas.DefaultDraft(jsonschema.Draft2020)
+	whole, err := jsonschema.UnmarshalJSON(bytes.NewReader(r.raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := schemas.AddResource(openAPIURL, whole); err != nil {
+		t.Fatal(err)
 	}
 	paths := doc["paths"].(map[string]any)
 	components := doc["components"].(map[string]any)
@@ -145,11 +157,38 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 				t.Errorf("%s answered %d without required field %q: %s", route, resp.code, field, resp.raw)
 			}
 		}
+		// And the whole answer is valid against the documented schema
+		// (OpenAPI 3.1 schemas are JSON Schema 2020-12).
+		pointer := "#/paths/" + escapePointer(path) + "/" + strings.ToLower(method) + "/responses/" + strconv.Itoa(resp.code)
+		if ref, ok := documentedResp.(map[string]any)["$ref"].(string); ok {
+			pointer = ref
+		}
+		pointer += "/content/application~1json/schema"
+		sch, err := schemas.Compile(openAPIURL + pointer)
+		if err != nil {
+			t.Errorf("%s: the documented schema %s does not compile: %v", route, pointer, err)
+			continue
+		}
+		answer, err := jsonschema.UnmarshalJSON(bytes.NewReader(resp.raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sch.Validate(answer); err != nil {
+			t.Errorf("%s answered %d against its documented schema: %v\n%s", route, resp.code, err, resp.raw)
+		}
 	}
 	for extra := range documented {
 		t.Errorf("the OpenAPI document has %s, which the handler does not serve", extra)
 	}
 	t.Logf("%d routes checked against the document", len(routes))
+}
+
+// openAPIURL names the document for the schema compiler.
+const openAPIURL = "https://ferry.invalid/openapi.json"
+
+// escapePointer escapes a path for a JSON pointer (RFC 6901).
+func escapePointer(s string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(s)
 }
 
 func asSlice(v any) []any {
