@@ -36,7 +36,7 @@ bench-smoke:
 # 30000x each; run longer by hand: make fuzz FUZZTIME=10m). Seed corpora
 # live in each package's testdata/fuzz.
 FUZZTIME ?= 10s
-FUZZ_TARGETS = FuzzLoad:./pipelines FuzzMessage:./sources/outbox FuzzRoute:./transforms/router FuzzFilter:./transforms/filter FuzzParse:./internal/migrate
+FUZZ_TARGETS = FuzzLoad:./pipelines FuzzMessage:./sources/outbox FuzzRoute:./transforms/router FuzzFilter:./transforms/filter FuzzParse:./internal/migrate FuzzDecode:./internal/httpapi
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		name=$${t%%:*}; pkg=$${t#*:}; \

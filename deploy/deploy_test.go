@@ -221,6 +221,24 @@ func TestKubernetesManifests(t *testing.T) {
 		c["readinessProbe"].(map[string]any)["httpGet"].(map[string]any)["path"] != "/readyz" {
 		t.Errorf("probes: %v %v", c["livenessProbe"], c["readinessProbe"])
 	}
+	// The store DSN comes from the Secret, not from args.
+	var storeFromSecret bool
+	for _, e := range c["env"].([]any) {
+		m := e.(map[string]any)
+		if m["name"] == "FERRY_STORE_DSN" {
+			ref, _ := m["valueFrom"].(map[string]any)["secretKeyRef"].(map[string]any)
+			_, inSecret := kinds["Secret"]["stringData"].(map[string]any)["FERRY_STORE_DSN"]
+			storeFromSecret = ref["name"] == "ferry" && ref["key"] == "FERRY_STORE_DSN" && inSecret
+		}
+	}
+	if !storeFromSecret {
+		t.Error("the Deployment does not take FERRY_STORE_DSN from the Secret")
+	}
+	for _, a := range c["args"].([]any) {
+		if strings.Contains(fmt.Sprint(a), "postgres://") {
+			t.Errorf("a DSN in the container's args: %v", a)
+		}
+	}
 	env := map[string]string{"ORDERS_DB_URL": "postgres://ferry@db/orders", "NATS_URL": "nats://nats:4222"}
 	var all strings.Builder
 	for _, v := range kinds["ConfigMap"]["data"].(map[string]any) {

@@ -1,6 +1,8 @@
 // Package httpapi is the HTTP surface of `ferry run --http`: metrics, health
 // and readiness probes, pipeline status, and the admin actions (pause,
-// resume, restart, reload), which require a bearer token.
+// resume, restart, reload), which require a bearer token. With `--store` it
+// serves the control plane instead (control.go): pipelines, tenants, tokens
+// and the audit log, every /api/v1 route behind a scoped token.
 package httpapi
 
 import (
@@ -28,6 +30,9 @@ type Options struct {
 	// SIGHUP); nil disables reloading.
 	Reload func() (pipelines.ReloadResult, error)
 	Logger *slog.Logger
+	// Control, when set (ferry run --store), serves the control plane:
+	// every /api/v1 route authenticates and checks the token's scope.
+	Control *Control
 }
 
 // New returns the API's handler.
@@ -37,6 +42,10 @@ func New(o Options) http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", a.ready)
+	if o.Control != nil {
+		a.registerControl(mux)
+		return mux
+	}
 	mux.HandleFunc("GET /api/v1/pipelines", a.list)
 	mux.HandleFunc("GET /api/v1/pipelines/{name}", a.get)
 	mux.HandleFunc("POST /api/v1/pipelines/{name}/{action}", a.admin(a.act))

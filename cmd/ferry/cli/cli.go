@@ -41,6 +41,8 @@ func commands() []command {
 	return []command{
 		{"run", "run pipelines until SIGINT/SIGTERM", runCmd},
 		{"validate", "check pipeline files; --connect also checks each outbox table", validateCmd},
+		{"pipelines", "list, change, plan and apply the pipelines of a running ferry --store", pipelinesCmd},
+		{"tokens", "create, list and delete API tokens of a running ferry --store", tokensCmd},
 		{"lag", "show a running ferry's pipelines: state, backlog, lag per segment", lagCmd},
 		{"doctor", "walk each pipeline's path and name the first unhealthy stage", doctorCmd},
 		{"schema", "print the outbox DDL for a source", schemaCmd},

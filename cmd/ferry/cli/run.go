@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,7 +26,7 @@ import (
 )
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("run", "-c PATH [-c PATH…] [--http ADDR] [--admin-token-file FILE] [--watch]", stderr)
+	fs := newFlags("run", "-c PATH [-c PATH…] | --store DSN [-c PATH…]   [--http ADDR] [--admin-token-file FILE] [--watch]", stderr)
 	var files paths
 	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable)")
 	httpAddr := fs.String("http", "", "serve /metrics, /healthz, /readyz and /api/v1 on this address; a bare port binds 127.0.0.1 (write 0.0.0.0:PORT for every interface)")
@@ -37,6 +38,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	instance := fs.String("instance-id", fmt.Sprintf("%s/%d", host, os.Getpid()), "this instance's name in the heartbeat table (--ha)")
 	coordination := fs.String("coordination-dsn", "", "database holding the heartbeat table (--ha); default: the first pipeline's source database")
 	haInterval := fs.Duration("ha-interval", 2*time.Second, "ownership round interval: failover after an owner dies takes about four")
+	var cp controlFlags
+	cp.register(fs)
 	var lf logFlags
 	lf.register(fs, "info")
 	if code, ok := parse(fs, args); !ok {
@@ -53,7 +56,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	specs, err := pipelines.Load(files...)
+	loader := cp.loader()
+	specs, err := cp.loadFiles(loader, files)
 	if err != nil {
 		for _, e := range plugins.Flatten(err) {
 			fmt.Fprintln(stderr, e)
@@ -65,7 +69,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown}
 	if *ha {
-		dsn := *coordination
+		dsn := cmp.Or(*coordination, cp.storeDSN())
 		for _, sp := range specs {
 			if o, ok := sp.Source.Config.(plugins.OutboxSource); ok && dsn == "" {
 				dsn = o.OutboxTable().DSN
@@ -87,11 +91,25 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	reload := func() (pipelines.ReloadResult, error) {
 		reloadMu.Lock()
 		defer reloadMu.Unlock()
-		specs, err := pipelines.Load(files...)
+		specs, err := cp.loadFiles(loader, files)
 		if err != nil {
 			return pipelines.ReloadResult{}, err
 		}
 		return sup.Reload(specs)
+	}
+	control, err := cp.start(sup, loader, files, log)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if control != nil {
+		defer control.close()
+		reload = func() (pipelines.ReloadResult, error) {
+			reloadMu.Lock()
+			defer reloadMu.Unlock()
+			return control.conv.ReloadFiles()
+		}
+		specs = nil // the converger handed them to the supervisor
 	}
 	logReload := func(why string) {
 		res, err := reload()
@@ -105,7 +123,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if *httpAddr != "" {
-		srv, err := serveHTTP(*httpAddr, httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, AdminToken: token, Reload: reload, Logger: log}), log)
+		srv, err := serveHTTP(*httpAddr, httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, AdminToken: token, Reload: reload, Logger: log, Control: control.api(loader)}), log)
 		if err != nil {
 			fmt.Fprintf(stderr, "--http: %v\n", err)
 			return 1
@@ -123,6 +141,15 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	if *watch {
 		go watchFiles(ctx, files, 2*time.Second, func() { logReload("files changed") })
 	}
+	// With a store, the supervisor stops only after the converger did: a
+	// convergence must not start pipelines into a router shutting down.
+	runCtx := ctx
+	if control != nil {
+		var stopRun context.CancelFunc
+		runCtx, stopRun = context.WithCancel(context.WithoutCancel(ctx))
+		defer stopRun()
+		go func() { control.conv.Run(ctx); stopRun() }()
+	}
 	go func() {
 		// A second signal while draining means "now".
 		<-ctx.Done()
@@ -134,7 +161,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		os.Exit(1)
 	}()
 	log.Info("ferry starting", "version", version(), "pipelines", len(specs), "admin", token != "")
-	if err := sup.Run(ctx, specs); err != nil {
+	if err := sup.Run(runCtx, specs); err != nil {
 		log.Error("ferry stopped with an error", "err", err)
 		return 1
 	}

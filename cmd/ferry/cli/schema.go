@@ -9,6 +9,7 @@ import (
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
+	"github.com/ferryhq/ferry/store"
 )
 
 // schemas are the DDL generators by source type.
@@ -16,6 +17,7 @@ var schemas = map[string]func(table string) (string, error){
 	xid8.Name: xid8.Schema,
 	poll.Name: poll.Schema,
 	wal.Name:  wal.Schema,
+	"store":   func(string) (string, error) { return store.SchemaSQL(), nil }, // the control-plane store (--store)
 }
 
 func schemaNames() string {

@@ -1,0 +1,107 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/store"
+)
+
+// controlFlags are `ferry run`'s control-plane flags.
+type controlFlags struct {
+	store, secretsDir string
+	interval          time.Duration
+	fs                *flag.FlagSet // for --instance-id
+}
+
+func (c *controlFlags) register(fs *flag.FlagSet) {
+	c.fs = fs
+	fs.StringVar(&c.store, "store", "", "PostgreSQL DSN of the control-plane store (else $FERRY_STORE_DSN, which keeps its password out of the process list): pipelines managed over /api/v1, tenants, tokens, audit log, and the HA heartbeat unless --coordination-dsn is given; with it, -c is optional")
+	fs.StringVar(&c.secretsDir, "secrets-dir", "", "directory of files named after ${VAR} references (Kubernetes secret volume style), consulted when the environment lacks the variable")
+	fs.DurationVar(&c.interval, "store-interval", 5*time.Second, "full read of the store as a safety net behind its change notifications")
+}
+
+// storeDSN is --store, else $FERRY_STORE_DSN. The variable is not the
+// flag's default: --help would print it, password and all.
+func (c *controlFlags) storeDSN() string {
+	if c.store != "" {
+		return c.store
+	}
+	return os.Getenv("FERRY_STORE_DSN")
+}
+
+// loader resolves ${VAR} from the environment, then from --secrets-dir.
+func (c *controlFlags) loader() pipelines.Loader {
+	if c.secretsDir == "" {
+		return pipelines.Loader{}
+	}
+	dir := c.secretsDir
+	return pipelines.Loader{LookupEnv: func(name string) (string, bool) {
+		if v, ok := os.LookupEnv(name); ok {
+			return v, true
+		}
+		if name == "" || strings.ContainsAny(name, `/\`) || name[0] == '.' {
+			return "", false
+		}
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return "", false
+		}
+		return strings.TrimRight(string(b), "\r\n"), true
+	}}
+}
+
+// loadFiles loads the pipeline files; with --store there may be none.
+func (c *controlFlags) loadFiles(l pipelines.Loader, files []string) ([]*pipelines.Spec, error) {
+	if len(files) == 0 && c.storeDSN() != "" {
+		return nil, nil
+	}
+	return l.Load(files...)
+}
+
+// controlPlane is a running instance's store connection and converger.
+type controlPlane struct {
+	store *store.Store
+	conv  *store.Converger
+}
+
+// start opens the store and converges once; nil without --store.
+func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, files []string, log *slog.Logger) (*controlPlane, error) {
+	if c.storeDSN() == "" {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := store.Open(ctx, c.storeDSN())
+	if err != nil {
+		return nil, err
+	}
+	instance := ""
+	if f := c.fs.Lookup("instance-id"); f != nil {
+		instance = f.Value.String()
+	}
+	conv := &store.Converger{Store: st, Supervisor: sup, Loader: l, Interval: c.interval, Logger: log, Instance: instance,
+		LoadFiles: func() ([]*pipelines.Spec, error) { return c.loadFiles(l, files) }}
+	if err := conv.Start(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return &controlPlane{store: st, conv: conv}, nil
+}
+
+func (p *controlPlane) close() { p.store.Close() }
+
+// api is the control plane the HTTP API serves; nil without --store.
+func (p *controlPlane) api(l pipelines.Loader) *httpapi.Control {
+	if p == nil {
+		return nil
+	}
+	return &httpapi.Control{Store: p.store, Converger: p.conv, Loader: l}
+}

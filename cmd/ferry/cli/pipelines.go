@@ -1,0 +1,495 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/ferryhq/ferry/store"
+)
+
+// remotePipeline is the part of the API's pipeline view the CLI shows.
+type remotePipeline struct {
+	Name         string     `json:"name"`
+	Tenant       string     `json:"tenant"`
+	State        string     `json:"state"`
+	ManagedBy    string     `json:"managed_by"`
+	DesiredState string     `json:"desired_state"`
+	Version      int64      `json:"version"`
+	ConfigSHA256 string     `json:"config_sha256"`
+	File         string     `json:"file"`
+	UpdatedBy    string     `json:"updated_by"`
+	UpdatedAt    *time.Time `json:"updated_at"`
+	LastError    string     `json:"last_error"`
+	Problem      string     `json:"problem"`
+	RunningOn    []struct {
+		Instance string `json:"instance"`
+		State    string `json:"state"`
+	} `json:"running_on"`
+}
+
+const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [--purge] | pause NAME | resume NAME | plan -f DIR [--prune] | apply -f DIR [--prune]`
+
+func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprintf(stderr, "Usage: ferry pipelines %s\n\nManage the pipelines of a running ferry (--store) over its API. Flags of every subcommand:\n  --url URL (else $FERRY_URL), --token-file F (else $FERRY_TOKEN), -o table|json|yaml\n", pipelinesUsage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	sub, args := args[0], args[1:]
+	fs := newFlags("pipelines "+sub, "", stderr)
+	var af apiFlags
+	af.register(fs)
+	tenant := fs.String("tenant", "", "list: only this tenant's pipelines")
+	config := fs.Bool("config", false, "get: print the pipeline's YAML as stored")
+	purge := fs.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
+	dir := fs.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
+	prune := fs.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
+	// Flags may follow the pipeline name: ferry pipelines get orders -o json.
+	var name string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	if code, ok := parse(fs, args); !ok {
+		return code
+	}
+	if name == "" && fs.NArg() > 0 {
+		name = fs.Arg(0)
+	}
+	c, err := af.client()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	needName := func() bool {
+		if name == "" {
+			fmt.Fprintf(stderr, "ferry pipelines %s: which pipeline? ferry pipelines %s NAME\n", sub, sub)
+			return false
+		}
+		return true
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "ferry pipelines %s: %v\n", sub, err)
+		return 1
+	}
+	switch sub {
+	case "list":
+		path := "/pipelines"
+		if *tenant != "" {
+			path += "?tenant=" + url.QueryEscape(*tenant)
+		}
+		var body struct {
+			Pipelines []remotePipeline `json:"pipelines"`
+			Stale     bool             `json:"stale"`
+		}
+		if _, err := c.call("GET", path, "", nil, &body); err != nil {
+			return fail(err)
+		}
+		if af.output != "table" {
+			return exitOf(printAs(stdout, af.output, body))
+		}
+		printPipelines(stdout, body.Pipelines)
+		if body.Stale {
+			fmt.Fprintln(stdout, "\n(stale: the store is unavailable; this is what the instance last read)")
+		}
+	case "get":
+		if !needName() {
+			return 2
+		}
+		if *config {
+			var raw []byte
+			if _, err := c.call("GET", "/pipelines/"+url.PathEscape(name)+"/config", "", nil, &raw); err != nil {
+				return fail(err)
+			}
+			_, _ = stdout.Write(raw)
+			return 0
+		}
+		var p map[string]any
+		if _, err := c.call("GET", "/pipelines/"+url.PathEscape(name), "", nil, &p); err != nil {
+			return fail(err)
+		}
+		if af.output == "table" {
+			var rp remotePipeline
+			b, _ := jsonRoundTrip(p, &rp)
+			if b {
+				printPipelines(stdout, []remotePipeline{rp})
+			}
+			return 0
+		}
+		return exitOf(printAs(stdout, af.output, p))
+	case "delete", "pause", "resume":
+		if !needName() {
+			return 2
+		}
+		method, path := "POST", "/pipelines/"+url.PathEscape(name)+"/"+sub
+		if sub == "delete" {
+			method, path = "DELETE", "/pipelines/"+url.PathEscape(name)
+			if *purge {
+				path += "?purge=true"
+			}
+		}
+		var out map[string]any
+		if _, err := c.call(method, path, "", nil, &out); err != nil {
+			return fail(err)
+		}
+		if af.output != "table" {
+			return exitOf(printAs(stdout, af.output, out))
+		}
+		if w, ok := out["warning"].(string); ok && w != "" {
+			fmt.Fprintln(stdout, "warning:", w)
+		}
+		fmt.Fprintf(stdout, "%s: %s\n", name, map[string]string{"delete": "deleted", "pause": "paused", "resume": "resumed"}[sub])
+	case "plan", "apply":
+		if *dir == "" {
+			fmt.Fprintf(stderr, "ferry pipelines %s: -f DIR is required\n", sub)
+			return 2
+		}
+		local, err := readLocalPipelines(*dir)
+		if err != nil {
+			return fail(err)
+		}
+		plan, err := makePlan(c, local, *prune)
+		if err != nil {
+			return fail(err)
+		}
+		if sub == "plan" {
+			if af.output != "table" {
+				return exitOf(printAs(stdout, af.output, plan))
+			}
+			printPlan(stdout, plan, "Plan")
+			return 0
+		}
+		done, err := applyPlan(c, plan)
+		if af.output != "table" {
+			if perr := printAs(stdout, af.output, done); perr != nil {
+				return fail(perr)
+			}
+		} else {
+			printPlan(stdout, done, "Applied")
+		}
+		if err != nil {
+			return fail(err)
+		}
+	default:
+		fmt.Fprintf(stderr, "ferry pipelines: unknown subcommand %q (%s)\n", sub, pipelinesUsage)
+		return 2
+	}
+	return 0
+}
+
+func exitOf(err error) int {
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+func jsonRoundTrip(in any, out any) (bool, error) {
+	var buf bytes.Buffer
+	if err := printAs(&buf, "json", in); err != nil {
+		return false, err
+	}
+	return true, jsonUnmarshal(buf.Bytes(), out)
+}
+
+func printPipelines(w io.Writer, ps []remotePipeline) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tTENANT\tMANAGED BY\tDESIRED\tSTATE HERE\tRUNNING ON\tVERSION\tUPDATED\tPROBLEM")
+	for _, p := range ps {
+		version, updated := "-", "-"
+		if p.Version > 0 {
+			version = strconv.FormatInt(p.Version, 10)
+		}
+		if p.UpdatedAt != nil {
+			updated = p.UpdatedAt.UTC().Format(time.RFC3339) + " " + p.UpdatedBy
+		}
+		if p.ManagedBy == "file" {
+			updated = p.File
+		}
+		problem := cmpOr(p.Problem, p.LastError)
+		var on []string
+		for _, r := range p.RunningOn {
+			on = append(on, r.Instance+" ("+r.State+")")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, cmpOr(p.Tenant, "-"), p.ManagedBy, p.DesiredState, p.State,
+			cmpOr(strings.Join(on, ", "), "-"), version, updated, problem)
+	}
+	tw.Flush()
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// localPipeline is one pipeline document of the directory.
+type localPipeline struct {
+	Name, File string
+	Line       int
+	Text       []byte
+	SHA256     string
+	// Tenant is set for a `kind: tenant` document: its limits.
+	Tenant *store.TenantLimits
+}
+
+// tenantStep names a tenant's step in a plan: tenant/NAME.
+const tenantStep = "tenant/"
+
+// readLocalPipelines reads every pipeline document of dir (a file or the
+// *.yaml/*.yml directly in a directory).
+func readLocalPipelines(dir string) ([]localPipeline, error) {
+	files := []string{dir}
+	if st, err := os.Stat(dir); err != nil {
+		return nil, err
+	} else if st.IsDir() {
+		files = nil
+		for _, pat := range []string{"*.yaml", "*.yml"} {
+			m, _ := filepath.Glob(filepath.Join(dir, pat))
+			files = append(files, m...)
+		}
+		slices.Sort(files)
+		if len(files) == 0 {
+			return nil, fmt.Errorf("%s: no *.yaml pipeline files", dir)
+		}
+	}
+	var out []localPipeline
+	seen := map[string]string{}
+	var errs []error
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		for {
+			var root yaml.Node
+			err := dec.Decode(&root)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", f, err)
+			}
+			if len(root.Content) != 1 || root.Content[0].Kind != yaml.MappingNode {
+				continue
+			}
+			doc := root.Content[0]
+			var head struct{ Kind, Name string }
+			_ = doc.Decode(&head)
+			where := fmt.Sprintf("%s:%d", f, doc.Line)
+			if head.Kind == "tenant" {
+				var td struct {
+					Kind   string             `yaml:"kind"`
+					Name   string             `yaml:"name"`
+					Limits store.TenantLimits `yaml:"limits"`
+				}
+				if err := doc.Decode(&td); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", where, err))
+					continue
+				}
+				key := tenantStep + td.Name
+				if first, dup := seen[key]; dup {
+					errs = append(errs, fmt.Errorf("%s: name: tenant %q is already defined at %s", where, td.Name, first))
+					continue
+				}
+				seen[key] = where
+				out = append(out, localPipeline{Name: key, File: f, Line: doc.Line, Tenant: &td.Limits})
+				continue
+			}
+			if head.Name == "" {
+				errs = append(errs, fmt.Errorf("%s: name: must not be empty", where))
+				continue
+			}
+			if first, dup := seen[head.Name]; dup {
+				errs = append(errs, fmt.Errorf("%s: name: pipeline %q is already defined at %s", where, head.Name, first))
+				continue
+			}
+			seen[head.Name] = where
+			text, err := yaml.Marshal(doc)
+			if err != nil {
+				return nil, err
+			}
+			_, sum, err := store.Canonical(text)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			out = append(out, localPipeline{Name: head.Name, File: f, Line: doc.Line, Text: text, SHA256: sum})
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// planStep is one thing apply does (or did).
+type planStep struct {
+	Action   string `json:"action"` // create, update, delete, unchanged
+	Pipeline string `json:"pipeline"`
+	// Version is the version the step starts from (update, delete), and
+	// after apply the version it left.
+	Version int64  `json:"version,omitempty"`
+	File    string `json:"file,omitempty"`
+	Error   string `json:"error,omitempty"`
+	text    []byte
+}
+
+// makePlan compares the directory with the API's pipelines.
+func makePlan(c *apiClient, local []localPipeline, prune bool) ([]planStep, error) {
+	var body struct {
+		Pipelines []remotePipeline `json:"pipelines"`
+	}
+	if _, err := c.call("GET", "/pipelines", "", nil, &body); err != nil {
+		return nil, err
+	}
+	remote := map[string]remotePipeline{}
+	for _, p := range body.Pipelines {
+		remote[p.Name] = p
+	}
+	var plan []planStep
+	var errs []error
+	wanted := map[string]bool{}
+	for _, l := range local {
+		wanted[l.Name] = true
+		r, exists := remote[l.Name]
+		where := fmt.Sprintf("%s:%d", l.File, l.Line)
+		if l.Tenant != nil {
+			step, err := tenantPlan(c, l, where)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			plan = append(plan, step)
+			continue
+		}
+		switch {
+		case exists && r.ManagedBy != "api":
+			errs = append(errs, fmt.Errorf("%s: pipeline %q is defined in a pipeline file on the server (%s): file pipelines cannot be changed over the API", where, l.Name, r.File))
+		case !exists:
+			plan = append(plan, planStep{Action: "create", Pipeline: l.Name, File: where, text: l.Text})
+		case r.ConfigSHA256 != l.SHA256:
+			plan = append(plan, planStep{Action: "update", Pipeline: l.Name, Version: r.Version, File: where, text: l.Text})
+		default:
+			plan = append(plan, planStep{Action: "unchanged", Pipeline: l.Name, Version: r.Version, File: where})
+		}
+	}
+	if prune {
+		for _, r := range body.Pipelines {
+			if r.ManagedBy == "api" && !wanted[r.Name] {
+				plan = append(plan, planStep{Action: "delete", Pipeline: r.Name, Version: r.Version})
+			}
+		}
+	}
+	// Tenants first: a pipeline created in the same apply finds its
+	// tenant's limits in place.
+	order := map[string]int{"create": 0, "update": 1, "delete": 2, "unchanged": 3}
+	slices.SortStableFunc(plan, func(a, b planStep) int {
+		if ta, tb := strings.HasPrefix(a.Pipeline, tenantStep), strings.HasPrefix(b.Pipeline, tenantStep); ta != tb {
+			if ta {
+				return -1
+			}
+			return 1
+		}
+		if d := order[a.Action] - order[b.Action]; d != 0 {
+			return d
+		}
+		return strings.Compare(a.Pipeline, b.Pipeline)
+	})
+	return plan, errors.Join(errs...)
+}
+
+// tenantPlan compares a `kind: tenant` document's limits with the
+// tenant's record.
+func tenantPlan(c *apiClient, l localPipeline, where string) (planStep, error) {
+	name := strings.TrimPrefix(l.Name, tenantStep)
+	body, _ := json.Marshal(map[string]any{"limits": l.Tenant})
+	var t store.Tenant
+	_, err := c.call("GET", "/tenants/"+url.PathEscape(name), "", nil, &t)
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae) && ae.Status == 404:
+		return planStep{Action: "create", Pipeline: l.Name, File: where, text: body}, nil
+	case err != nil:
+		return planStep{}, fmt.Errorf("%s: tenant %s: %w", where, name, err)
+	case t.Limits != *l.Tenant:
+		return planStep{Action: "update", Pipeline: l.Name, Version: t.Version, File: where, text: body}, nil
+	}
+	return planStep{Action: "unchanged", Pipeline: l.Name, Version: t.Version, File: where}, nil
+}
+
+// applyPlan carries out a plan, each step guarded by the version the plan
+// saw: a pipeline someone changed since is refused, not overwritten.
+func applyPlan(c *apiClient, plan []planStep) ([]planStep, error) {
+	var errs []error
+	done := make([]planStep, 0, len(plan))
+	for _, s := range plan {
+		var out struct {
+			Pipeline store.Pipeline `json:"pipeline"`
+		}
+		var err error
+		path := "/pipelines/" + url.PathEscape(s.Pipeline)
+		if tenant, ok := strings.CutPrefix(s.Pipeline, tenantStep); ok {
+			if s.Action != "unchanged" {
+				var t store.Tenant
+				hdr := []string{}
+				if s.Version > 0 {
+					hdr = []string{"If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10))}
+				}
+				_, err = c.call("PUT", "/tenants/"+url.PathEscape(tenant), "application/json", s.text, &t, hdr...)
+				s.Version = t.Version
+			}
+			if err != nil {
+				s.Error = err.Error()
+				errs = append(errs, fmt.Errorf("%s %s: %w", s.Action, s.Pipeline, err))
+			}
+			done = append(done, s)
+			continue
+		}
+		switch s.Action {
+		case "create":
+			_, err = c.call("POST", "/pipelines", "application/yaml", s.text, &out)
+			s.Version = out.Pipeline.Version
+		case "update":
+			_, err = c.call("PUT", path+"/config", "application/yaml", s.text, &out, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))
+			s.Version = out.Pipeline.Version
+		case "delete":
+			_, err = c.call("DELETE", path, "", nil, nil, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))
+		}
+		if err != nil {
+			s.Error = err.Error()
+			errs = append(errs, fmt.Errorf("%s %s: %w", s.Action, s.Pipeline, err))
+		}
+		done = append(done, s)
+	}
+	return done, errors.Join(errs...)
+}
+
+func printPlan(w io.Writer, plan []planStep, title string) {
+	counts := map[string]int{}
+	sign := map[string]string{"create": "+", "update": "~", "delete": "-", "unchanged": "="}
+	for _, s := range plan {
+		counts[s.Action]++
+		line := fmt.Sprintf("%s %s %s", sign[s.Action], s.Action, s.Pipeline)
+		if s.File != "" {
+			line += "  (" + s.File + ")"
+		}
+		if s.Error != "" {
+			line += "  FAILED: " + strings.ReplaceAll(s.Error, "\n", "\n    ")
+		}
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintf(w, "%s: %d to create, %d to update, %d to delete, %d unchanged.\n", title, counts["create"], counts["update"], counts["delete"], counts["unchanged"])
+}

@@ -1,0 +1,158 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/store"
+)
+
+// outcome is what a scope gets from a route.
+type outcome int
+
+const (
+	allowed outcome = iota
+	unauthorized
+	forbidden
+)
+
+func (o outcome) String() string { return [...]string{"allowed", "401", "403"}[o] }
+
+func outcomeOf(code int) outcome {
+	switch code {
+	case http.StatusUnauthorized:
+		return unauthorized
+	case http.StatusForbidden:
+		return forbidden
+	}
+	return allowed
+}
+
+// routeCase is one request against one route; own is team-a's resource,
+// other team-b's (or none: tenant-agnostic).
+type routeCase struct {
+	method, path, ct, body string
+	tenant                 string // "a", "b" or "" for tenant-agnostic
+	kind                   string // read, write, admin
+}
+
+// Every scope against every route of the real handler, including a tenant
+// token reaching for another tenant's pipeline through every verb.
+func TestScopeRouteTable(t *testing.T) {
+	f := startControlWith(t, adminToken, false)
+	ctx := context.Background()
+	admin := store.Actor{TokenID: "test", Scope: store.ScopeAdmin}
+	tokens := map[string]string{"admin": adminToken, "none": "", "bogus": "ferry_" + strings.Repeat("0", 64)}
+	for _, sc := range []string{"tenant:team-a", "read:team-a", "read"} {
+		_, secret, err := f.st.CreateToken(ctx, admin, store.Scope(sc), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[sc] = secret
+	}
+	pipeline := func(name, tenant string) string { return f.pipelineYAML(name, tenant) }
+	reset := func() {
+		for name, tenant := range map[string]string{"a-pipe": "team-a", "b-pipe": "team-b"} {
+			y := pipeline(name, tenant)
+			_, sum, _ := store.Canonical([]byte(y))
+			if _, err := f.st.PutPipeline(ctx, admin, store.Write{Name: name, Tenant: tenant, Config: y, Canonical: sum}); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := f.st.SetDesiredState(ctx, admin, name, store.DesiredRunning, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range []string{"a-new", "b-new"} {
+			f.st.DeletePipeline(ctx, admin, n, 0) //nolint:errcheck
+		}
+	}
+	var cases []routeCase
+	for _, who := range []string{"a", "b"} {
+		name := who + "-pipe"
+		tenant := "team-" + who
+		cases = append(cases,
+			routeCase{"GET", "/api/v1/pipelines?tenant=" + tenant, "", "", who, "read"},
+			routeCase{"GET", "/api/v1/pipelines/" + name, "", "", who, "read"},
+			routeCase{"GET", "/api/v1/pipelines/" + name + "/config", "", "", who, "read"},
+			routeCase{"POST", "/api/v1/pipelines", "application/yaml", pipeline(who+"-new", tenant), who, "write"},
+			routeCase{"PUT", "/api/v1/pipelines/" + name + "/config", "application/yaml", strings.ReplaceAll(pipeline(name, tenant), "20ms", "25ms"), who, "write"},
+			routeCase{"POST", "/api/v1/pipelines/" + name + "/pause", "", "", who, "write"},
+			routeCase{"POST", "/api/v1/pipelines/" + name + "/resume", "", "", who, "write"},
+			routeCase{"POST", "/api/v1/pipelines/" + name + "/restart", "", "", who, "write"},
+			routeCase{"DELETE", "/api/v1/pipelines/" + name, "", "", who, "write"},
+			routeCase{"GET", "/api/v1/tenants/" + tenant, "", "", who, "read"},
+			routeCase{"PUT", "/api/v1/tenants/" + tenant, "application/json", `{"limits":{"rate":100}}`, who, "write"},
+		)
+	}
+	cases = append(cases,
+		routeCase{"GET", "/api/v1/pipelines", "", "", "", "read"},
+		routeCase{"GET", "/api/v1/tenants", "", "", "", "read"},
+		routeCase{"GET", "/api/v1/plugins", "", "", "", "read"},
+		routeCase{"GET", "/api/v1/openapi.json", "", "", "", "read"},
+		routeCase{"POST", "/api/v1/validate", "application/yaml", pipeline("v", ""), "", "write"},
+		routeCase{"GET", "/api/v1/tokens", "", "", "", "admin"},
+		routeCase{"POST", "/api/v1/tokens", "application/json", `{"scope":"read"}`, "", "admin"},
+		routeCase{"DELETE", "/api/v1/tokens/{id}", "", "", "", "admin"},
+		routeCase{"GET", "/api/v1/audit", "", "", "", "admin"},
+		routeCase{"POST", "/api/v1/reload", "", "", "", "admin"},
+	)
+	expect := func(scope string, c routeCase) outcome {
+		switch scope {
+		case "none", "bogus":
+			return unauthorized
+		case "admin":
+			return allowed
+		}
+		if c.kind == "admin" {
+			return forbidden
+		}
+		if c.kind == "write" && !strings.HasPrefix(scope, "tenant:") {
+			return forbidden
+		}
+		if c.tenant == "b" && scope != "read" {
+			return forbidden // another tenant's, through every verb
+		}
+		if c.tenant == "b" && c.kind == "read" {
+			return allowed // read sees every tenant
+		}
+		return allowed
+	}
+	rows := 0
+	routesSeen := map[string]bool{}
+	for _, scope := range []string{"none", "bogus", "admin", "tenant:team-a", "read:team-a", "read"} {
+		for _, c := range cases {
+			reset()
+			path := c.path
+			if strings.Contains(path, "{id}") {
+				tok, _, err := f.st.CreateToken(ctx, admin, store.ScopeRead, "to delete")
+				if err != nil {
+					t.Fatal(err)
+				}
+				path = strings.ReplaceAll(path, "{id}", tok.ID)
+			}
+			r := f.do(t, c.method, path, tokens[scope], c.ct, c.body)
+			got, want := outcomeOf(r.code), expect(scope, c)
+			rows++
+			route := strings.SplitN(c.path, "?", 2)[0]
+			for _, n := range []string{"a-pipe", "b-pipe", "team-a", "team-b"} {
+				route = strings.ReplaceAll(route, n, "{name}")
+			}
+			routesSeen[c.method+" "+route] = true
+			if got != want {
+				t.Errorf("%-14s %s %s: got %d (%s), want %s: %s", scope, c.method, c.path, r.code, got, want, r.raw)
+			}
+			if got == allowed && r.code >= 500 {
+				t.Errorf("%s %s %s: %d %s", scope, c.method, c.path, r.code, r.raw)
+			}
+		}
+	}
+	for _, route := range httpapi.ControlRoutes() {
+		if !routesSeen[route] {
+			t.Errorf("the table does not try %s", route)
+		}
+	}
+	t.Logf("scope × route table: %d rows (6 scopes × %d requests over %d routes)", rows, len(cases), len(routesSeen))
+}

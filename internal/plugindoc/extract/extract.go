@@ -1,0 +1,81 @@
+// Package extract reads the doc comment of every struct field in Ferry's
+// component packages from their source, for internal/plugindoc's
+// generated table. It is a build-time tool: product code must not import
+// it.
+package extract
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"strings"
+)
+
+// Module is the module path the keys start with.
+const Module = "github.com/ferryhq/ferry"
+
+// Dirs are the trees holding component configs.
+var Dirs = []string{"plugins", "sinks", "sources", "transforms"}
+
+// FieldDocs parses the non-test Go files under root's Dirs and returns each
+// struct field's doc comment by "importpath.Type.Field".
+func FieldDocs(root string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, d := range Dirs {
+		err := filepath.WalkDir(filepath.Join(root, d), func(path string, e fs.DirEntry, err error) error {
+			if err != nil || !e.IsDir() {
+				return err
+			}
+			if e.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return parseDir(root, path, out)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func parseDir(root, dir string, out map[string]string) error {
+	rel, err := filepath.Rel(root, dir)
+	if err != nil {
+		return err
+	}
+	importPath := Module + "/" + filepath.ToSlash(rel)
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	if err != nil {
+		return err
+	}
+	for _, pkg := range pkgs {
+		for _, f := range pkg.Files {
+			ast.Inspect(f, func(n ast.Node) bool {
+				ts, ok := n.(*ast.TypeSpec)
+				if !ok {
+					return true
+				}
+				st, ok := ts.Type.(*ast.StructType)
+				if !ok {
+					return true
+				}
+				for _, field := range st.Fields.List {
+					doc := field.Doc.Text()
+					if doc == "" {
+						doc = field.Comment.Text()
+					}
+					for _, name := range field.Names {
+						if doc != "" {
+							out[importPath+"."+ts.Name.Name+"."+name.Name] = strings.Join(strings.Fields(doc), " ")
+						}
+					}
+				}
+				return true
+			})
+		}
+	}
+	return nil
+}

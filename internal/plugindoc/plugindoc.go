@@ -1,0 +1,159 @@
+// Package plugindoc describes every registered component type — its config
+// keys, their types, defaults and doc text — for GET /api/v1/plugins. Keys,
+// types and defaults come from the typed Config structs by reflection; doc
+// text from their doc comments, extracted at build time (go generate) into
+// fields.json, which a test keeps equal to the source.
+//
+// It depends on plugins only; it must not import the components.
+package plugindoc
+
+import (
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/plugins"
+)
+
+//go:generate go run ./gen ../.. fields.json
+
+//go:embed fields.json
+var fieldsJSON []byte
+
+var fieldDocs = func() map[string]string {
+	m := map[string]string{}
+	if err := json.Unmarshal(fieldsJSON, &m); err != nil {
+		panic("plugindoc: fields.json: " + err.Error())
+	}
+	return m
+}()
+
+// Field is one config key.
+type Field struct {
+	Key string `json:"key"`
+	// Type is string, boolean, integer, number, duration (Go syntax such
+	// as "100ms"), list of T, map of T, or object (Fields lists its keys).
+	Type    string  `json:"type"`
+	Default any     `json:"default,omitempty"`
+	Doc     string  `json:"doc"`
+	Fields  []Field `json:"fields,omitempty"`
+}
+
+// Plugin is one registered component type.
+type Plugin struct {
+	Kind   plugins.Kind `json:"kind"`
+	Type   string       `json:"type"`
+	Fields []Field      `json:"fields"`
+}
+
+// Catalog lists every registered type of reg, by kind and name.
+func Catalog(reg *plugins.Registry) []Plugin {
+	var out []Plugin
+	for _, kind := range []plugins.Kind{plugins.KindSource, plugins.KindTransform, plugins.KindSink} {
+		for _, name := range reg.Names(kind) {
+			f, _ := reg.Lookup(kind, name)
+			out = append(out, Plugin{Kind: kind, Type: name, Fields: fields(reflect.ValueOf(f.NewConfig()))})
+		}
+	}
+	return out
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+func fields(v reflect.Value) []Field {
+	for v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			v = reflect.New(v.Type().Elem())
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct {
+		return nil
+	}
+	t := v.Type()
+	var out []Field
+	for i := range t.NumField() {
+		sf := t.Field(i)
+		if !sf.IsExported() {
+			continue
+		}
+		tag, _, _ := strings.Cut(sf.Tag.Get("yaml"), ",")
+		if tag == "-" {
+			continue
+		}
+		if sf.Anonymous && tag == "" {
+			out = append(out, fields(v.Field(i))...)
+			continue
+		}
+		if tag == "" {
+			continue
+		}
+		fv := v.Field(i)
+		f := Field{Key: tag, Type: typeName(sf.Type), Doc: fieldDocs[t.PkgPath()+"."+t.Name()+"."+sf.Name]}
+		if inner := sf.Type; inner.Kind() == reflect.Struct || (inner.Kind() == reflect.Pointer && inner.Elem().Kind() == reflect.Struct) {
+			if inner != durationType {
+				f.Fields = fields(fv)
+			}
+		}
+		f.Default = defaultOf(fv)
+		out = append(out, f)
+	}
+	return out
+}
+
+func typeName(t reflect.Type) string {
+	if t == durationType {
+		return "duration"
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return typeName(t.Elem())
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "integer"
+	case reflect.Float32, reflect.Float64:
+		return "number"
+	case reflect.Slice, reflect.Array:
+		return "list of " + typeName(t.Elem())
+	case reflect.Map:
+		return "map of " + typeName(t.Elem())
+	case reflect.Struct:
+		return "object"
+	}
+	return t.Kind().String()
+}
+
+// defaultOf is the value a config starts with, as YAML would write it;
+// nil for zero values, objects and empty lists (no default worth showing).
+func defaultOf(v reflect.Value) any {
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return nil
+		}
+		v = v.Elem()
+	}
+	if v.IsZero() {
+		return nil
+	}
+	if v.Type() == durationType {
+		return time.Duration(v.Int()).String()
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		return nil
+	case reflect.Slice, reflect.Map:
+		if v.Len() == 0 {
+			return nil
+		}
+	}
+	if v.CanInterface() {
+		return v.Interface()
+	}
+	return fmt.Sprint(v)
+}
