@@ -223,6 +223,7 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 	s.runCtx = handlersCtx
 	s.mu.Unlock()
 	close(s.ready) // an API call or a SIGHUP may have come first: start what waits
+	go s.watchProgress(handlersCtx)
 
 	var err error
 	for _, spec := range specs {
@@ -360,6 +361,7 @@ func (s *Supervisor) start(e *entry) error {
 	p.report = rep
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	e.rep.reset()
 	s.mu.Lock()
 	e.pipeline, e.stop, e.done = p, cancel, done
 	e.status.Starts++
@@ -425,8 +427,8 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 		})
 	}()
 	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval = 500*time.Millisecond, 30*time.Second
-	for {
+	bo.InitialInterval, bo.MaxInterval = 500*time.Millisecond, MaxBackoff
+	for attempt := 1; ; attempt++ {
 		err := p.Start(ctx)
 		if err == nil {
 			break
@@ -435,8 +437,11 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 			return
 		}
 		d := bo.NextBackOff()
-		e.rep.Failing(err, d)
-		p.Log.Error("pipeline cannot start; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+		e.rep.Failing(err, d) // logs the first failure and any change
+		if attempt > 1 {
+			// One line per backoff step; the first was the reporter's.
+			p.Log.Warn("pipeline still cannot start; retrying", "err", redact.Error(err), "attempt", attempt, "retry_in", d.Round(time.Millisecond))
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -559,6 +564,48 @@ func (r replacingRegisterer) Register(c prometheus.Collector) error {
 	return err
 }
 
+// MaxBackoff caps the backoff between attempts of a failing pipeline.
+const MaxBackoff = time.Minute
+
+// sourceOf is the current incarnation's source of the named pipeline.
+func (s *Supervisor) sourceOf(name string) message.Subscriber {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.pipelines[name]; e != nil && e.pipeline != nil {
+		return e.pipeline.Source
+	}
+	return nil
+}
+
+// watchProgress ends the failing episodes whose sources show progress
+// (reporter.checkProgress), once a second until ctx ends.
+func (s *Supervisor) watchProgress(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		type job struct {
+			rep *reporter
+			src message.Subscriber
+		}
+		var jobs []job
+		for _, e := range s.pipelines {
+			if e.pipeline != nil && e.handlerRunning {
+				jobs = append(jobs, job{e.rep, e.pipeline.Source})
+			}
+		}
+		s.mu.Unlock()
+		for _, j := range jobs {
+			j.rep.checkProgress(j.src)
+		}
+	}
+}
+
 func (s *Supervisor) update(name string, f func(*entry)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -658,8 +705,8 @@ func (q quietHandlerErrors) With(fields watermill.LogFields) watermill.LoggerAda
 
 // reportOutcome tells the pipeline's reporter whether events get through:
 // an event that failed after its retries puts the pipeline in backing_off
-// with the error (the source redelivers it with backoff); the next success
-// brings it back to running.
+// with the error (the source redelivers it with backoff); the next delivered
+// event brings it back to running.
 func reportOutcome(rep *reporter) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -667,7 +714,7 @@ func reportOutcome(rep *reporter) message.HandlerMiddleware {
 			if err != nil {
 				rep.Failing(err, 0)
 			} else {
-				rep.Recovered()
+				rep.delivered()
 			}
 			return out, err
 		}
