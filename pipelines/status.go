@@ -213,6 +213,7 @@ type stateCollector struct {
 	s                                       *Supervisor
 	state, starts, backlog, oldest, horizon *prometheus.Desc
 	inFlight, redeliveries, givenUp         *prometheus.Desc
+	coordinationUp                          *prometheus.Desc
 }
 
 func newStateCollector(s *Supervisor) *stateCollector {
@@ -226,11 +227,13 @@ func newStateCollector(s *Supervisor) *stateCollector {
 		inFlight:     prometheus.NewDesc("ferry_source_in_flight", "Events read and not yet recorded as delivered.", l, nil),
 		redeliveries: prometheus.NewDesc("ferry_source_redeliveries_total", "Events sent again after a failed delivery.", l, nil),
 		givenUp:      prometheus.NewDesc("ferry_source_given_up_total", "Events the source gave up on after failed deliveries (poll: parked after max_attempts).", l, nil),
+		coordinationUp: prometheus.NewDesc("ferry_ha_coordination_up", "1 while the last heartbeat into the coordination database succeeded, 0 while it fails (high availability runs degraded: no fair share). Absent without --ha.",
+			[]string{"instance"}, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.state, c.starts, c.backlog, c.oldest, c.horizon, c.inFlight, c.redeliveries, c.givenUp} {
+	for _, d := range []*prometheus.Desc{c.state, c.starts, c.backlog, c.oldest, c.horizon, c.inFlight, c.redeliveries, c.givenUp, c.coordinationUp} {
 		ch <- d
 	}
 }
@@ -238,6 +241,13 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 var allStates = []State{StateStarting, StateRunning, StatePaused, StateBackingOff, StateStalled, StateFailed, StateStopped, StateStandby}
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	if co, ok := c.s.Coordination(); ok {
+		up := 0.0
+		if co.Up {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.coordinationUp, prometheus.GaugeValue, up, co.Instance)
+	}
 	for _, st := range c.s.Statuses() {
 		for _, s := range allStates {
 			v := 0.0

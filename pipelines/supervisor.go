@@ -34,8 +34,10 @@ const (
 	StateStalled    State = "stalled"
 	StateFailed     State = "failed"
 	StateStopped    State = "stopped"
-	// StateStandby: another instance owns the pipeline; this one takes over
-	// if it goes away.
+	// StateStandby: another live instance owns the pipeline (Status.Owner
+	// names it); this one takes over if it goes away. Nothing else is
+	// standby: a pipeline this instance cannot lock because its database is
+	// unreachable is backing_off.
 	StateStandby State = "standby"
 )
 
@@ -58,6 +60,9 @@ type Status struct {
 	Flow *plugins.Flow `json:"flow,omitempty"`
 	// Lag is each segment's p50/p99 over the last minute.
 	Lag map[string]LagSummary `json:"lag"`
+	// Owner is the instance that runs the pipeline, with high availability:
+	// this one's id while it runs here, the other instance's while standby.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Options configure a Supervisor.
@@ -105,6 +110,7 @@ type Supervisor struct {
 	pipelines map[string]*entry
 	tenants   map[string]*tenantLimiter
 	registry  *ownership.Registry // set by the ownership coordinator
+	coord     Coordination        // the coordination database as the last round found it
 }
 
 // tenantLimiter is shared by every pipeline of one tenant.
@@ -156,6 +162,7 @@ type entry struct {
 	pipeline       *Pipeline
 	handlerRunning bool
 	lock           *ownership.Lock    // held while this instance owns the pipeline
+	ownerChecked   time.Time          // when status.Owner was last looked up (standby)
 	stop           context.CancelFunc // ends the current incarnation
 	done           chan struct{}      // closed when it has fully stopped
 }
@@ -254,7 +261,8 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 
 // Add builds and starts a pipeline. It returns once the pipeline is
 // starting; the start itself retries in the background. With ownership, an
-// exclusive pipeline waits in standby until this instance owns it.
+// exclusive pipeline waits (starting, then standby or backing_off) until
+// this instance owns it.
 func (s *Supervisor) Add(spec *Spec) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -271,12 +279,11 @@ func (s *Supervisor) add(spec *Spec) error {
 		Sink: spec.Sink.Type, State: StateStarting, Since: time.Now()}}
 	e.rep = s.newReporter(spec)
 	s.pipelines[spec.Name] = e
-	standby := s.exclusive(e)
-	if standby {
-		e.setState(StateStandby)
-	}
+	// An exclusive pipeline stays starting until an ownership round has
+	// locked it here or found its owner.
+	waits := s.exclusive(e)
 	s.mu.Unlock()
-	if standby {
+	if waits {
 		return nil
 	}
 	return s.start(e)
@@ -667,15 +674,50 @@ func (s *Supervisor) status(e *entry) Status {
 	return st
 }
 
-// Ready reports whether every pipeline is running (a stalled one is
-// running, but not ready).
-func (s *Supervisor) Ready() bool {
-	for _, st := range s.Statuses() {
-		if st.State != StateRunning && st.State != StateStandby {
-			return false
-		}
+// Unready is one reason an instance is not ready.
+type Unready struct {
+	// Path names what is not ready: pipelines.<name>, or ha.coordination.
+	Path string `json:"path"`
+	// Message says why.
+	Message string `json:"message"`
+}
+
+// Ready reports whether every pipeline this instance should run runs.
+func (s *Supervisor) Ready() bool { return len(s.Readiness()) == 0 }
+
+// Readiness lists why the instance is not ready; empty when it is. It is
+// ready when the coordination database answers (with high availability)
+// and every pipeline is running here (a stalled one is not), paused by an
+// operator, or standby because another live instance runs it. A pipeline
+// nobody owns yet while this instance runs its fair share is another
+// instance's to take, and does not count either.
+func (s *Supervisor) Readiness() []Unready {
+	var out []Unready
+	if c, ok := s.Coordination(); ok && !c.Up {
+		out = append(out, Unready{Path: "ha.coordination", Message: "coordination database unreachable: " + c.LastError})
 	}
-	return true
+	s.mu.Lock()
+	leftToOthers := map[string]bool{}
+	for name, e := range s.pipelines {
+		leftToOthers[name] = e.status.State == StateStarting && s.exclusive(e) && e.lock == nil && !e.ownerChecked.IsZero()
+	}
+	s.mu.Unlock()
+	for _, st := range s.Statuses() {
+		switch {
+		case st.State == StateRunning, st.State == StatePaused:
+			continue
+		case st.State == StateStandby && st.Owner != "":
+			continue
+		case leftToOthers[st.Name]:
+			continue
+		}
+		msg := string(st.State)
+		if st.LastError != "" {
+			msg += ": " + st.LastError
+		}
+		out = append(out, Unready{Path: "pipelines." + st.Name, Message: msg})
+	}
+	return out
 }
 
 func redactErr(err error) string {
