@@ -144,4 +144,3 @@ func TestStandbyNamesTheOwner(t *testing.T) {
 		t.Errorf("ferry_ha_coordination_up %v, want 1", v)
 	}
 }
-
