@@ -27,6 +27,7 @@ func (s *Supervisor) Pause(name string) error {
 	e.setState(StatePaused) // set first: the stopping incarnation keeps it
 	s.mu.Unlock()
 	s.halt(e)
+	s.probeHealth(e) // rows keep arriving while paused: show them
 	return nil
 }
 

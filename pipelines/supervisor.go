@@ -163,6 +163,8 @@ type entry struct {
 	handlerRunning bool
 	lock           *ownership.Lock    // held while this instance owns the pipeline
 	ownerChecked   time.Time          // when status.Owner was last looked up (standby)
+	probed         plugins.Health     // the supervisor's own backlog measurement (health.go)
+	probing        bool               // a measurement is under way
 	stop           context.CancelFunc // ends the current incarnation
 	done           chan struct{}      // closed when it has fully stopped
 }
@@ -375,6 +377,7 @@ func (s *Supervisor) start(e *entry) error {
 	e.status.LastError, e.status.NextRetry = "", time.Time{}
 	e.setState(StateStarting)
 	s.mu.Unlock()
+	s.probeHealth(e) // the backlog from the first moment, whatever the start does
 	go func() {
 		defer close(done)
 		select { // pipelines join the router only once it runs
@@ -585,7 +588,8 @@ func (s *Supervisor) sourceOf(name string) message.Subscriber {
 }
 
 // watchProgress ends the failing episodes whose sources show progress
-// (reporter.checkProgress), once a second until ctx ends.
+// (reporter.checkProgress) and measures the backlog of pipelines whose
+// source does not (refreshHealth), once a second until ctx ends.
 func (s *Supervisor) watchProgress(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -610,6 +614,7 @@ func (s *Supervisor) watchProgress(ctx context.Context) {
 		for _, j := range jobs {
 			j.rep.checkProgress(j.src)
 		}
+		s.refreshHealth()
 	}
 }
 
@@ -648,7 +653,7 @@ func (s *Supervisor) Status(name string) (Status, error) {
 
 func (s *Supervisor) status(e *entry) Status {
 	s.mu.Lock()
-	st, p := e.status, e.pipeline
+	st, p, probed := e.status, e.pipeline, e.probed
 	s.mu.Unlock()
 	if p != nil {
 		// The canary's verdict wins over running and backing_off: whatever the
@@ -662,8 +667,10 @@ func (s *Supervisor) status(e *entry) Status {
 			}
 		}
 		if h, ok := p.Source.(plugins.HealthReporter); ok {
-			hv := h.Health()
+			hv := freshest(h.Health(), probed)
 			st.Health = &hv
+		} else if !probed.CheckedAt.IsZero() {
+			st.Health = &probed
 		}
 		if f, ok := p.Source.(plugins.FlowReporter); ok {
 			fv := f.Flow()
