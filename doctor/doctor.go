@@ -29,10 +29,10 @@ import (
 const (
 	StageCoordination = "coordination"
 	StageBacklog      = "backlog"
-	StageRelay    = "relay"
-	StageSource   = "source"
-	StageBroker   = "broker"
-	StageConsumer = "consumer"
+	StageRelay        = "relay"
+	StageSource       = "source"
+	StageBroker       = "broker"
+	StageConsumer     = "consumer"
 )
 
 // Verdicts of one check.
@@ -111,7 +111,7 @@ type Diagnosis struct {
 type Report struct {
 	// Coordination is the instance's coordination database (high
 	// availability), when the doctor asked a running Ferry.
-	Coordination *Check     `json:"coordination,omitempty"`
+	Coordination *Check      `json:"coordination,omitempty"`
 	Pipelines    []Diagnosis `json:"pipelines"`
 }
 
