@@ -1,10 +1,12 @@
 package pipelines_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,26 @@ import (
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
+
+// logBuffer collects a supervisor's log lines for assertions.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) count(msg string) int { return strings.Count(l.String(), `msg="`+msg+`"`) }
 
 // closedDSN points at a port nobody listens on.
 const closedDSN = "postgres://ferry:hunter2@127.0.0.1:1/ferry?connect_timeout=2"

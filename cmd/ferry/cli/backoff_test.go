@@ -1,4 +1,4 @@
-package pipelines_test
+package cli_test
 
 import (
 	"bytes"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/pipelines"
-	_ "github.com/ferryhq/ferry/sources/wal"
 )
 
 // logBuffer collects a supervisor's log lines for assertions.
