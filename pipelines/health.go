@@ -40,8 +40,8 @@ func healthInterval(spec *Spec) time.Duration {
 }
 
 // probeHealth measures e's backlog in the background unless a measurement
-// is under way; the result shows in e's status until the running source's
-// own is newer.
+// is under way; the result shows in e's status while its source does not
+// measure itself (not running, or not yet).
 func (s *Supervisor) probeHealth(e *entry) {
 	s.mu.Lock()
 	p := e.pipeline

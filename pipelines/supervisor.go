@@ -473,6 +473,9 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 			e.setState(StateRunning)
 		}
 	})
+	// Started after failed attempts: the episode ends on progress, as after
+	// any reconnect.
+	e.rep.Recovered()
 	p.Log.Info("pipeline running", "stages", e.spec.Describe())
 	select {
 	case <-ctx.Done():
@@ -653,7 +656,7 @@ func (s *Supervisor) Status(name string) (Status, error) {
 
 func (s *Supervisor) status(e *entry) Status {
 	s.mu.Lock()
-	st, p, probed := e.status, e.pipeline, e.probed
+	st, p, probed, running := e.status, e.pipeline, e.probed, e.handlerRunning
 	s.mu.Unlock()
 	if p != nil {
 		// The canary's verdict wins over running and backing_off: whatever the
@@ -667,7 +670,11 @@ func (s *Supervisor) status(e *entry) Status {
 			}
 		}
 		if h, ok := p.Source.(plugins.HealthReporter); ok {
-			hv := freshest(h.Health(), probed)
+			hv := h.Health()
+			if !running || hv.CheckedAt.IsZero() {
+				// The source does not measure now, or not yet.
+				hv = freshest(hv, probed)
+			}
 			st.Health = &hv
 		} else if !probed.CheckedAt.IsZero() {
 			st.Health = &probed

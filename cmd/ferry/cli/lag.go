@@ -116,7 +116,7 @@ func printLag(w io.Writer, sts []pipelines.Status) {
 		if s.LastError != "" && s.State != pipelines.StateRunning {
 			next := ""
 			if !s.NextRetry.IsZero() {
-				next = fmt.Sprintf(" (next retry in %s)", time.Until(s.NextRetry).Round(time.Second))
+				next = fmt.Sprintf(" (next retry in %s)", max(time.Until(s.NextRetry), 0).Round(100*time.Millisecond))
 			}
 			fmt.Fprintf(tw, "  └ %s%s\n", s.LastError, next)
 		}
