@@ -234,12 +234,25 @@ func TestFaultMatrix(t *testing.T) {
 		})
 	}
 	running("start", "healthy", "srcdown", "halfopen", "broker", "held", "slot")
+	testenv.Eventually(t, 30*time.Second, "start: every source measured its backlog (fully started)", func() bool {
+		for _, st := range m.sup.Statuses() {
+			if st.Health == nil || st.Health.CheckedAt.IsZero() {
+				return false
+			}
+		}
+		return true
+	})
 	testenv.Eventually(t, 30*time.Second, "start: ready", func() bool { return m.sup.Ready() })
 	healthyDelivers("start")
 
 	t.Run("SourceDatabaseDown", func(t *testing.T) {
 		pSrc.Cut()
-		testenv.Eventually(t, 30*time.Second, "srcdown backing off", func() bool { return state("srcdown") == pipelines.StateBackingOff })
+		// A statement cut mid-way fails with "conn closed"; the next attempt,
+		// 200 ms later, names the address it cannot reach.
+		testenv.Eventually(t, 30*time.Second, "srcdown backing off, naming the address", func() bool {
+			st, _ := m.sup.Status("srcdown")
+			return st.State == pipelines.StateBackingOff && strings.Contains(st.LastError, pSrc.Addr())
+		})
 		s := m.look("srcdown")
 		st := s.api["srcdown"]
 		expect(t, "source down", "last_error", st.LastError, pSrc.Addr())
