@@ -74,12 +74,15 @@ func TestCoordinationDatabaseOutage(t *testing.T) {
 	flags := []string{"--coordination-dsn", coordDSN}
 	ins := []*instance{startInstance(t, "a", dir, flags...), startInstance(t, "b", dir, flags...), startInstance(t, "c", dir, flags...)}
 
-	// Sample ownership all along: a pipeline running on two instances in
-	// one sample is a failure.
+	// Sample ownership all along. The instances are asked one after the
+	// other, so a handover between two answers can show a pipeline on both
+	// in one sample; a pipeline on two instances in two samples in a row,
+	// 100 ms apart, is running twice.
 	var insMu sync.Mutex // ins[2] is replaced when c restarts
 	stopSampling := make(chan struct{})
 	twice := make(chan string, 1)
 	go func() {
+		prev := map[string]string{}
 		for {
 			select {
 			case <-stopSampling:
@@ -87,21 +90,27 @@ func TestCoordinationDatabaseOutage(t *testing.T) {
 				return
 			case <-time.After(100 * time.Millisecond):
 			}
-			seen := map[string]string{}
+			seen, dup := map[string]string{}, map[string]string{}
 			insMu.Lock()
 			sample := slices.Clone(ins)
 			insMu.Unlock()
 			for _, in := range sample {
 				for _, p := range in.owned() {
-					if other, dup := seen[p]; dup {
-						select {
-						case twice <- fmt.Sprintf("%s running on %s and %s", p, other, in.name):
-						default:
-						}
+					if other, ok := seen[p]; ok {
+						dup[p] = other + " and " + in.name
 					}
 					seen[p] = in.name
 				}
 			}
+			for p, on := range dup {
+				if prev[p] == on {
+					select {
+					case twice <- fmt.Sprintf("%s running on %s in two samples in a row", p, on):
+					default:
+					}
+				}
+			}
+			prev = dup
 		}
 	}()
 
