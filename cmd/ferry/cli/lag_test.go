@@ -39,3 +39,20 @@ func TestLagURLForms(t *testing.T) {
 		}
 	}
 }
+
+// A usage printed after an error stands apart from it; --help prints the
+// usage alone; the top-level help has its blank line before Usage too.
+func TestUsageIsSetApart(t *testing.T) {
+	_, _, errOut := run("run", "--bogus")
+	if !strings.Contains(errOut, "-bogus\n\nUsage: ferry run ") {
+		t.Errorf("ferry run --bogus:\n%s", errOut)
+	}
+	_, _, errOut = run("lag", "--help")
+	if !strings.HasPrefix(errOut, "Usage: ferry lag ") {
+		t.Errorf("ferry lag --help:\n%s", errOut)
+	}
+	_, out, _ := run()
+	if !strings.Contains(out, "NATS.\n\nUsage: ferry <command>") {
+		t.Errorf("ferry:\n%s", out)
+	}
+}
