@@ -720,7 +720,9 @@ func (s *Supervisor) Readiness() []Unready {
 		switch {
 		case st.State == StateRunning, st.State == StatePaused:
 			continue
-		case st.State == StateStandby && st.Owner != "":
+		case st.State == StateStandby:
+			// Another instance holds it, or this one just handed it over to
+			// one with room (the next round names the owner).
 			continue
 		case leftToOthers[st.Name]:
 			continue
