@@ -154,7 +154,8 @@ sink: {type: nats, url: %q, subject: %s}
 	}
 	reg := prometheus.NewRegistry()
 	sup, err := pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 2 * time.Second,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Ownership: &pipelines.Ownership{Instance: "ops", CoordinationDSN: x.DSN, Interval: 500 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

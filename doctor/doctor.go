@@ -8,26 +8,31 @@ package doctor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/ownership"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
-// Stages, in the order the doctor walks them.
+// Stages, in the order the doctor walks them. StageCoordination is the
+// instance's, checked before any pipeline's.
 const (
-	StageBacklog  = "backlog"
-	StageRelay    = "relay"
-	StageSource   = "source"
-	StageBroker   = "broker"
-	StageConsumer = "consumer"
+	StageCoordination = "coordination"
+	StageBacklog      = "backlog"
+	StageRelay        = "relay"
+	StageSource       = "source"
+	StageBroker       = "broker"
+	StageConsumer     = "consumer"
 )
 
 // Verdicts of one check.
@@ -41,9 +46,13 @@ const (
 // Options tune the checks.
 type Options struct {
 	// URL of a running Ferry's HTTP listener; when set, the relay check reads
-	// the pipeline's state there. Without it, the doctor looks for the
-	// relay's session on the source database.
+	// the pipeline's state there, and the instance's coordination database
+	// is checked first. Without it, the doctor looks for the relay's session
+	// on the source database.
 	URL string
+	// URLIsDefault says URL was not asked for: when nothing answers there,
+	// the doctor checks as if there were no URL.
+	URLIsDefault bool
 	// MaxAge is the oldest undelivered event age that counts as unhealthy.
 	// Default 1m.
 	MaxAge time.Duration
@@ -60,6 +69,9 @@ type Options struct {
 	Timeout time.Duration
 	// Registry builds the components; nil means plugins.Default.
 	Registry *plugins.Registry
+
+	instance    *instance // what URL answered
+	instanceErr error     // why it did not
 }
 
 func (o *Options) defaults() {
@@ -95,14 +107,21 @@ type Diagnosis struct {
 	Checks   []Check `json:"checks"`
 }
 
-// Report is the doctor's answer for every pipeline.
+// Report is the doctor's answer for the instance and every pipeline.
 type Report struct {
-	Pipelines []Diagnosis `json:"pipelines"`
+	// Coordination is the instance's coordination database (high
+	// availability), when the doctor asked a running Ferry.
+	Coordination *Check      `json:"coordination,omitempty"`
+	Pipelines    []Diagnosis `json:"pipelines"`
 }
 
-// ExitCode is 0 when every pipeline is healthy, 1 when one is not, 2 when
-// something could not be checked (and nothing was found unhealthy).
+// ExitCode is 0 when every pipeline is healthy, 1 when one is not (or the
+// coordination database is unreachable), 2 when something could not be
+// checked (and nothing was found unhealthy).
 func (r Report) ExitCode() int {
+	if r.Coordination != nil && r.Coordination.Status == Unhealthy {
+		return 1
+	}
 	code := 0
 	for _, d := range r.Pipelines {
 		if d.Stage != "" {
@@ -117,14 +136,46 @@ func (r Report) ExitCode() int {
 	return code
 }
 
-// Run diagnoses every pipeline.
+// Run diagnoses the instance at URL (its coordination database) and every
+// pipeline.
 func Run(ctx context.Context, specs []*pipelines.Spec, o Options) Report {
 	o.defaults()
 	var r Report
+	if o.URL != "" {
+		fctx, cancel := context.WithTimeout(ctx, o.Timeout)
+		inst, err := fetchInstance(fctx, o.URL)
+		cancel()
+		var netErr *url.Error
+		switch {
+		case err != nil && o.URLIsDefault && errors.As(err, &netErr):
+			o.URL = "" // nothing runs at the default address: look at the databases
+		case err != nil:
+			o.instanceErr = err
+		default:
+			o.instance = inst
+			r.Coordination = checkCoordination(inst.Coordination)
+		}
+	}
 	for _, s := range specs {
 		r.Pipelines = append(r.Pipelines, diagnose(ctx, s, o))
 	}
 	return r
+}
+
+// checkCoordination judges the instance's coordination database: while it
+// is unreachable, every pipeline may look fine and HA still runs degraded.
+func checkCoordination(c *pipelines.Coordination) *Check {
+	if c == nil {
+		return nil // no high availability
+	}
+	ch := &Check{Stage: StageCoordination, Status: OK, Evidence: []string{fmt.Sprintf("coordination database %s (%s): up, %d live instance(s)", c.Database, c.From, c.LiveInstances)}}
+	if !c.Up {
+		ch.Status = Unhealthy
+		ch.Evidence = []string{fmt.Sprintf("coordination database %s (%s) unreachable since %s: %s", c.Database, c.From, c.Since.Format(time.RFC3339), c.LastError),
+			"instance " + c.Instance + " " + c.Degraded}
+		ch.Action = "make the coordination database reachable (or point --coordination-dsn at one that is); until then pipelines are not shared fairly"
+	}
+	return ch
 }
 
 func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
@@ -220,7 +271,7 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	if o.URL != "" {
-		st, err := fetchStatus(ctx, o.URL, spec.Name)
+		st, err := o.status(spec.Name)
 		if err != nil {
 			c.Status, c.Evidence = Unhealthy, []string{"cannot read the pipeline from " + o.URL + ": " + err.Error()}
 			c.Action = "is `ferry run` up, with --http, and does it run this pipeline?"
@@ -241,6 +292,9 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 			suspect = "the relay keeps failing: fix its last error — it retries on its own"
 		case pipelines.StatePaused:
 			c.Status, c.Action = Unhealthy, "the pipeline is paused: POST /api/v1/pipelines/"+spec.Name+"/resume"
+		case pipelines.StateStandby:
+			c.Status = OK
+			c.Evidence = append(c.Evidence, "instance "+st.Owner+" runs it; this one takes over if it goes away")
 		default:
 			c.Status, c.Action = Unhealthy, "the relay is not running the pipeline: fix the last error and restart it"
 		}
@@ -268,6 +322,12 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 	}
 	if n == 0 {
 		c.Status = Unhealthy
+		if holder, held, err := ownership.Holder(ctx, o2.OutboxTable().DSN, ownership.LockKey(spec.Name)); err == nil && held {
+			// Owned, yet nothing reads: paused, or its start keeps failing.
+			c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) but no session named ferry:%s reads the source: the pipeline is paused, or cannot start", holder, spec.Name, spec.Name))
+			c.Action = "ask that instance: ferry doctor --url <its --http address> (or ferry lag); resume it if paused"
+			return c, ""
+		}
 		c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s on the source database: no Ferry instance is running this pipeline", spec.Name))
 		c.Action = "start it: ferry run -c <the file defining " + spec.Name + ">"
 		return c, ""
@@ -277,27 +337,39 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 	return c, ""
 }
 
-func fetchStatus(ctx context.Context, base, name string) (pipelines.Status, error) {
+// instance is what a running Ferry says about itself.
+type instance struct {
+	Pipelines    []pipelines.Status      `json:"pipelines"`
+	Coordination *pipelines.Coordination `json:"coordination"`
+}
+
+func fetchInstance(ctx context.Context, base string) (*instance, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/api/v1/pipelines", nil)
 	if err != nil {
-		return pipelines.Status{}, err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return pipelines.Status{}, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return pipelines.Status{}, fmt.Errorf("%s: %s", resp.Status, b)
+		return nil, fmt.Errorf("%s: %s", resp.Status, b)
 	}
-	var body struct {
-		Pipelines []pipelines.Status `json:"pipelines"`
-	}
+	var body instance
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
-		return pipelines.Status{}, err
+		return nil, err
 	}
-	for _, s := range body.Pipelines {
+	return &body, nil
+}
+
+// status is the pipeline's status as the instance at URL reported it.
+func (o *Options) status(name string) (pipelines.Status, error) {
+	if o.instanceErr != nil {
+		return pipelines.Status{}, o.instanceErr
+	}
+	for _, s := range o.instance.Pipelines {
 		if s.Name == name {
 			return s, nil
 		}
@@ -410,8 +482,18 @@ func checkConsumers(ctx context.Context, p *pipelines.Pipeline, o Options) Check
 	return c
 }
 
-// Print writes the report for people: per pipeline, each check walked.
+// Print writes the report for people: the instance's coordination
+// database first, then per pipeline, each check walked.
 func (r Report) Print(w io.Writer) {
+	if c := r.Coordination; c != nil {
+		fmt.Fprintf(w, "instance: coordination %s\n", c.Status)
+		for _, e := range c.Evidence {
+			fmt.Fprintf(w, "       %s\n", e)
+		}
+		if c.Action != "" && c.Status != OK {
+			fmt.Fprintf(w, "       → %s\n", c.Action)
+		}
+	}
 	for _, d := range r.Pipelines {
 		verdict := "healthy"
 		if d.Stage != "" {

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,14 +38,28 @@ type Lock struct {
 	key  int64
 }
 
-// TryLock connects to dsn and takes the lock without waiting. ok is false
-// when another session holds it.
-func TryLock(ctx context.Context, dsn, application string, key int64) (l *Lock, ok bool, err error) {
+// ApplicationName is the application_name of an instance's lock sessions:
+// it names the instance, so one that finds a lock taken can say by whom
+// (Holder).
+func ApplicationName(instance string) string {
+	const prefix, max = "ferry owner ", 63 // NAMEDATALEN-1: the server truncates
+	name := prefix + instance
+	if len(name) > max {
+		name = name[:max]
+	}
+	return name
+}
+
+// TryLock connects to dsn and takes the lock without waiting, on a session
+// named ApplicationName(instance). When another session holds it, l is nil
+// and holder names that session's instance (its application_name when it
+// is not an instance's; empty if the server does not show it).
+func TryLock(ctx context.Context, dsn, instance string, key int64) (l *Lock, holder string, err error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, false, err
+		return nil, "", err
 	}
-	cfg.RuntimeParams["application_name"] = application
+	cfg.RuntimeParams["application_name"] = ApplicationName(instance)
 	// A network partition must end the lock's session in seconds, not after
 	// the kernel's two-hour keepalive: until it ends, the server keeps the
 	// lock for an owner that may be gone, and no standby can take over.
@@ -55,13 +70,49 @@ func TryLock(ctx context.Context, dsn, application string, key int64) (l *Lock, 
 	cfg.DialFunc = (&net.Dialer{KeepAlive: 5 * time.Second, Timeout: 10 * time.Second}).DialContext
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return nil, false, err
+		return nil, "", err
 	}
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil || !ok {
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
 		conn.Close(context.Background())
-		return nil, false, err
+		return nil, "", err
 	}
-	return &Lock{conn: conn, key: key}, true, nil
+	if ok {
+		return &Lock{conn: conn, key: key}, "", nil
+	}
+	defer conn.Close(context.Background())
+	holder, _, _ = holderOf(ctx, conn, key)
+	return nil, holder, nil
+}
+
+// Holder finds who holds key on dsn without taking it: held is false when
+// nobody does.
+func Holder(ctx context.Context, dsn string, key int64) (holder string, held bool, err error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "", false, err
+	}
+	defer conn.Close(context.Background())
+	return holderOf(ctx, conn, key)
+}
+
+func holderOf(ctx context.Context, conn *pgx.Conn, key int64) (holder string, held bool, err error) {
+	var app *string
+	err = conn.QueryRow(ctx, `SELECT a.application_name FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = $1 LIMIT 1`, key).Scan(&app)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	if app == nil {
+		return "", true, nil // a session this role cannot see
+	}
+	if in, ok := strings.CutPrefix(*app, "ferry owner "); ok {
+		return in, true, nil
+	}
+	return *app, true, nil
 }
 
 // Held checks the lock's connection is alive: if it is not, the lock is

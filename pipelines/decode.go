@@ -1,8 +1,10 @@
 package pipelines
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"regexp"
 	"slices"
@@ -20,11 +22,13 @@ var (
 
 // decode checks n for keys out's type does not have, then decodes n over out
 // (whose current values are the defaults). Problems are recorded, not returned.
-func (d *decoder) decode(n *yaml.Node, path string, out any) {
+// decode decodes n over out. It returns false when nothing was decoded (a
+// ${VAR} could not be filled in), so out holds only its defaults.
+func (d *decoder) decode(n *yaml.Node, path string, out any) bool {
 	before := len(d.errs)
 	d.interpolate(n, path, reflect.TypeOf(out))
 	if len(d.errs) > before {
-		return
+		return false
 	}
 	// Unknown keys are errors, but decoding goes on (yaml.v3 skips them), so
 	// one typo does not hide every other problem behind "missing" errors.
@@ -32,6 +36,7 @@ func (d *decoder) decode(n *yaml.Node, path string, out any) {
 	if err := n.Decode(out); err != nil {
 		d.typeErrors(err, path)
 	}
+	return true
 }
 
 // checkKeys reports every mapping key under n that the Go type t does not
@@ -328,12 +333,49 @@ func expandVars(s string, lookup func(string) (string, bool)) (string, error) {
 	return b.String(), nil
 }
 
-func syntaxError(file string, err error) *Error {
+// syntaxError locates a YAML syntax error in data. yaml.v3 reports the line
+// where the enclosing block began (a mapping's first key, a document's
+// ---), not where the fault is; the fault is on the first line whose
+// prefix of the file fails with the same message.
+func syntaxError(file string, data []byte, err error) *Error {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	line := 0
 	if m := typeErrLine.FindStringSubmatch(msg); m != nil {
 		line, _ = strconv.Atoi(m[1])
 		msg = m[2]
+		if l := faultLine(data, msg, line); l > 0 {
+			line = l
+		}
 	}
 	return &Error{File: file, Line: line, Msg: "invalid YAML: " + msg}
+}
+
+// maxRelocateLines bounds faultLine's work: a pipeline file is short.
+const maxRelocateLines = 2000
+
+// faultLine is the first line n from reported on such that the file's first
+// n lines fail to parse with msg; 0 if none.
+func faultLine(data []byte, msg string, reported int) int {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if len(lines) > maxRelocateLines {
+		return 0
+	}
+	for n := max(reported, 1); n <= len(lines); n++ {
+		dec := yaml.NewDecoder(bytes.NewReader(bytes.Join(lines[:n], nil)))
+		for {
+			var node yaml.Node
+			err := dec.Decode(&node)
+			if err == nil {
+				continue
+			}
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if m := typeErrLine.FindStringSubmatch(strings.TrimPrefix(err.Error(), "yaml: ")); m != nil && m[2] == msg {
+				return n
+			}
+			break
+		}
+	}
+	return 0
 }

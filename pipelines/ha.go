@@ -2,6 +2,7 @@ package pipelines
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -18,6 +19,9 @@ type Ownership struct {
 	Instance string
 	// CoordinationDSN is the database holding the heartbeat table.
 	CoordinationDSN string
+	// CoordinationFrom says where CoordinationDSN came from (a flag, a
+	// pipeline's source database), for the status surfaces.
+	CoordinationFrom string
 	// Interval between rounds: heartbeat, lock checks, takeovers. Failover
 	// after an owner dies takes at most about four intervals.
 	Interval time.Duration
@@ -66,6 +70,83 @@ func (s *Supervisor) releaseAll() {
 	}
 }
 
+// Coordination is the state of the coordination database as the last
+// ownership round found it.
+type Coordination struct {
+	// Up is whether the last heartbeat succeeded.
+	Up bool `json:"up"`
+	// Database is the coordination database, password masked.
+	Database string `json:"database"`
+	// From says how it was chosen.
+	From string `json:"from,omitempty"`
+	// Instance is this instance's id in the heartbeat table.
+	Instance string `json:"instance"`
+	// LiveInstances is how many instances the last successful heartbeat saw,
+	// this one included.
+	LiveInstances int `json:"live_instances"`
+	// LastError is why the last heartbeat failed.
+	LastError string `json:"last_error,omitempty"`
+	// Since is when Up last changed.
+	Since time.Time `json:"since,omitzero"`
+	// CheckedAt is when the last heartbeat was attempted.
+	CheckedAt time.Time `json:"checked_at,omitzero"`
+	// Degraded says what this instance does meanwhile, while Up is false.
+	Degraded string `json:"degraded,omitempty"`
+}
+
+// degradedMode is what an instance does while its coordination database is
+// unreachable.
+const degradedMode = "keeps the pipelines it owns and runs unowned ones it can lock on their own source databases (no fair share until the heartbeat is back)"
+
+// Coordination returns the coordination database's state; ok is false
+// without ownership (no HA).
+func (s *Supervisor) Coordination() (c Coordination, ok bool) {
+	o := s.opts.Ownership
+	if o == nil {
+		return Coordination{}, false
+	}
+	s.mu.Lock()
+	c = s.coord
+	s.mu.Unlock()
+	c.Database, c.From, c.Instance = redact.String(o.CoordinationDSN), o.CoordinationFrom, o.Instance
+	if c.CheckedAt.IsZero() {
+		c.Up = true // no round yet: nothing known to be wrong
+	}
+	if !c.Up {
+		c.Degraded = degradedMode
+	}
+	return c, true
+}
+
+// beat heartbeats and records the coordination database's state, logging
+// each change once.
+func (s *Supervisor) beat(ctx context.Context, owned int) (live int, ok bool) {
+	live, err := s.registry.Beat(ctx, owned)
+	if ctx.Err() != nil {
+		return 0, false
+	}
+	now := time.Now()
+	s.mu.Lock()
+	was, first := s.coord.Up, s.coord.CheckedAt.IsZero()
+	s.coord.CheckedAt = now
+	if err == nil {
+		s.coord.Up, s.coord.LastError, s.coord.LiveInstances = true, "", live
+	} else {
+		s.coord.Up, s.coord.LastError = false, redactErr(err)
+	}
+	if first || was != s.coord.Up {
+		s.coord.Since = now
+	}
+	s.mu.Unlock()
+	switch {
+	case err != nil && (first || was):
+		s.log.Error("coordination database unreachable: this instance "+degradedMode, "err", redact.Error(err))
+	case err == nil && !first && !was:
+		s.log.Info("coordination database reachable again; sharing pipelines fairly", "live", live)
+	}
+	return live, err == nil
+}
+
 // coordinate runs ownership rounds until ctx ends.
 func (s *Supervisor) coordinate(ctx context.Context) {
 	o := s.opts.Ownership
@@ -89,9 +170,16 @@ func (s *Supervisor) coordinate(ctx context.Context) {
 
 // round is one ownership round: drop pipelines whose lock is gone,
 // heartbeat, then hand back what exceeds the fair share or take over
-// standby pipelines up to it.
+// unowned pipelines up to it.
+//
+// The heartbeat only spreads work; the advisory locks on each pipeline's
+// own database are what make running twice impossible. So when the
+// coordination database cannot be reached, the instance keeps what it owns
+// and takes whatever unowned pipeline it can lock: one unreachable
+// database (a tenant's, chosen as the coordination database) never stops
+// every pipeline.
 func (s *Supervisor) round(ctx context.Context, o *Ownership) {
-	var owned, standby []*entry
+	var owned, unowned []*entry
 	exclusive := 0
 	s.mu.Lock()
 	for _, e := range s.pipelines {
@@ -101,8 +189,8 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 		exclusive++
 		if e.lock != nil {
 			owned = append(owned, e)
-		} else if e.status.State == StateStandby {
-			standby = append(standby, e)
+		} else if e.status.State != StatePaused {
+			unowned = append(unowned, e)
 		}
 	}
 	s.mu.Unlock()
@@ -111,63 +199,141 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 	for _, e := range owned {
 		if err := e.lock.Held(ctx); err != nil {
 			// Another instance may own it already: stop at once.
-			s.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "err", redact.Error(err))
+			s.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", redact.Error(err))
 			s.toStandby(e)
+			unowned = append(unowned, e)
 			continue
 		}
 		kept = append(kept, e)
 	}
 	owned = kept
 
-	live, err := s.registry.Beat(ctx, len(owned))
-	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Warn("ownership heartbeat failed; keeping what this instance owns", "err", redact.Error(err))
+	share := exclusive // degraded: no fair share, run what can be locked
+	if live, ok := s.beat(ctx, len(owned)); ok {
+		share = ownership.FairShare(exclusive, live)
+		for len(owned) > share {
+			// Hand back the excess so a newer instance gets its share: drain
+			// first, then unlock.
+			e := owned[len(owned)-1]
+			owned = owned[:len(owned)-1]
+			s.log.Info("handing a pipeline over to another instance", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "share", share, "live", live)
+			s.toStandby(e)
 		}
+	} else if ctx.Err() != nil {
 		return
 	}
-	share := ownership.FairShare(exclusive, live)
-	for len(owned) > share {
-		// Hand back the excess so a newer instance gets its share: drain first,
-		// then unlock.
-		e := owned[len(owned)-1]
-		owned = owned[:len(owned)-1]
-		s.log.Info("handing a pipeline over to another instance", "pipeline", e.spec.Name, "share", share, "live", live)
-		s.toStandby(e)
+	rand.Shuffle(len(unowned), func(i, j int) { unowned[i], unowned[j] = unowned[j], unowned[i] })
+	for i, e := range unowned {
+		if ctx.Err() != nil {
+			return
+		}
+		if len(owned) >= share {
+			s.findOwners(ctx, o, unowned[i:])
+			return
+		}
+		if s.takeOver(ctx, o, e) {
+			owned = append(owned, e)
+		}
 	}
-	rand.Shuffle(len(standby), func(i, j int) { standby[i], standby[j] = standby[j], standby[i] })
-	for _, e := range standby {
-		if len(owned) >= share || ctx.Err() != nil {
-			break
+}
+
+// ownerRecheck is how often a standby pipeline's owner is looked up again
+// once known: ownership moves when instances come and go.
+const ownerRecheck = 30 * time.Second
+
+// findOwners looks up who owns the pipelines this instance leaves to others
+// (it is at its fair share), for the status: standby names the owner; one
+// whose database cannot be reached is backing_off; one nobody owns waits
+// for an instance with room, which says so.
+func (s *Supervisor) findOwners(ctx context.Context, o *Ownership, es []*entry) {
+	for _, e := range es {
+		s.mu.Lock()
+		fresh := e.status.State == StateStandby && e.status.Owner != "" && time.Since(e.ownerChecked) < ownerRecheck
+		if !fresh {
+			e.ownerChecked = time.Time{}
 		}
-		src := e.spec.Source.Config.(plugins.OutboxSource) // exclusive() checked it
+		s.mu.Unlock()
+		if fresh || ctx.Err() != nil {
+			continue
+		}
+		src := e.spec.Source.Config.(plugins.OutboxSource)
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		l, got, err := ownership.TryLock(lctx, src.OutboxTable().DSN, "ferry:"+e.spec.Name+":owner", ownership.LockKey(e.spec.Name))
+		holder, held, err := ownership.Holder(lctx, src.OutboxTable().DSN, ownership.LockKey(e.spec.Name))
 		cancel()
-		if err != nil {
-			s.log.Warn("take ownership", "pipeline", e.spec.Name, "err", redact.Error(err))
-			continue
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			s.mu.Lock()
+			e.setState(StateBackingOff)
+			e.status.Owner = ""
+			s.mu.Unlock()
+			e.rep.Failing(fmt.Errorf("look up the owner on the source database: %w", err), o.Interval)
+		case held:
+			s.setStandby(e, holder)
+		default:
+			s.mu.Lock()
+			e.setState(StateStarting)
+			e.status.Owner, e.status.NextRetry = "", time.Now().Add(o.Interval)
+			e.status.LastError = "no instance owns it yet; this one runs its fair share already and leaves it to one with room"
+			e.ownerChecked = time.Now() // marks it left to others (Readiness)
+			s.mu.Unlock()
 		}
-		if !got {
-			continue
+	}
+}
+
+// setStandby records that holder (another instance) owns e.
+func (s *Supervisor) setStandby(e *entry, holder string) {
+	s.mu.Lock()
+	e.setState(StateStandby)
+	e.status.Owner, e.status.LastError, e.status.NextRetry = holder, "", time.Time{}
+	e.ownerChecked = time.Now()
+	s.mu.Unlock()
+	e.rep.reset()
+}
+
+// takeOver tries to own and start e. A lock another instance holds leaves
+// e standby, naming that instance; a source database that cannot be
+// reached puts e in backing_off with the error until a later round gets
+// through.
+func (s *Supervisor) takeOver(ctx context.Context, o *Ownership, e *entry) bool {
+	src := e.spec.Source.Config.(plugins.OutboxSource) // exclusive() checked it
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	l, holder, err := ownership.TryLock(lctx, src.OutboxTable().DSN, o.Instance, ownership.LockKey(e.spec.Name))
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return false
 		}
 		s.mu.Lock()
-		e.lock = l
+		e.setState(StateBackingOff)
+		e.status.Owner, e.ownerChecked = "", time.Time{}
 		s.mu.Unlock()
-		s.log.Info("took ownership", "pipeline", e.spec.Name, "instance", o.Instance)
-		if err := s.start(e); err != nil {
-			s.log.Error("start owned pipeline", "pipeline", e.spec.Name, "err", redact.Error(err))
-			s.release(e)
-			continue
-		}
-		owned = append(owned, e)
+		e.rep.Failing(fmt.Errorf("take ownership on the source database: %w", err), o.Interval)
+		return false
 	}
+	if l == nil {
+		s.setStandby(e, holder)
+		return false
+	}
+	s.mu.Lock()
+	e.lock = l
+	e.status.Owner = o.Instance
+	s.mu.Unlock()
+	s.log.Info("took ownership", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "instance", o.Instance)
+	if err := s.start(e); err != nil {
+		s.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", redact.Error(err))
+		s.release(e)
+		return false
+	}
+	return true
 }
 
 // toStandby stops e here (draining it) and gives up its ownership.
 func (s *Supervisor) toStandby(e *entry) {
 	s.mu.Lock()
 	e.setState(StateStandby) // first: the stopping incarnation keeps it
+	e.status.Owner = ""
 	s.mu.Unlock()
 	s.halt(e)
 	s.release(e)

@@ -136,7 +136,7 @@ func expand(paths []string) ([]string, error) {
 			}
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("%s: no *.yaml pipeline files in directory", p)
+			return nil, fmt.Errorf("%s: no *.yaml or *.yml pipeline files in directory", p)
 		}
 	}
 	return files, nil
@@ -228,7 +228,7 @@ func (l Loader) parse(file string, data []byte) ([]*Spec, []*TenantSpec, []*Erro
 			break
 		}
 		if err != nil {
-			return specs, tenants, append(errs, syntaxError(file, err))
+			return specs, tenants, append(errs, syntaxError(file, data, err))
 		}
 		if len(root.Content) == 0 {
 			continue
@@ -483,25 +483,37 @@ func (d *decoder) component(reg *plugins.Registry, kind plugins.Kind, n *yaml.No
 	}
 	cfg := f.NewConfig()
 	before := len(d.errs)
-	d.decode(rest, path, cfg)
-	if len(d.errs) == before {
-		d.validate(path, cfg.Validate())
+	if d.decode(rest, path, cfg) {
+		// Validate even after decoding errors, so every problem shows at
+		// once — but not about a key that failed to decode: its value is
+		// still the default, and the decoding error says what is wrong.
+		failed := map[string]bool{}
+		for _, e := range d.errs[before:] {
+			failed[e.Path] = true
+		}
+		d.validateExcept(path, cfg.Validate(), failed)
 	}
 	return Component{Type: typ, Path: path, Factory: f, Config: cfg}, len(d.errs) == before
 }
 
 // validate turns a Validate error into located errors under prefix.
-func (d *decoder) validate(prefix string, err error) {
+func (d *decoder) validate(prefix string, err error) { d.validateExcept(prefix, err, nil) }
+
+// validateExcept is validate leaving out problems at the paths in skip.
+func (d *decoder) validateExcept(prefix string, err error, skip map[string]bool) {
 	for _, e := range plugins.Flatten(err) {
 		var fe *plugins.FieldError
+		p := prefix
+		msg := e.Error()
 		if errors.As(e, &fe) {
-			p := prefix
 			if fe.Path != "" {
 				p = join(prefix, fe.Path)
 			}
-			d.fail(p, "%s", fe.Msg)
+			msg = fe.Msg
+		}
+		if skip[p] {
 			continue
 		}
-		d.fail(prefix, "%s", e.Error())
+		d.fail(p, "%s", msg)
 	}
 }

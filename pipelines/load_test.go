@@ -169,7 +169,7 @@ func TestLoadFilesAndDirectories(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `c.yaml:1: name: pipeline name "orders" is already used at `+filepath.Join(dir, "a.yaml")+":1") {
 		t.Fatalf("duplicate name: %v", err)
 	}
-	if _, err := pipelines.Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no *.yaml pipeline files") {
+	if _, err := pipelines.Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no *.yaml or *.yml pipeline files") {
 		t.Fatalf("empty directory: %v", err)
 	}
 }

@@ -27,6 +27,7 @@ func (s *Supervisor) Pause(name string) error {
 	e.setState(StatePaused) // set first: the stopping incarnation keeps it
 	s.mu.Unlock()
 	s.halt(e)
+	s.probeHealth(e) // rows keep arriving while paused: show them
 	return nil
 }
 
@@ -92,9 +93,10 @@ func (s *Supervisor) Reload(specs []*Spec) (ReloadResult, error) {
 			s.mu.Lock()
 			e.spec = sp
 			e.status.Tenant, e.status.Source, e.status.Sink = sp.Tenant, sp.Source.Type, sp.Sink.Type
-			// Standby pipelines start when this instance owns them; paused ones
-			// stay paused with their new configuration until resumed.
-			waiting := e.status.State == StateStandby || e.status.State == StatePaused
+			// Pipelines another instance owns (or nobody yet) start when this
+			// one owns them; paused ones stay paused with their new
+			// configuration until resumed.
+			waiting := (s.exclusive(e) && e.lock == nil) || e.status.State == StatePaused
 			s.mu.Unlock()
 			if !waiting {
 				errs = append(errs, s.start(e))

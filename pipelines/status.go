@@ -1,9 +1,11 @@
 package pipelines
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/plugins"
@@ -43,17 +45,31 @@ func newLagMetrics(reg prometheus.Registerer) (*lagMetrics, error) {
 
 // reporter is one pipeline's plugins.Reporter: it moves the pipeline's
 // state and feeds its lag histograms and one-minute windows.
+//
+// A failing episode ends only on progress: an event delivered (acked), or,
+// after a component said it works again, the source's window acking more
+// or a backlog measurement showing nothing left to deliver. A component that
+// reconnects and fails again at once (a row it cannot decode, read anew on
+// every reconnect) thus stays backing_off with its error, and its retries
+// keep backing off, instead of "recovering" after each attempt.
 type reporter struct {
 	s       *Supervisor
 	name    string
-	failing atomic.Bool // so Recovered on the hot path is one load
+	tenant  string
+	failing atomic.Bool // so delivered() on the hot path is one load
+
+	mu      sync.Mutex
+	lastErr string    // the episode's last error, to log a changed one once
+	pending bool      // a component reported Recovered; waiting for progress
+	since   time.Time // when pending began
+	acked   uint64    // the source's acked count when pending began
 
 	hists   map[string]prometheus.Observer
 	windows map[string]*lagWindow
 }
 
 func (s *Supervisor) newReporter(spec *Spec) *reporter {
-	r := &reporter{s: s, name: spec.Name, hists: map[string]prometheus.Observer{}, windows: map[string]*lagWindow{}}
+	r := &reporter{s: s, name: spec.Name, tenant: spec.Tenant, hists: map[string]prometheus.Observer{}, windows: map[string]*lagWindow{}}
 	for _, seg := range plugins.Segments {
 		r.windows[seg] = &lagWindow{}
 		if s.lag != nil {
@@ -63,16 +79,27 @@ func (s *Supervisor) newReporter(spec *Spec) *reporter {
 	return r
 }
 
+// Failing logs the first error of an episode and each change of error,
+// never the same error again: the component that retries logs its own
+// attempts, one line per backoff step.
 func (r *reporter) Failing(err error, retryIn time.Duration) {
-	if !r.failing.Swap(true) {
-		// Once per episode: every failed event would flood the log.
-		r.s.log.Warn("pipeline failing; retrying with backoff", "pipeline", r.name, "err", redactErr(err))
+	msg := redactErr(err)
+	r.mu.Lock()
+	first := !r.failing.Swap(true)
+	changed := !first && msg != r.lastErr
+	r.lastErr, r.pending = msg, false
+	r.mu.Unlock()
+	switch {
+	case first:
+		r.s.log.Warn("pipeline failing; retrying with backoff", "pipeline", r.name, "tenant", r.tenant, "err", msg, "retry_in", retryIn.Round(time.Millisecond))
+	case changed:
+		r.s.log.Warn("pipeline still failing, now with another error", "pipeline", r.name, "tenant", r.tenant, "err", msg, "retry_in", retryIn.Round(time.Millisecond))
 	}
 	r.s.update(r.name, func(e *entry) {
 		if e.status.State == StateRunning || e.status.State == StateBackingOff || e.status.State == StateStarting {
 			e.setState(StateBackingOff)
 		}
-		e.status.LastError = redactErr(err)
+		e.status.LastError = msg
 		e.status.NextRetry = time.Time{}
 		if retryIn > 0 {
 			e.status.NextRetry = time.Now().Add(retryIn)
@@ -80,17 +107,78 @@ func (r *reporter) Failing(err error, retryIn time.Duration) {
 	})
 }
 
+// Recovered is a component saying it works again (connected, read). It is
+// not progress yet: the episode ends once events move (checkProgress).
 func (r *reporter) Recovered() {
-	if !r.failing.Swap(false) {
+	if !r.failing.Load() {
 		return
 	}
-	r.s.log.Info("pipeline recovered", "pipeline", r.name)
+	var acked uint64
+	if f, ok := r.s.sourceOf(r.name).(plugins.FlowReporter); ok {
+		acked = f.Flow().Acked
+	}
+	r.mu.Lock()
+	if !r.pending {
+		r.pending, r.since, r.acked = true, time.Now(), acked
+	}
+	r.mu.Unlock()
+}
+
+// delivered is an event that made it to the broker: progress.
+func (r *reporter) delivered() {
+	if r.failing.Load() {
+		r.recover()
+	}
+}
+
+// checkProgress ends a pending episode when the source shows progress
+// since its component reported Recovered: more events acked, or a backlog
+// measured afterwards with nothing left to deliver.
+func (r *reporter) checkProgress(src message.Subscriber) {
+	r.mu.Lock()
+	pending, since, acked := r.pending, r.since, r.acked
+	r.mu.Unlock()
+	if !pending {
+		return
+	}
+	progressed := false
+	if f, ok := src.(plugins.FlowReporter); ok && f.Flow().Acked > acked {
+		progressed = true
+	}
+	if h, ok := src.(plugins.HealthReporter); ok {
+		if hv := h.Health(); hv.CheckedAt.After(since) && hv.Backlog == 0 {
+			progressed = true
+		}
+	}
+	if progressed {
+		r.recover()
+	}
+}
+
+func (r *reporter) recover() {
+	r.mu.Lock()
+	was := r.failing.Swap(false)
+	r.pending, r.lastErr = false, ""
+	r.mu.Unlock()
+	if !was {
+		return
+	}
+	r.s.log.Info("pipeline recovered", "pipeline", r.name, "tenant", r.tenant)
 	r.s.update(r.name, func(e *entry) {
 		e.status.NextRetry = time.Time{}
 		if e.status.State == StateBackingOff && e.handlerRunning {
+			e.status.LastError = ""
 			e.setState(StateRunning)
 		}
 	})
+}
+
+// reset forgets the episode: a new incarnation starts clean.
+func (r *reporter) reset() {
+	r.mu.Lock()
+	r.failing.Store(false)
+	r.pending, r.lastErr = false, ""
+	r.mu.Unlock()
 }
 
 func (r *reporter) Fatal(err error) {
@@ -125,6 +213,7 @@ type stateCollector struct {
 	s                                       *Supervisor
 	state, starts, backlog, oldest, horizon *prometheus.Desc
 	inFlight, redeliveries, givenUp         *prometheus.Desc
+	coordinationUp                          *prometheus.Desc
 }
 
 func newStateCollector(s *Supervisor) *stateCollector {
@@ -138,11 +227,13 @@ func newStateCollector(s *Supervisor) *stateCollector {
 		inFlight:     prometheus.NewDesc("ferry_source_in_flight", "Events read and not yet recorded as delivered.", l, nil),
 		redeliveries: prometheus.NewDesc("ferry_source_redeliveries_total", "Events sent again after a failed delivery.", l, nil),
 		givenUp:      prometheus.NewDesc("ferry_source_given_up_total", "Events the source gave up on after failed deliveries (poll: parked after max_attempts).", l, nil),
+		coordinationUp: prometheus.NewDesc("ferry_ha_coordination_up", "1 while the last heartbeat into the coordination database succeeded, 0 while it fails (high availability runs degraded: no fair share). Absent without --ha.",
+			[]string{"instance"}, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.state, c.starts, c.backlog, c.oldest, c.horizon, c.inFlight, c.redeliveries, c.givenUp} {
+	for _, d := range []*prometheus.Desc{c.state, c.starts, c.backlog, c.oldest, c.horizon, c.inFlight, c.redeliveries, c.givenUp, c.coordinationUp} {
 		ch <- d
 	}
 }
@@ -150,6 +241,13 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 var allStates = []State{StateStarting, StateRunning, StatePaused, StateBackingOff, StateStalled, StateFailed, StateStopped, StateStandby}
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	if co, ok := c.s.Coordination(); ok {
+		up := 0.0
+		if co.Up {
+			up = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.coordinationUp, prometheus.GaugeValue, up, co.Instance)
+	}
 	for _, st := range c.s.Statuses() {
 		for _, s := range allStates {
 			v := 0.0

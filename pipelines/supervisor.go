@@ -34,8 +34,10 @@ const (
 	StateStalled    State = "stalled"
 	StateFailed     State = "failed"
 	StateStopped    State = "stopped"
-	// StateStandby: another instance owns the pipeline; this one takes over
-	// if it goes away.
+	// StateStandby: another live instance owns the pipeline (Status.Owner
+	// names it); this one takes over if it goes away. Nothing else is
+	// standby: a pipeline this instance cannot lock because its database is
+	// unreachable is backing_off.
 	StateStandby State = "standby"
 )
 
@@ -58,6 +60,9 @@ type Status struct {
 	Flow *plugins.Flow `json:"flow,omitempty"`
 	// Lag is each segment's p50/p99 over the last minute.
 	Lag map[string]LagSummary `json:"lag"`
+	// Owner is the instance that runs the pipeline, with high availability:
+	// this one's id while it runs here, the other instance's while standby.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Options configure a Supervisor.
@@ -105,6 +110,7 @@ type Supervisor struct {
 	pipelines map[string]*entry
 	tenants   map[string]*tenantLimiter
 	registry  *ownership.Registry // set by the ownership coordinator
+	coord     Coordination        // the coordination database as the last round found it
 }
 
 // tenantLimiter is shared by every pipeline of one tenant.
@@ -156,6 +162,9 @@ type entry struct {
 	pipeline       *Pipeline
 	handlerRunning bool
 	lock           *ownership.Lock    // held while this instance owns the pipeline
+	ownerChecked   time.Time          // when status.Owner was last looked up (standby)
+	probed         plugins.Health     // the supervisor's own backlog measurement (health.go)
+	probing        bool               // a measurement is under way
 	stop           context.CancelFunc // ends the current incarnation
 	done           chan struct{}      // closed when it has fully stopped
 }
@@ -223,6 +232,7 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 	s.runCtx = handlersCtx
 	s.mu.Unlock()
 	close(s.ready) // an API call or a SIGHUP may have come first: start what waits
+	go s.watchProgress(handlersCtx)
 
 	var err error
 	for _, spec := range specs {
@@ -253,7 +263,8 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 
 // Add builds and starts a pipeline. It returns once the pipeline is
 // starting; the start itself retries in the background. With ownership, an
-// exclusive pipeline waits in standby until this instance owns it.
+// exclusive pipeline waits (starting, then standby or backing_off) until
+// this instance owns it.
 func (s *Supervisor) Add(spec *Spec) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
@@ -270,12 +281,11 @@ func (s *Supervisor) add(spec *Spec) error {
 		Sink: spec.Sink.Type, State: StateStarting, Since: time.Now()}}
 	e.rep = s.newReporter(spec)
 	s.pipelines[spec.Name] = e
-	standby := s.exclusive(e)
-	if standby {
-		e.setState(StateStandby)
-	}
+	// An exclusive pipeline stays starting until an ownership round has
+	// locked it here or found its owner.
+	waits := s.exclusive(e)
 	s.mu.Unlock()
-	if standby {
+	if waits {
 		return nil
 	}
 	return s.start(e)
@@ -360,12 +370,14 @@ func (s *Supervisor) start(e *entry) error {
 	p.report = rep
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	e.rep.reset()
 	s.mu.Lock()
 	e.pipeline, e.stop, e.done = p, cancel, done
 	e.status.Starts++
 	e.status.LastError, e.status.NextRetry = "", time.Time{}
 	e.setState(StateStarting)
 	s.mu.Unlock()
+	s.probeHealth(e) // the backlog from the first moment, whatever the start does
 	go func() {
 		defer close(done)
 		select { // pipelines join the router only once it runs
@@ -425,8 +437,8 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 		})
 	}()
 	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval = 500*time.Millisecond, 30*time.Second
-	for {
+	bo.InitialInterval, bo.MaxInterval = 500*time.Millisecond, MaxBackoff
+	for attempt := 1; ; attempt++ {
 		err := p.Start(ctx)
 		if err == nil {
 			break
@@ -435,8 +447,11 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 			return
 		}
 		d := bo.NextBackOff()
-		e.rep.Failing(err, d)
-		p.Log.Error("pipeline cannot start; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+		e.rep.Failing(err, d) // logs the first failure and any change
+		if attempt > 1 {
+			// One line per backoff step; the first was the reporter's.
+			p.Log.Warn("pipeline still cannot start; retrying", "err", redact.Error(err), "attempt", attempt, "retry_in", d.Round(time.Millisecond))
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -458,6 +473,9 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 			e.setState(StateRunning)
 		}
 	})
+	// Started after failed attempts: the episode ends on progress, as after
+	// any reconnect.
+	e.rep.Recovered()
 	p.Log.Info("pipeline running", "stages", e.spec.Describe())
 	select {
 	case <-ctx.Done():
@@ -559,6 +577,50 @@ func (r replacingRegisterer) Register(c prometheus.Collector) error {
 	return err
 }
 
+// MaxBackoff caps the backoff between attempts of a failing pipeline.
+const MaxBackoff = time.Minute
+
+// sourceOf is the current incarnation's source of the named pipeline.
+func (s *Supervisor) sourceOf(name string) message.Subscriber {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.pipelines[name]; e != nil && e.pipeline != nil {
+		return e.pipeline.Source
+	}
+	return nil
+}
+
+// watchProgress ends the failing episodes whose sources show progress
+// (reporter.checkProgress) and measures the backlog of pipelines whose
+// source does not (refreshHealth), once a second until ctx ends.
+func (s *Supervisor) watchProgress(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		type job struct {
+			rep *reporter
+			src message.Subscriber
+		}
+		var jobs []job
+		for _, e := range s.pipelines {
+			if e.pipeline != nil && e.handlerRunning {
+				jobs = append(jobs, job{e.rep, e.pipeline.Source})
+			}
+		}
+		s.mu.Unlock()
+		for _, j := range jobs {
+			j.rep.checkProgress(j.src)
+		}
+		s.refreshHealth()
+	}
+}
+
 func (s *Supervisor) update(name string, f func(*entry)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -594,7 +656,7 @@ func (s *Supervisor) Status(name string) (Status, error) {
 
 func (s *Supervisor) status(e *entry) Status {
 	s.mu.Lock()
-	st, p := e.status, e.pipeline
+	st, p, probed, running := e.status, e.pipeline, e.probed, e.handlerRunning
 	s.mu.Unlock()
 	if p != nil {
 		// The canary's verdict wins over running and backing_off: whatever the
@@ -609,7 +671,13 @@ func (s *Supervisor) status(e *entry) Status {
 		}
 		if h, ok := p.Source.(plugins.HealthReporter); ok {
 			hv := h.Health()
+			if !running || hv.CheckedAt.IsZero() {
+				// The source does not measure now, or not yet.
+				hv = freshest(hv, probed)
+			}
 			st.Health = &hv
+		} else if !probed.CheckedAt.IsZero() {
+			st.Health = &probed
 		}
 		if f, ok := p.Source.(plugins.FlowReporter); ok {
 			fv := f.Flow()
@@ -620,15 +688,52 @@ func (s *Supervisor) status(e *entry) Status {
 	return st
 }
 
-// Ready reports whether every pipeline is running (a stalled one is
-// running, but not ready).
-func (s *Supervisor) Ready() bool {
-	for _, st := range s.Statuses() {
-		if st.State != StateRunning && st.State != StateStandby {
-			return false
-		}
+// Unready is one reason an instance is not ready.
+type Unready struct {
+	// Path names what is not ready: pipelines.<name>, or ha.coordination.
+	Path string `json:"path"`
+	// Message says why.
+	Message string `json:"message"`
+}
+
+// Ready reports whether every pipeline this instance should run runs.
+func (s *Supervisor) Ready() bool { return len(s.Readiness()) == 0 }
+
+// Readiness lists why the instance is not ready; empty when it is. It is
+// ready when the coordination database answers (with high availability)
+// and every pipeline is running here (a stalled one is not), paused by an
+// operator, or standby because another live instance runs it. A pipeline
+// nobody owns yet while this instance runs its fair share is another
+// instance's to take, and does not count either.
+func (s *Supervisor) Readiness() []Unready {
+	var out []Unready
+	if c, ok := s.Coordination(); ok && !c.Up {
+		out = append(out, Unready{Path: "ha.coordination", Message: "coordination database unreachable: " + c.LastError})
 	}
-	return true
+	s.mu.Lock()
+	leftToOthers := map[string]bool{}
+	for name, e := range s.pipelines {
+		leftToOthers[name] = e.status.State == StateStarting && s.exclusive(e) && e.lock == nil && !e.ownerChecked.IsZero()
+	}
+	s.mu.Unlock()
+	for _, st := range s.Statuses() {
+		switch {
+		case st.State == StateRunning, st.State == StatePaused:
+			continue
+		case st.State == StateStandby:
+			// Another instance holds it, or this one just handed it over to
+			// one with room (the next round names the owner).
+			continue
+		case leftToOthers[st.Name]:
+			continue
+		}
+		msg := string(st.State)
+		if st.LastError != "" {
+			msg += ": " + st.LastError
+		}
+		out = append(out, Unready{Path: "pipelines." + st.Name, Message: msg})
+	}
+	return out
 }
 
 func redactErr(err error) string {
@@ -658,8 +763,8 @@ func (q quietHandlerErrors) With(fields watermill.LogFields) watermill.LoggerAda
 
 // reportOutcome tells the pipeline's reporter whether events get through:
 // an event that failed after its retries puts the pipeline in backing_off
-// with the error (the source redelivers it with backoff); the next success
-// brings it back to running.
+// with the error (the source redelivers it with backoff); the next delivered
+// event brings it back to running.
 func reportOutcome(rep *reporter) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -667,7 +772,7 @@ func reportOutcome(rep *reporter) message.HandlerMiddleware {
 			if err != nil {
 				rep.Failing(err, 0)
 			} else {
-				rep.Recovered()
+				rep.delivered()
 			}
 			return out, err
 		}

@@ -240,11 +240,11 @@ type Health struct {
 	Backlog     int64  `json:"backlog"`
 	BacklogUnit string `json:"backlog_unit"` // "events" or "bytes"
 	// OldestAge is the age of the oldest undelivered event, on the database
-	// clock.
-	OldestAge time.Duration `json:"oldest_age"`
+	// clock; oldest_age_seconds in JSON (health_json.go).
+	OldestAge time.Duration `json:"-"`
 	// XminHorizonAge is the age of the oldest running transaction — what
-	// holds an xid8 cursor back.
-	XminHorizonAge time.Duration `json:"xmin_horizon_age"`
+	// holds an xid8 cursor back; xmin_horizon_age_seconds in JSON.
+	XminHorizonAge time.Duration `json:"-"`
 	// Details are source-specific facts (a replication slot's state…).
 	Details map[string]any `json:"details,omitempty"`
 	// CheckedAt is when this was measured; zero if never.

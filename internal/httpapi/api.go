@@ -55,16 +55,25 @@ func New(o Options) http.Handler {
 
 type api struct{ o Options }
 
+// ready answers 200 when every pipeline this instance should run runs,
+// else 503 naming each one that does not (and the coordination database,
+// when it is unreachable) in details.
 func (a *api) ready(w http.ResponseWriter, _ *http.Request) {
-	if !a.o.Supervisor.Ready() {
-		writeError(w, http.StatusServiceUnavailable, "not ready: a pipeline is not running")
+	if why := a.o.Supervisor.Readiness(); len(why) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "not ready", "details": why})
 		return
 	}
 	_, _ = w.Write([]byte("ok\n"))
 }
 
+// list is every pipeline's status, and with high availability the
+// coordination database's state: a process-level fault shows here too.
 func (a *api) list(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"pipelines": a.o.Supervisor.Statuses()})
+	body := map[string]any{"pipelines": a.o.Supervisor.Statuses()}
+	if c, ok := a.o.Supervisor.Coordination(); ok {
+		body["coordination"] = c
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (a *api) get(w http.ResponseWriter, r *http.Request) {

@@ -56,11 +56,11 @@ func (c *api) purge(name, config string) (string, []string) {
 // another instance still holds it.
 func waitForOwnership(ctx context.Context, dsn, name string) (*ownership.Lock, error) {
 	for {
-		l, got, err := ownership.TryLock(ctx, dsn, "ferry:"+name+":purge", ownership.LockKey(name))
+		l, _, err := ownership.TryLock(ctx, dsn, "purge of "+name, ownership.LockKey(name))
 		if err != nil {
 			return nil, err
 		}
-		if got {
+		if l != nil {
 			return l, nil
 		}
 		select {

@@ -104,7 +104,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		ac.Metadata.Full = true
 		admin, err := sarama.NewClusterAdmin(s.cfg.brokers(), &ac)
 		if err != nil {
-			return redact.Error(fmt.Errorf("connect kafka admin: %w", err))
+			return redact.Error(fmt.Errorf("connect kafka admin: %w (brokers %s)", err, strings.Join(s.cfg.brokers(), ",")))
 		}
 		s.admin = admin
 		if err := s.ensureTopic(s.cfg.Topic); err != nil {
@@ -123,7 +123,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	}, nil)
 	if err != nil {
 		s.closeAdmin()
-		return redact.Error(fmt.Errorf("connect kafka: %w", err))
+		return redact.Error(fmt.Errorf("connect kafka: %w (brokers %s)", err, strings.Join(s.cfg.brokers(), ",")))
 	}
 	s.pub, s.metrics = pub, sc.MetricRegistry
 	s.log.Info("kafka sink connected", "brokers", strings.Join(s.cfg.brokers(), ","), "topic", s.cfg.Topic,

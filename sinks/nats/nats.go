@@ -58,6 +58,9 @@ type Sink struct {
 	conn   *nats.Conn
 	js     jetstream.JetStream
 	closed bool
+
+	connErrMu sync.Mutex
+	connErr   error // why the connection is down (unreachable.go)
 }
 
 // New returns a sink; it does no I/O until Start.
@@ -118,10 +121,15 @@ func (s *Sink) options() ([]nats.Option, error) {
 		nats.PingInterval(s.cfg.PingInterval),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
+				s.noteConnErr(err)
 				s.log.Warn("nats disconnected", "err", redact.Error(err))
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { s.log.Info("nats reconnected") }),
+		// Each failed attempt, the first connection's included: why the
+		// server cannot be reached, for the errors publishes return meanwhile.
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { s.noteConnErr(err) }),
+		nats.ConnectHandler(func(*nats.Conn) { s.noteConnErr(nil) }),
+		nats.ReconnectHandler(func(*nats.Conn) { s.noteConnErr(nil); s.log.Info("nats reconnected") }),
 	}
 	switch {
 	case s.cfg.CredentialsFile != "":
@@ -184,7 +192,7 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("create stream %s: %w", sc.Name, err)
+		return fmt.Errorf("create stream %s: %w", sc.Name, s.rootCause(s.conn, err))
 	}
 	return nil
 }
@@ -194,7 +202,7 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 // publishes share one connection and their acks are awaited in parallel.
 func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	s.mu.Lock()
-	js := s.js
+	js, conn := s.js, s.conn
 	s.mu.Unlock()
 	if js == nil {
 		return errors.New("nats sink: not started")
@@ -207,7 +215,7 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	for _, msg := range msgs {
 		f, err := js.PublishMsgAsync(natsMsg(topic, msg))
 		if err != nil {
-			return classify(fmt.Errorf("publish to %s: %w", topic, err))
+			return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
 		}
 		futures = append(futures, f)
 	}
@@ -217,7 +225,7 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		select {
 		case <-f.Ok():
 		case err := <-f.Err():
-			return classify(fmt.Errorf("publish to %s: %w", topic, err))
+			return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
 		}
 	}
 	return nil

@@ -53,7 +53,7 @@ func (s *Sink) Ping(ctx context.Context) error {
 		return errors.New("nats sink: not started")
 	}
 	if !conn.IsConnected() {
-		return fmt.Errorf("not connected to %s (status %s)", redact.String(s.cfg.URL), conn.Status())
+		return s.rootCause(conn, fmt.Errorf("not connected to %s (status %s)", redact.String(s.cfg.URL), conn.Status()))
 	}
 	return conn.FlushWithContext(ctx)
 }

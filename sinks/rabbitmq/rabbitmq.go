@@ -144,7 +144,7 @@ func (s *Sink) connect() (*session, error) {
 		Dial:            amqp.DefaultDial(dialTimeout),
 	})
 	if err != nil {
-		return nil, redact.Error(fmt.Errorf("connect rabbitmq: %w", err))
+		return nil, redact.Error(fmt.Errorf("connect rabbitmq: %w (url %s)", err, redact.String(s.cfg.URL)))
 	}
 	if err := s.declare(conn); err != nil {
 		conn.Close()

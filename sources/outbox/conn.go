@@ -66,12 +66,12 @@ func Signal(c chan struct{}) {
 }
 
 // Backoff is how sources space retries of a failing database: 200ms
-// doubling to 30s, jittered, so many pipelines hitting one restarting
+// growing to a minute, jittered, so many pipelines hitting one restarting
 // database do not retry in lockstep.
 func Backoff() *backoff.ExponentialBackOff {
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = 30 * time.Second
+	bo.MaxInterval = time.Minute
 	return bo
 }
 

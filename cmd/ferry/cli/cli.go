@@ -84,12 +84,29 @@ func usage(w io.Writer) {
 // newFlags returns a flag set whose --help prints the command's usage.
 func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("ferry "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	out := &countingWriter{w: stderr}
+	fs.SetOutput(out)
 	fs.Usage = func() {
+		if out.n > 0 {
+			fmt.Fprintln(stderr) // after the flag package's error line
+		}
 		fmt.Fprintf(stderr, "Usage: ferry %s %s\n\nFlags:\n", name, synopsis)
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// countingWriter counts what was written through it: a usage printed after
+// an error line is set apart from it by a blank line.
+type countingWriter struct {
+	w io.Writer
+	n int
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += n
+	return n, err
 }
 
 // parse parses args; it returns (exit code, false) when the command should

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -16,7 +17,7 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("doctor", "-c PATH [-c PATH…] [--url http://127.0.0.1:9090] [--json]", stderr)
 	var files paths
 	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable)")
-	url := fs.String("url", "", "a running ferry's --http address, to read each pipeline's state there")
+	url := fs.String("url", defaultURL, "a running ferry's --http address (a URL, or what --http takes), to read its coordination database and each pipeline's state there; when nothing answers at the default, the doctor looks for the relay's sessions on the source databases")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	var o doctor.Options
 	fs.DurationVar(&o.MaxAge, "max-age", time.Minute, "oldest undelivered event age that is unhealthy")
@@ -35,7 +36,13 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	o.URL = *url
+	o.URL = apiURL(*url)
+	o.URLIsDefault = true
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "url" {
+			o.URLIsDefault = false
+		}
+	})
 	r := doctor.Run(context.Background(), specs, o)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

@@ -24,10 +24,10 @@ type instance struct {
 	cmd        *exec.Cmd
 }
 
-func startInstance(t *testing.T, name, dir string) *instance {
+func startInstance(t *testing.T, name, dir string, extra ...string) *instance {
 	t.Helper()
 	in := &instance{name: name, addr: freeAddr(t)}
-	args := []string{"run", "-c", dir, "--http", in.addr, "--instance-id", name, "--ha-interval", "500ms", "--log-level", "warn", "--shutdown-timeout", "3s"}
+	args := append([]string{"run", "-c", dir, "--http", in.addr, "--instance-id", name, "--ha-interval", "500ms", "--log-level", "warn", "--shutdown-timeout", "3s"}, extra...)
 	in.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	in.cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"))
 	in.cmd.Stdout, in.cmd.Stderr = os.Stderr, os.Stderr

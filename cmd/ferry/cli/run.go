@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,7 +35,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	ha := fs.Bool("ha", true, "run each pipeline on one instance at a time (an advisory lock on its source database), sharing them fairly among live instances; off: run everything here")
 	host, _ := os.Hostname()
 	instance := fs.String("instance-id", fmt.Sprintf("%s/%d", host, os.Getpid()), "this instance's name in the heartbeat table (--ha)")
-	coordination := fs.String("coordination-dsn", "", "database holding the heartbeat table (--ha); default: the first pipeline's source database")
+	coordination := fs.String("coordination-dsn", "", "database holding the heartbeat table (--ha); default: the source database of the pipeline first by name. Unreachable, HA runs degraded: owned pipelines keep running, unowned ones run where their lock is free, /readyz answers 503")
 	haInterval := fs.Duration("ha-interval", 2*time.Second, "ownership round interval: failover after an owner dies takes about four")
 	var cp controlFlags
 	cp.register(fs)
@@ -69,17 +68,13 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	opts := pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown}
 	if *ha {
-		dsn := cmp.Or(*coordination, cp.storeDSN())
-		for _, sp := range specs {
-			if o, ok := sp.Source.Config.(plugins.OutboxSource); ok && dsn == "" {
-				dsn = o.OutboxTable().DSN
-			}
-		}
-		if dsn == "" {
+		dsn, from, ok := coordinationDSN(*coordination, cp.storeDSN(), specs)
+		if !ok {
 			fmt.Fprintln(stderr, "--ha needs --coordination-dsn: no pipeline has a source database")
 			return 2
 		}
-		opts.Ownership = &pipelines.Ownership{Instance: *instance, CoordinationDSN: dsn, Interval: *haInterval}
+		log.Info("high availability: coordination database", "from", from, "instance", *instance)
+		opts.Ownership = &pipelines.Ownership{Instance: *instance, CoordinationDSN: dsn, CoordinationFrom: from, Interval: *haInterval}
 	}
 	sup, err := pipelines.NewSupervisor(opts)
 	if err != nil {

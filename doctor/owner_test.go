@@ -1,0 +1,44 @@
+package doctor_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/doctor"
+	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/pipelines"
+)
+
+// A pipeline paused on an HA instance, and no instance answering at the
+// default --url: the doctor looks at the source database and names the
+// instance that owns the pipeline, rather than saying none runs it.
+func TestPausedPipelineNamesItsOwner(t *testing.T) {
+	e := sourcetest.Setup(t, harness)
+	y := e.YAML("paused", 100)
+	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second,
+		Ownership: &pipelines.Ownership{Instance: "ferry-a", CoordinationDSN: e.DSN, Interval: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx, load(t, y)) }()
+	defer func() { cancel(); <-done }()
+	testenv.Eventually(t, 20*time.Second, "the pipeline running", func() bool {
+		st, err := sup.Status("paused")
+		return err == nil && st.State == pipelines.StateRunning
+	})
+	if err := sup.Pause("paused"); err != nil {
+		t.Fatal(err)
+	}
+	o := opts
+	o.URL, o.URLIsDefault = "http://127.0.0.1:1", true // nothing listens there
+	d := diagnose(t, load(t, y), o, doctor.StageRelay, 1)
+	ev := strings.Join(d.Checks[1].Evidence, " ")
+	if !strings.Contains(ev, "instance ferry-a owns paused") || strings.Contains(ev, "no Ferry instance is running") {
+		t.Fatalf("relay evidence: %v", d.Checks[1].Evidence)
+	}
+}

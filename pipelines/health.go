@@ -1,0 +1,103 @@
+package pipelines
+
+import (
+	"context"
+	"reflect"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// A running source measures its backlog every metrics_interval, from its
+// first moments on. Nothing measures it while the source does not run — a
+// paused pipeline, one whose start keeps failing — yet that is when rows
+// wait: the supervisor measures those itself (plugins.Prober), at start, on
+// pause and every metrics_interval, so the backlog shown is never older.
+
+// defaultHealthInterval is the sources' default metrics_interval.
+const defaultHealthInterval = 15 * time.Second
+
+// healthInterval is the pipeline's source.metrics_interval, the default if
+// its source has none. Read by name: every built-in source config has the
+// field, and a plugin's config may.
+func healthInterval(spec *Spec) time.Duration {
+	v := reflect.ValueOf(spec.Source.Config)
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			return defaultHealthInterval
+		}
+		v = v.Elem()
+	}
+	if v.Kind() == reflect.Struct {
+		if f := v.FieldByName("MetricsInterval"); f.IsValid() && f.Type() == reflect.TypeFor[time.Duration]() {
+			if d := time.Duration(f.Int()); d > 0 {
+				return d
+			}
+		}
+	}
+	return defaultHealthInterval
+}
+
+// probeHealth measures e's backlog in the background unless a measurement
+// is under way; the result shows in e's status while its source does not
+// measure itself (not running, or not yet).
+func (s *Supervisor) probeHealth(e *entry) {
+	s.mu.Lock()
+	p := e.pipeline
+	pr, ok := plugins.Prober(nil), false
+	if p != nil {
+		pr, ok = p.Source.(plugins.Prober)
+	}
+	if !ok || e.probing {
+		s.mu.Unlock()
+		return
+	}
+	e.probing = true
+	s.mu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		h, err := pr.Probe(ctx)
+		s.mu.Lock()
+		e.probing = false
+		if err == nil {
+			e.probed = h
+		}
+		s.mu.Unlock()
+		if err != nil {
+			p.Log.Debug("measure backlog", "err", redact.Error(err))
+		}
+	}()
+}
+
+// refreshHealth measures, every metrics_interval, the pipelines whose
+// source does not measure itself now: not running here (paused, starting,
+// backing off before the source started, stopped, failed), and not left to
+// another instance.
+func (s *Supervisor) refreshHealth() {
+	s.mu.Lock()
+	var due []*entry
+	for _, e := range s.pipelines {
+		if e.pipeline == nil || e.handlerRunning || (s.exclusive(e) && e.lock == nil) {
+			continue
+		}
+		pausedSince := e.status.State == StatePaused && e.probed.CheckedAt.Before(e.status.Since)
+		if pausedSince || time.Since(e.probed.CheckedAt) >= healthInterval(e.spec) {
+			due = append(due, e)
+		}
+	}
+	s.mu.Unlock()
+	for _, e := range due {
+		s.probeHealth(e)
+	}
+}
+
+// freshest is the newer of the running source's measurement and the
+// supervisor's.
+func freshest(a, b plugins.Health) plugins.Health {
+	if b.CheckedAt.After(a.CheckedAt) {
+		return b
+	}
+	return a
+}
