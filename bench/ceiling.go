@@ -230,7 +230,10 @@ func (c *natsCeiling) publish(ctx context.Context, i int) error {
 	} else {
 		m = c.msg(i)
 	}
-	f, err := c.js.PublishMsgAsync(m)
+	// The window is the pipelining bound: wait for room however long the
+	// broker takes (the client's default gives up after 200ms, which a
+	// loaded machine exceeds).
+	f, err := c.js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute))
 	if err != nil {
 		return err
 	}
