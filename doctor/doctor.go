@@ -53,6 +53,9 @@ type Options struct {
 	// URLIsDefault says URL was not asked for: when nothing answers there,
 	// the doctor checks as if there were no URL.
 	URLIsDefault bool
+	// Token is sent as the bearer token to URL: once an instance has any
+	// API token, every /api/v1 read needs one.
+	Token string
 	// MaxAge is the oldest undelivered event age that counts as unhealthy.
 	// Default 1m.
 	MaxAge time.Duration
@@ -143,7 +146,7 @@ func Run(ctx context.Context, specs []*pipelines.Spec, o Options) Report {
 	var r Report
 	if o.URL != "" {
 		fctx, cancel := context.WithTimeout(ctx, o.Timeout)
-		inst, err := fetchInstance(fctx, o.URL)
+		inst, err := fetchInstance(fctx, o.URL, o.Token)
 		cancel()
 		var netErr *url.Error
 		switch {
@@ -343,10 +346,13 @@ type instance struct {
 	Coordination *pipelines.Coordination `json:"coordination"`
 }
 
-func fetchInstance(ctx context.Context, base string) (*instance, error) {
+func fetchInstance(ctx context.Context, base, token string) (*instance, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/api/v1/pipelines", nil)
 	if err != nil {
 		return nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

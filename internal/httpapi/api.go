@@ -1,6 +1,7 @@
 // Package httpapi is the HTTP surface of `ferry run --http`: metrics, health
 // and readiness probes, pipeline status, and the admin actions (pause,
-// resume, restart, reload), which require a bearer token. With `--store` it
+// resume, restart, reload), which require a bearer token — as do the reads
+// once a token is configured. With `--store` it
 // serves the control plane instead (control.go): pipelines, tenants, tokens
 // and the audit log, every /api/v1 route behind a scoped token.
 package httpapi
@@ -46,8 +47,8 @@ func New(o Options) http.Handler {
 		a.registerControl(mux)
 		return mux
 	}
-	mux.HandleFunc("GET /api/v1/pipelines", a.list)
-	mux.HandleFunc("GET /api/v1/pipelines/{name}", a.get)
+	mux.HandleFunc("GET /api/v1/pipelines", a.reader(a.list))
+	mux.HandleFunc("GET /api/v1/pipelines/{name}", a.reader(a.get))
 	mux.HandleFunc("POST /api/v1/pipelines/{name}/{action}", a.admin(a.act))
 	mux.HandleFunc("POST /api/v1/reload", a.admin(a.reload))
 	return mux
@@ -83,6 +84,16 @@ func (a *api) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, st)
+}
+
+// reader guards a read: open while no token is configured; once one is,
+// reads need it too, for a pipeline's status and last error are tenant
+// data.
+func (a *api) reader(next http.HandlerFunc) http.HandlerFunc {
+	if a.o.AdminToken == "" {
+		return next
+	}
+	return a.admin(next)
 }
 
 // admin guards a mutating endpoint: 403 when no token is configured, 401

@@ -103,9 +103,12 @@ func TestEndpointsAndErrors(t *testing.T) {
 		code                 int
 		errPart              string
 	}{
-		{"GET", "/api/v1/pipelines", "", 200, ""},
-		{"GET", "/api/v1/pipelines/orders", "", 200, ""},
-		{"GET", "/api/v1/pipelines/nope", "", 404, "no such pipeline"},
+		// Once a token is configured, reads need it too.
+		{"GET", "/api/v1/pipelines", "", 401, "missing bearer token"},
+		{"GET", "/api/v1/pipelines/orders", "wrong", 403, "wrong token"},
+		{"GET", "/api/v1/pipelines", token, 200, ""},
+		{"GET", "/api/v1/pipelines/orders", token, 200, ""},
+		{"GET", "/api/v1/pipelines/nope", token, 404, "no such pipeline"},
 		{"POST", "/api/v1/pipelines/orders/pause", "", 401, "missing bearer token"},
 		{"POST", "/api/v1/pipelines/orders/pause", "wrong", 403, "wrong token"},
 		{"POST", "/api/v1/pipelines/nope/pause", token, 404, "no such pipeline"},

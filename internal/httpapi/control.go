@@ -365,7 +365,11 @@ func (c *api) listPipelines(w http.ResponseWriter, r *http.Request, p principal)
 		}
 		out = append(out, v)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"pipelines": out, "stale": stale})
+	body := map[string]any{"pipelines": out, "stale": stale}
+	if coord, ok := c.o.Supervisor.Coordination(); ok {
+		body["coordination"] = coord
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 // find returns one pipeline's view, checking the caller may see it.

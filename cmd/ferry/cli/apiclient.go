@@ -44,15 +44,24 @@ func (a *apiFlags) client() (*apiClient, error) {
 	default:
 		return nil, fmt.Errorf("-o: want table, json or yaml, got %q", a.output)
 	}
-	tok := strings.TrimSpace(os.Getenv("FERRY_TOKEN"))
-	if a.tokenFile != "" {
-		b, err := os.ReadFile(a.tokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("--token-file: %w", err)
-		}
-		tok = strings.TrimSpace(string(b))
+	tok, err := apiToken(a.tokenFile)
+	if err != nil {
+		return nil, err
 	}
 	return &apiClient{base: strings.TrimSuffix(a.url, "/") + "/api/v1", token: tok, http: &http.Client{Timeout: 30 * time.Second}}, nil
+}
+
+// apiToken is the API token from file, else $FERRY_TOKEN (empty when
+// neither is set: an instance without tokens answers reads without one).
+func apiToken(file string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(os.Getenv("FERRY_TOKEN")), nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 // apiError is a non-2xx answer.

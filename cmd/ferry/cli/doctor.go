@@ -19,6 +19,7 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable)")
 	url := fs.String("url", defaultURL, "a running ferry's --http address (a URL, or what --http takes), to read its coordination database and each pipeline's state there; when nothing answers at the default, the doctor looks for the relay's sessions on the source databases")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	tokenFile := fs.String("token-file", "", "file holding the API token for --url (else $FERRY_TOKEN)")
 	var o doctor.Options
 	fs.DurationVar(&o.MaxAge, "max-age", time.Minute, "oldest undelivered event age that is unhealthy")
 	fs.DurationVar(&o.MaxTransactionAge, "max-transaction-age", 5*time.Minute, "oldest running transaction age that blocks xid8")
@@ -37,6 +38,10 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	o.URL = apiURL(*url)
+	if o.Token, err = apiToken(*tokenFile); err != nil {
+		fmt.Fprintf(stderr, "ferry doctor: %v\n", err)
+		return 2
+	}
 	o.URLIsDefault = true
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "url" {

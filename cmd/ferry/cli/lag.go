@@ -18,12 +18,18 @@ func lagCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("lag", "[--url http://127.0.0.1:9090] [--watch 2s]", stderr)
 	url := fs.String("url", defaultURL, "a running ferry's --http address: a URL, or what --http takes (9090, :9090, 127.0.0.1:9090)")
 	watch := fs.Duration("watch", 0, "refresh in place at this interval (0: print once)")
+	tokenFile := fs.String("token-file", "", "file holding the API token (else $FERRY_TOKEN)")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
 	*url = apiURL(*url)
+	token, err := apiToken(*tokenFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "ferry lag: %v\n", err)
+		return 2
+	}
 	for {
-		sts, coord, err := fetchPipelines(*url)
+		sts, coord, err := fetchPipelines(*url, token)
 		if err != nil {
 			fmt.Fprintf(stderr, "ferry lag: %v\n", err)
 			return 2
@@ -54,12 +60,15 @@ func apiURL(s string) string {
 	return "http://" + listenAddr(s)
 }
 
-func fetchPipelines(url string) ([]pipelines.Status, *pipelines.Coordination, error) {
+func fetchPipelines(url, token string) ([]pipelines.Status, *pipelines.Coordination, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+"/api/v1/pipelines", nil)
 	if err != nil {
 		return nil, nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
