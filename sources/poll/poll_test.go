@@ -22,9 +22,9 @@ var harness = sourcetest.Harness{
 	Type:   poll.Name,
 	Schema: poll.Schema,
 	Extra:  "poll_interval: 20ms\nlease: 2s",
-	// Poll publishes in claim order: rows committing out of id order are
-	// published out of order (documented), so the suite checks no order.
-	Features: sourcetest.Features{},
+	// A claim never passes an aggregate's earlier unpublished row, and the
+	// suite's writers serialise each aggregate before drawing ids.
+	Features: sourcetest.Features{CommitOrder: true},
 }
 
 func TestConformanceLease(t *testing.T) { sourcetest.Run(t, harness) }
