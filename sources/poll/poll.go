@@ -5,10 +5,11 @@
 // it.
 //
 // Nothing is tracked by position, so a row that commits late is simply
-// claimed by a later pass: no id-cursor race. The price is order: rows that
-// commit out of id order can be published out of order. Per-aggregate order
-// holds within what one worker sees (its in-flight window); use xid8 or wal
-// when order across commits matters.
+// claimed by a later pass: no id-cursor race. Each aggregate's rows are
+// published in id order across workers, processes and crashes: a claim never
+// takes a row while an earlier unpublished row of its aggregate is held
+// elsewhere (see claimSQL). Id order is commit order when the aggregate's
+// writers serialise before inserting (the aggregate_version trigger does).
 package poll
 
 import (
