@@ -98,8 +98,9 @@ func (q claimSQL) batch(me, slices, slice string) string {
 			WHERE a.agg_id::text <> '' AND a.id NOT IN (SELECT id FROM candidates)
 			GROUP BY a.agg_type, a.agg_id),
 		batch AS (
-			SELECT c.id FROM candidates AS c WHERE NOT EXISTS (SELECT 1 FROM skipped AS s
-				WHERE s.agg_type = c.agg_type AND s.agg_id = c.agg_id AND s.id < c.id))`,
+			SELECT c.id FROM candidates AS c
+			LEFT JOIN skipped AS s ON s.agg_type = c.agg_type AND s.agg_id = c.agg_id
+			WHERE s.id IS NULL OR s.id > c.id)`,
 		q.id, q.aggType, q.aggID, q.tbl, claimable, mine, lookAhead, q.floor(), DeadLetterOwner, me)
 }
 

@@ -265,11 +265,12 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("source.dsn: %w", err)
 	}
-	// Per worker: claims (and the open transaction in transaction mode),
-	// marks and renewals; plus the health query. Under a lower
-	// limits.max_connections the workers share: claims queue for a
-	// connection.
-	pc.MaxConns = outbox.Connections(2*s.cfg.Workers+1, s.env.MaxConnections)
+	// Per worker one each for claims (and the open transaction in
+	// transaction mode), marks and renewals — a renewal that queues behind
+	// slow claims lets leases lapse, and the rows go out twice; plus the
+	// health query and LISTEN. Under a lower limits.max_connections the
+	// workers share: statements queue for a connection.
+	pc.MaxConns = outbox.Connections(3*s.cfg.Workers+2, s.env.MaxConnections)
 	pc.MaxConnIdleTime = outbox.ConnIdleTime
 	pc.ConnConfig.ConnectTimeout = s.cfg.QueryTimeout
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
