@@ -63,11 +63,15 @@ func TestManyWorkersNeverPublishTwice(t *testing.T) {
 	e := sourcetest.Setup(t, harness)
 	count := testenv.CountPublishes(t, e.NATS, e.Subject)
 	written := prefill(t, e, 20000)
-	y := e.YAML("shared", 1000) + "" // same pipeline everywhere: SKIP LOCKED coordinates
+	// Same pipeline everywhere: the claims coordinate. Leases of 6s, not the
+	// suite's 2s: this test is about healthy workers, and under -race on a
+	// loaded machine a 2s lease can lapse between renewals (then a row is
+	// sent twice by design; TestKilledWorkersLeasesExpire covers expiry).
+	y := strings.Replace(e.YAML("shared", 1000), "lease: 2s", "lease: 6s", 1)
 	path := filepath.Join(t.TempDir(), "p.yaml")
 	os.WriteFile(path, []byte(y), 0o600)
 	c1, c2 := sourcetest.StartChild(t, path), sourcetest.StartChild(t, path)
-	e.Start(t, strings.Replace(y, "  lease: 2s\n", "  lease: 2s\n  workers: 4\n", 1))
+	e.Start(t, strings.Replace(y, "  lease: 6s\n", "  lease: 6s\n  workers: 4\n", 1))
 	e.Coll.WaitFor(t, 2*time.Minute, "20000 events", func(m []testenv.Received) bool { return len(m) >= 20000 })
 	if err := c1.Stop(); err != nil {
 		t.Error(err)
