@@ -443,7 +443,7 @@ func (s *Source) mapRelation(m *pglogrepl.RelationMessage) (*relation, error) {
 			return nil, missingColumn(m, name)
 		}
 	}
-	for _, name := range c.Extra {
+	for _, name := range c.Carried() {
 		i := slices.IndexFunc(m.Columns, func(col *pglogrepl.RelationMessageColumn) bool { return col.Name == name })
 		if i < 0 {
 			return nil, missingColumn(m, name)
@@ -503,6 +503,7 @@ func (s *Source) decodeRow(rel *relation, tuple *pglogrepl.TupleData) (outbox.Ro
 				r.Extra[i] = pgtype.Text{String: string(tuple.Columns[ci].Data), Valid: true}
 			}
 		}
+		s.cfg.Columns.TakeVersion(&r)
 	}
 	if c := col(fieldCreatedAt); c != nil && c.DataType == pglogrepl.TupleDataTypeText {
 		if err := s.typeMap.Scan(rel.oid[fieldCreatedAt], pgtype.TextFormatCode, c.Data, &r.CreatedAt); err != nil {
