@@ -24,18 +24,11 @@ import (
 // is published. Rows parked after max_attempts do not hold their aggregate:
 // parking is the dead-letter decision, after which the aggregate moves on.
 //
-// The statement runs in two steps:
+// Leases of other workers are visible in the statement's snapshot; rows
+// locked by a concurrent claim or an open claiming transaction are not —
+// they show up as rows SKIP LOCKED passed (see batch for the steps).
 //
-//  1. candidates: the lowest claimable ids whose aggregate is not held by a
-//     live lease of another worker (seen in the statement's snapshot), locked
-//     FOR UPDATE SKIP LOCKED. Looking past held aggregates keeps several
-//     workers busy on the rest.
-//  2. batch: the candidates none of whose earlier unpublished rows is outside
-//     the candidates (and not this worker's). This also catches what the
-//     snapshot cannot show: an earlier row locked by a concurrent claim or an
-//     open claiming transaction, which SKIP LOCKED skipped.
-//
-// Candidates dropped in step 2 stay locked until the claim's transaction
+// Candidates dropped for a skipped row stay locked until the claim's transaction
 // ends: at once in lease mode, at the batch's end in transaction mode.
 //
 // Order is the outbox id order of each aggregate's rows as this statement's
@@ -50,7 +43,7 @@ type claimSQL struct {
 
 // floor is the lowest id that can hold an aggregate back: below it every
 // row is published (or parked). It keeps the scans off the index entries of
-// published rows, which stay in the partial indexes until vacuum.
+// published rows, which stay in the partial index until vacuum.
 func (q claimSQL) floor() string {
 	return fmt.Sprintf(`(SELECT COALESCE(min(f.%[1]s), 0) FROM %[2]s AS f
 				WHERE f.published_at IS NULL AND f.claimed_by IS DISTINCT FROM '%[3]s')`, q.id, q.tbl, DeadLetterOwner)

@@ -306,8 +306,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	cols := s.cfg.Columns.Select("o", "clock_timestamp()")
 	// Claimable: not delivered, and not leased (or the lease expired), and
 	// first in its aggregate (see claimSQL). The partial index on (id) WHERE
-	// published_at IS NULL serves the ORDER BY, the one on (aggregate, id)
-	// the look-back within an aggregate.
+	// published_at IS NULL serves every scan of the claim.
 	claim := newClaimSQL(tbl, s.cfg.Columns, cols)
 	s.sql = statements{
 		claimLease: claim.lease(),

@@ -26,10 +26,6 @@ ALTER TABLE %[1]s
   ADD COLUMN IF NOT EXISTS last_error    text;`, outbox.Quote(table)),
 			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (id) WHERE published_at IS NULL;",
 				outbox.IndexName(table, "unpublished_idx"), outbox.Quote(table)),
-			// A claim looks back within each candidate's aggregate for an
-			// earlier unpublished row held elsewhere (per-aggregate order).
-			fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (aggregate_type, aggregate_id, id) WHERE published_at IS NULL;",
-				outbox.IndexName(table, "unpublished_aggregate_idx"), outbox.Quote(table)),
 			outbox.NotifyTrigger(table, outbox.NotifyChannel(table)),
 		},
 	}.SQL(), nil
