@@ -15,6 +15,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -23,11 +24,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferryhq/ferry/consumer"
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
 	_ "github.com/ferryhq/ferry/sinks/kafka"
+	_ "github.com/ferryhq/ferry/sinks/rabbitmq"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/poll"
 )
@@ -165,6 +168,13 @@ func scenario(t *testing.T, e *sourcetest.Env, pipeline string, sub func(t *test
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(rctx) }()
 	t.Cleanup(func() { stopRouter(); <-routerDone })
+	// Subscribed before the relay starts: a RabbitMQ queue only gets what
+	// is published after it is bound.
+	select {
+	case <-router.Running():
+	case err := <-routerDone:
+		t.Fatalf("router: %v", err)
+	}
 
 	// The relay, killed twice mid-stream.
 	path := filepath.Join(t.TempDir(), "pipeline.yaml")
@@ -317,5 +327,33 @@ func TestConsumerOverKafkaWhileRelayIsKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 		return sub, topic
+	})
+}
+
+func TestConsumerOverRabbitMQWhileRelayIsKilled(t *testing.T) {
+	e := sourcetest.Setup(t, harness)
+	url := testenv.AMQPURL(t)
+	exchange, queue := "ferry.test."+strings.ToLower(e.Stream), "accounts."+strings.ToLower(e.Stream)
+	t.Cleanup(func() {
+		conn, err := amqp091.Dial(url)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if ch, err := conn.Channel(); err == nil {
+			ch.QueueDelete(queue, false, false, false)
+			ch.ExchangeDelete(exchange, false, false)
+		}
+	})
+	y := e.YAML("accounts", 100)
+	y = y[:strings.Index(y, "sink:")] + fmt.Sprintf("sink:\n  type: rabbitmq\n  url: %s\n  exchange: %s\n  declare: true\n  routing_key: accounts\nlimits:\n  max_in_flight: 100\n", url, exchange)
+	scenario(t, e, y, func(t *testing.T) (message.Subscriber, string) {
+		cfg := wmamqp.NewDurableTopicConfig(url, exchange, queue)
+		cfg.Exchange.Durable = true
+		sub, err := wmamqp.NewSubscriber(cfg, watermill.NopLogger{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sub, "accounts"
 	})
 }
