@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/sources/poll"
 )
 
 // Two relay processes with four workers each share one outbox (ownership:
@@ -22,15 +23,40 @@ import (
 // event arrives, each aggregate's events arrive in sequence, and re-sends
 // stay within what the killed process can have had in flight.
 func TestOrderAcrossKilledProcesses(t *testing.T) {
+	for _, claim := range []string{poll.ClaimLease, poll.ClaimTransaction} {
+		t.Run(claim, func(t *testing.T) { orderAcrossKilledProcesses(t, claim) })
+	}
+}
+
+func orderAcrossKilledProcesses(t *testing.T, claim string) {
 	const (
 		events, aggregates = 6000, 200
 		window, kills      = 200, 5
 	)
 	e := sourcetest.Setup(t, harness)
-	y := strings.Replace(e.YAML("order", window), "  lease: 2s\n", "  lease: 2s\n  workers: 4\n", 1)
+	y := strings.Replace(e.YAML("order", window), "  lease: 2s\n", "  lease: 2s\n  workers: 4\n  claim: "+claim+"\n", 1)
 	path := filepath.Join(t.TempDir(), "p.yaml")
 	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// The victim runs the same pipeline under another name and worker id,
+	// so the test can see that it holds rows when it is killed.
+	victimPath := filepath.Join(t.TempDir(), "victim.yaml")
+	vy := strings.Replace(strings.Replace(y, "name: order\n", "name: order-victim\n", 1), "  workers: 4\n", "  workers: 4\n  worker_id: victim\n", 1)
+	if err := os.WriteFile(victimPath, []byte(vy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	holding := func() bool {
+		var n int
+		if claim == poll.ClaimLease {
+			e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox
+				WHERE claimed_by LIKE 'victim/%' AND claimed_until > now() AND published_at IS NULL`).Scan(&n)
+		} else {
+			// A claiming transaction has row locks, hence a transaction id.
+			e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+				WHERE application_name = 'ferry:order-victim' AND backend_xid IS NOT NULL`).Scan(&n)
+		}
+		return n > 0
 	}
 	ctx, stopHolding := context.WithCancel(context.Background())
 	defer stopHolding()
@@ -47,13 +73,14 @@ func TestOrderAcrossKilledProcesses(t *testing.T) {
 
 	steady := sourcetest.StartChild(t, path)
 	for k := range kills {
-		victim := sourcetest.StartChild(t, path)
+		victim := sourcetest.StartChild(t, victimPath)
 		target := (k + 1) * events / (kills + 2)
 		e.Coll.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d events before kill %d", target, k+1),
 			func(m []testenv.Received) bool { return len(m) >= target })
+		testenv.Eventually(t, 2*time.Minute, fmt.Sprintf("the victim holding rows before kill %d", k+1), holding)
 		victim.Kill()
 	}
-	victim := sourcetest.StartChild(t, path)
+	victim := sourcetest.StartChild(t, victimPath)
 	written := <-writes
 	stopHolding()
 	holders.Wait()
@@ -70,8 +97,8 @@ func TestOrderAcrossKilledProcesses(t *testing.T) {
 	}
 	v := sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true)
 	v.Assert(t, kills*window)
-	t.Logf("2 processes × 4 workers, kill -9 ×%d: %d events over %d aggregates, %d lost, %d order violations, %d duplicates (bound %d)",
-		kills, len(written), aggregates, len(v.Lost), len(v.OrderViolations), v.Duplicates, kills*window)
+	t.Logf("claim %s, 2 processes × 4 workers, kill -9 ×%d: %d events over %d aggregates, %d lost, %d order violations, %d duplicates (bound %d)",
+		claim, kills, len(written), aggregates, len(v.Lost), len(v.OrderViolations), v.Duplicates, kills*window)
 }
 
 // holdTransactions keeps one writer transaction open at a time for a few
