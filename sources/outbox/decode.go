@@ -99,8 +99,10 @@ func (c Columns) DecodeText(tm *pgtype.Map, oid [NumFields]uint32, v [NumFields]
 		}
 		r.CreatedAt = at
 	}
-	if len(c.Extra) > 0 {
+	if len(extra) > 0 {
+		// extra is Carried(): columns.extra, then the aggregate version.
 		r.ExtraNames, r.Extra = c.Extra, extra
+		c.TakeVersion(&r)
 	}
 	if c.Derive != nil {
 		c.Derive(&r)

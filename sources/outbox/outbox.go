@@ -62,6 +62,14 @@ type Columns struct {
 	// internal metadata (plugins.ColumnKey) and are not sent as headers
 	// unless a transform places them. Default none.
 	Extra []string `yaml:"extra"`
+	// AggregateVersion, if set, is a bigint column holding the event's
+	// position in its aggregate's sequence (see `ferry schema
+	// --aggregate-version`), sent as header AggregateVersionHeader. Default
+	// none.
+	AggregateVersion string `yaml:"aggregate_version"`
+	// AggregateVersionHeader names the header that carries AggregateVersion.
+	// Default "ferry-aggregate-version".
+	AggregateVersionHeader string `yaml:"aggregate_version_header"`
 }
 
 // DefaultColumns returns the column names of Ferry's DDL.
@@ -97,6 +105,7 @@ func (c Columns) Validate() error {
 			p.Add(fmt.Sprintf("extra[%d]", i), "%q is not a valid column name (letters, digits, _; at most 63)", e)
 		}
 	}
+	c.validateVersion(&p)
 	return p.Err()
 }
 
@@ -172,6 +181,7 @@ func (c Columns) Select(alias string, extra ...string) string {
 	for _, e := range c.Extra {
 		cols = append(cols, q(e)+"::text")
 	}
+	cols = append(cols, c.versionSelect(alias)...)
 	if c.Derive != nil {
 		cols = append(cols, "NULL::text") // scanned last: completes the row
 	}
@@ -190,6 +200,7 @@ func (c Columns) Scan(r *Row, lead ...any) []any {
 			dest = append(dest, &r.Extra[i])
 		}
 	}
+	dest = c.versionScan(r, dest)
 	if c.Derive != nil {
 		dest = append(dest, &deriveScanner{r, c.Derive})
 	}
@@ -227,6 +238,10 @@ type Row struct {
 	// DBReadAt is the database clock when the row was read (the source
 	// selects clock_timestamp() with it), for the commit→read segment.
 	DBReadAt time.Time
+	// AggregateVersion is the columns.aggregate_version value, sent as
+	// header AggregateVersionHeader.
+	AggregateVersion       pgtype.Text
+	AggregateVersionHeader string
 	// Undecodable is set when a column of the row could not be decoded:
 	// Message then makes the row a dead letter instead of an event, so it
 	// never wedges the pipeline.
@@ -314,6 +329,7 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 			md[plugins.ColumnKey(name)] = r.Extra[i].String
 		}
 	}
+	r.stampVersion(md)
 	return m
 }
 

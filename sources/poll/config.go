@@ -42,7 +42,8 @@ type Config struct {
 	// Workers is the number of claim loops in this process, each with its
 	// own connection and its own share of max_in_flight. Default 1.
 	Workers int `yaml:"workers"`
-	// WorkerID prefixes claimed_by; default the host name and process id.
+	// WorkerID prefixes claimed_by (followed by pipeline, worker number and a
+	// random run id); default the host name and process id.
 	WorkerID string `yaml:"worker_id"`
 	// PollInterval is how often the table is polled when no notification
 	// arrives. Default 100ms.

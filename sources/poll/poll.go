@@ -5,10 +5,11 @@
 // it.
 //
 // Nothing is tracked by position, so a row that commits late is simply
-// claimed by a later pass: no id-cursor race. The price is order: rows that
-// commit out of id order can be published out of order. Per-aggregate order
-// holds within what one worker sees (its in-flight window); use xid8 or wal
-// when order across commits matters.
+// claimed by a later pass: no id-cursor race. Each aggregate's rows are
+// published in id order across workers, processes and crashes: a claim never
+// takes a row while an earlier unpublished row of its aggregate is held
+// elsewhere (see claimSQL). Id order is commit order when the aggregate's
+// writers serialise before inserting (the aggregate_version trigger does).
 package poll
 
 import (
@@ -18,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -87,6 +89,7 @@ type Source struct {
 type worker struct {
 	s        *Source
 	id       string // claimed_by
+	n        int    // which of the process's workers: its slice of the aggregates
 	win      *window.Window[int64]
 	wake     chan struct{}
 	admitted chan struct{} // signalled when rows enter the window
@@ -123,8 +126,12 @@ func New(cfg *Config, env plugins.Env) *Source {
 		prefix = host + "/" + strconv.Itoa(os.Getpid())
 	}
 	perWorker := max(env.MaxInFlight/cfg.Workers, 1)
+	// The run suffix makes claimed_by unique to this run: a restarted
+	// process with the same worker_id (or pid 1 in a container) must not
+	// take the dead run's leases for its own (see claimSQL.lease).
+	run := strconv.FormatUint(rand.Uint64()&0xffffff, 16)
 	for n := range cfg.Workers {
-		w := &worker{s: s, id: fmt.Sprintf("%s/%s/%d", prefix, env.Pipeline, n),
+		w := &worker{s: s, n: n, id: fmt.Sprintf("%s/%s/%d/%s", prefix, env.Pipeline, n, run),
 			win:  window.New[int64](window.Config{MaxInFlight: perWorker, TrackAcked: true}),
 			wake: make(chan struct{}, 1), admitted: make(chan struct{}, 1), inFlight: map[int64]struct{}{}, failed: map[int64]failure{}}
 		w.win.OnNack(w.nacked)
@@ -258,11 +265,12 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("source.dsn: %w", err)
 	}
-	// Per worker: claims (and the open transaction in transaction mode),
-	// marks and renewals; plus the health query. Under a lower
-	// limits.max_connections the workers share: claims queue for a
-	// connection.
-	pc.MaxConns = outbox.Connections(2*s.cfg.Workers+1, s.env.MaxConnections)
+	// Per worker one each for claims (and the open transaction in
+	// transaction mode), marks and renewals — a renewal that queues behind
+	// slow claims lets leases lapse, and the rows go out twice; plus the
+	// health query and LISTEN. Under a lower limits.max_connections the
+	// workers share: statements queue for a connection.
+	pc.MaxConns = outbox.Connections(3*s.cfg.Workers+2, s.env.MaxConnections)
 	pc.MaxConnIdleTime = outbox.ConnIdleTime
 	pc.ConnConfig.ConnectTimeout = s.cfg.QueryTimeout
 	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
@@ -299,19 +307,15 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	tbl := outbox.Quote(s.cfg.Table)
 	id := pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
 	cols := s.cfg.Columns.Select("o", "clock_timestamp()")
-	// Claimable: not delivered, and not leased (or the lease expired). The
-	// partial index on (id) WHERE published_at IS NULL serves the ORDER BY.
-	claimable := "o.published_at IS NULL AND (o.claimed_until IS NULL OR o.claimed_until < now())"
+	// Claimable: not delivered, and not leased (or the lease expired), and
+	// first in its aggregate (see claimSQL). The partial index on (id) WHERE
+	// published_at IS NULL serves every scan of the claim.
+	claim := newClaimSQL(tbl, s.cfg.Columns, cols)
 	s.sql = statements{
-		claimLease: fmt.Sprintf(`WITH batch AS (
-			SELECT o.%[1]s AS id FROM %[2]s AS o WHERE %[3]s
-			ORDER BY o.%[1]s LIMIT $1 FOR UPDATE SKIP LOCKED)
-		UPDATE %[2]s AS o SET claimed_until = now() + make_interval(secs => $2), claimed_by = $3
-		FROM batch WHERE o.%[1]s = batch.id RETURNING %[4]s`, id, tbl, claimable, cols),
-		claimTx: fmt.Sprintf(`SELECT %[4]s FROM %[2]s AS o WHERE %[3]s
-			ORDER BY o.%[1]s LIMIT $1 FOR UPDATE SKIP LOCKED`, id, tbl, claimable, cols),
-		mark:   fmt.Sprintf(`UPDATE %s SET published_at = now(), claimed_until = NULL WHERE %s = ANY($1)`, tbl, id),
-		delete: fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1)`, tbl, id),
+		claimLease: claim.lease(),
+		claimTx:    claim.transaction(),
+		mark:       fmt.Sprintf(`UPDATE %s SET published_at = now(), claimed_until = NULL WHERE %s = ANY($1)`, tbl, id),
+		delete:     fmt.Sprintf(`DELETE FROM %s WHERE %s = ANY($1)`, tbl, id),
 		// Count the failure; at max_attempts park the row under a lease that
 		// never expires, so it stops blocking and stays visible.
 		nack: fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = left($2, 4000),
@@ -414,12 +418,30 @@ func (w *worker) claimLoop(ctx context.Context) {
 }
 
 func (w *worker) claimLeases(ctx context.Context, limit int) (int, error) {
-	rows, err := w.read(ctx, w.s.pool, w.s.sql.claimLease, limit, w.s.cfg.Lease.Seconds(), w.id)
+	rows, err := w.read(ctx, w.s.pool, w.s.sql.claimLease, limit, w.s.cfg.Lease.Seconds(), w.id, w.s.cfg.Workers, w.n)
 	if err != nil {
 		return 0, err
 	}
-	w.track(rows)
-	return len(rows), w.admit(ctx, rows)
+	n := len(rows)
+	// A row already in flight here whose lease lapsed (a renewal that came
+	// too late) and that this worker claimed back is still in its window:
+	// the claim renewed its lease; sending it again would only duplicate it.
+	rows = w.trackNew(rows)
+	return n, w.admit(ctx, rows)
+}
+
+// trackNew tracks the rows not already in flight and returns them.
+func (w *worker) trackNew(rows []outbox.Row) []outbox.Row {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	fresh := rows[:0]
+	for _, r := range rows {
+		if _, ok := w.inFlight[r.ID]; !ok {
+			w.inFlight[r.ID] = struct{}{}
+			fresh = append(fresh, r)
+		}
+	}
+	return fresh
 }
 
 // claimInTransaction holds the batch's row locks in a transaction until every
@@ -434,7 +456,7 @@ func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error)
 		return 0, err
 	}
 	defer tx.Rollback(context.Background())
-	rows, err := w.read(ctx, tx, w.s.sql.claimTx, limit)
+	rows, err := w.read(ctx, tx, w.s.sql.claimTx, limit, w.s.cfg.Workers, w.n)
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
@@ -733,7 +755,7 @@ func (w *worker) renewLoop(ctx context.Context) {
 		}
 		if ids := w.inFlightIDs(); len(ids) > 0 {
 			rctx, cancel := context.WithTimeout(ctx, w.s.cfg.QueryTimeout)
-			if _, err := w.s.pool.Exec(rctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id); err != nil && ctx.Err() == nil {
+			if _, err := w.s.pool.Exec(rctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id, w.s.cfg.Workers, w.n); err != nil && ctx.Err() == nil {
 				w.s.log.Warn("renew leases", "err", redact.Error(err))
 			}
 			cancel()

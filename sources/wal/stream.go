@@ -440,7 +440,7 @@ func (s *Source) mapRelation(m *pglogrepl.RelationMessage) (*relation, error) {
 			return nil, missingColumn(m, name)
 		}
 	}
-	for _, name := range c.Extra {
+	for _, name := range c.Carried() {
 		i := slices.IndexFunc(m.Columns, func(col *pglogrepl.RelationMessageColumn) bool { return col.Name == name })
 		if i < 0 {
 			return nil, missingColumn(m, name)

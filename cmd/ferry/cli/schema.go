@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -30,9 +31,10 @@ func schemaNames() string {
 }
 
 func schemaCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("schema", "SOURCE [--table NAME]   (SOURCE: "+schemaNames()+")", stderr)
+	fs := newFlags("schema", "SOURCE [--table NAME] [--aggregate-version]   (SOURCE: "+schemaNames()+")", stderr)
 	table := fs.String("table", "outbox", "outbox table name, optionally schema-qualified")
 	pipeline := fs.String("pipeline", "", "wal: the pipeline's name, so the publication statement uses its default name (ferry_<pipeline>)")
+	version := fs.Bool("aggregate-version", false, "also add the aggregate_version column and the trigger that fills it (map it with source.columns.aggregate_version)")
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		fs.Usage()
 		if len(args) == 0 {
@@ -56,6 +58,14 @@ func schemaCmd(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "ferry schema: --table: %v\n", err)
 		return 2
+	}
+	if *version {
+		v, err := outbox.AggregateVersionDDL(*table)
+		if err != nil {
+			fmt.Fprintf(stderr, "ferry schema: --table: %v\n", err)
+			return 2
+		}
+		ddl += v
 	}
 	fmt.Fprint(stdout, ddl)
 	return 0

@@ -1,0 +1,62 @@
+package consumer
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are a consumer's Prometheus collectors, registered with
+// Config.Registerer when set.
+type Metrics struct {
+	// Applied counts events whose handler ran and committed.
+	Applied prometheus.Counter
+	// Duplicates counts redelivered events skipped by the inbox.
+	Duplicates prometheus.Counter
+	// Stale counts events skipped by the order guard: version at or below
+	// the applied one.
+	Stale prometheus.Counter
+	// Held counts deliveries nacked because an earlier version is missing.
+	Held prometheus.Counter
+	// Gaps counts version gaps that outlived the gap timeout.
+	Gaps prometheus.Counter
+	// Unordered counts events without a version, applied without ordering.
+	Unordered prometheus.Counter
+	// DeadLettered counts held events handed to Config.DeadLetter.
+	DeadLettered prometheus.Counter
+	// Pruned counts inbox rows deleted by retention.
+	Pruned prometheus.Counter
+	// OpenGaps is the number of aggregates waiting for a missing version.
+	OpenGaps prometheus.Gauge
+}
+
+func newMetrics() *Metrics {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	return &Metrics{
+		Applied:      c("ferry_consumer_applied_total", "Events whose handler ran and committed."),
+		Duplicates:   c("ferry_consumer_duplicates_skipped_total", "Redelivered events skipped: their id was in the inbox."),
+		Stale:        c("ferry_consumer_stale_skipped_total", "Events skipped: version at or below the aggregate's applied version."),
+		Held:         c("ferry_consumer_held_total", "Deliveries held (nacked) because an earlier version was missing."),
+		Gaps:         c("ferry_consumer_gaps_reported_total", "Aggregate version gaps that outlived the gap timeout."),
+		Unordered:    c("ferry_consumer_unordered_total", "Events without an aggregate version, applied without ordering."),
+		DeadLettered: c("ferry_consumer_dead_lettered_total", "Held events handed to the dead-letter function after the gap timeout."),
+		Pruned:       c("ferry_consumer_inbox_pruned_total", "Inbox rows deleted by retention."),
+		OpenGaps: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_consumer_open_gaps",
+			Help: "Aggregates waiting for a missing version."}),
+	}
+}
+
+func (m *Metrics) register(r prometheus.Registerer) error {
+	var errs []error
+	for _, c := range []prometheus.Collector{m.Applied, m.Duplicates, m.Stale, m.Held, m.Gaps, m.Unordered, m.DeadLettered, m.Pruned, m.OpenGaps} {
+		if err := r.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Metrics returns the consumer's collectors.
+func (c *Consumer) Metrics() *Metrics { return c.metrics }

@@ -1,0 +1,93 @@
+package consumer
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,50}$`)
+
+// quoteTable checks "name" or "schema.name" and quotes it; "" is def.
+func quoteTable(s, def string) (string, error) {
+	if s == "" {
+		s = def
+	}
+	parts := strings.Split(s, ".")
+	for _, p := range parts {
+		if !identifier.MatchString(p) {
+			return "", fmt.Errorf("%q is not a table name: want name or schema.name, letters, digits and _", s)
+		}
+	}
+	if len(parts) > 2 {
+		return "", fmt.Errorf("%q is not a table name: want name or schema.name", s)
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}
+
+// names returns the quoted inbox table, its applied-versions table and the
+// inbox's age index.
+func names(table string) (inbox, aggregates, index string) {
+	parts := strings.Split(table, ".")
+	last := len(parts) - 1
+	agg := append([]string(nil), parts...)
+	agg[last] += "_aggregates"
+	return pgx.Identifier(parts).Sanitize(), pgx.Identifier(agg).Sanitize(), pgx.Identifier{parts[last] + "_processed_at_idx"}.Sanitize()
+}
+
+// Schema returns the DDL of the inbox tables for table ("" for the default
+// "ferry_inbox"): the inbox, keyed by event id, and the applied version of
+// each aggregate. Run it once, in a migration.
+func Schema(table string) (string, error) {
+	if _, err := quoteTable(table, "ferry_inbox"); err != nil {
+		return "", err
+	}
+	if table == "" {
+		table = "ferry_inbox"
+	}
+	inbox, aggs, idx := names(table)
+	return fmt.Sprintf(`-- Events processed, by id: a redelivered event finds its id here.
+CREATE TABLE IF NOT EXISTS %[1]s (
+  event_id          text        PRIMARY KEY,
+  aggregate_type    text        NOT NULL DEFAULT '',
+  aggregate_id      text        NOT NULL DEFAULT '',
+  aggregate_version bigint,
+  processed_at      timestamptz NOT NULL DEFAULT now()
+);
+-- Retention deletes by age.
+CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (processed_at);
+-- The last version applied per aggregate: the order guard. Never pruned.
+CREATE TABLE IF NOT EXISTS %[2]s (
+  aggregate_type  text        NOT NULL,
+  aggregate_id    text        NOT NULL,
+  applied_version bigint      NOT NULL DEFAULT 0,
+  updated_at      timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (aggregate_type, aggregate_id)
+);
+`, inbox, aggs, idx), nil
+}
+
+type statements struct {
+	insertInbox, ensureAggregate, lockAggregate, advance, prune string
+}
+
+func newStatements(table string) statements {
+	inbox, aggs, _ := names(table)
+	return statements{
+		insertInbox: fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_type, aggregate_id, aggregate_version)
+			VALUES ($1, $2, $3, $4) ON CONFLICT (event_id) DO NOTHING`, inbox),
+		ensureAggregate: fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id) VALUES ($1, $2)
+			ON CONFLICT (aggregate_type, aggregate_id) DO NOTHING`, aggs),
+		lockAggregate: fmt.Sprintf(`SELECT applied_version FROM %s
+			WHERE aggregate_type = $1 AND aggregate_id = $2 FOR UPDATE`, aggs),
+		advance: fmt.Sprintf(`UPDATE %s SET applied_version = $3, updated_at = now()
+			WHERE aggregate_type = $1 AND aggregate_id = $2`, aggs),
+		// Oldest first, in batches, so a large backlog never holds one long
+		// transaction.
+		prune: fmt.Sprintf(`DELETE FROM %[1]s WHERE event_id IN (
+			SELECT event_id FROM %[1]s WHERE processed_at < now() - make_interval(secs => $1)
+			ORDER BY processed_at LIMIT $2)`, inbox),
+	}
+}

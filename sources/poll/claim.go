@@ -1,0 +1,127 @@
+package poll
+
+import (
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/sources/outbox"
+)
+
+// Ordered claims.
+//
+// SKIP LOCKED alone lets two workers split one aggregate: worker A holds
+// rows 10 and 11 of order-7 (leased, or locked in its transaction), worker B
+// skips them and claims row 12, and B's publish can land first. After a
+// crash the same happens with the dead worker's leases: the rows behind them
+// are free long before the leased ones are.
+//
+// A claim therefore takes a row only if every unpublished row before it in
+// its aggregate is either in the same claim or already in flight in this
+// worker (whose window publishes one event per aggregate at a time, in id
+// order). Any other earlier row — leased by another worker, locked by another
+// claim or transaction, or simply skipped — holds the aggregate back until it
+// is published. Rows parked after max_attempts do not hold their aggregate:
+// parking is the dead-letter decision, after which the aggregate moves on.
+//
+// Leases of other workers are visible in the statement's snapshot; rows
+// locked by a concurrent claim or an open claiming transaction are not —
+// they show up as rows SKIP LOCKED passed (see batch for the steps).
+//
+// Candidates dropped for a skipped row stay locked until the claim's transaction
+// ends: at once in lease mode, at the batch's end in transaction mode.
+//
+// Order is the outbox id order of each aggregate's rows as this statement's
+// snapshot sees them. It is the aggregate's commit order when its writers
+// are serialised before they insert (a lock on the aggregate, or the
+// aggregate_version trigger of `ferry schema poll --aggregate-version`,
+// which takes the aggregate's counter row lock and then draws the id).
+type claimSQL struct {
+	tbl, id, aggType, aggID string
+	cols                    string
+}
+
+// floor is the lowest id that can hold an aggregate back: below it every
+// row is published (or parked). It keeps the scans off the index entries of
+// published rows, which stay in the partial index until vacuum.
+func (q claimSQL) floor() string {
+	return fmt.Sprintf(`(SELECT COALESCE(min(f.%[1]s), 0) FROM %[2]s AS f
+				WHERE f.published_at IS NULL AND f.claimed_by IS DISTINCT FROM '%[3]s')`, q.id, q.tbl, DeadLetterOwner)
+}
+
+// batch is the CTE chain that selects the ids to claim: $1 is the limit, me
+// the SQL expression of this worker's claimed_by, slices and slice the
+// expressions of this process's worker count and this worker's number.
+//
+// The workers of one process split the aggregates between them by hash, so
+// they never hold each other's aggregates back; processes sharing the table
+// are kept apart by held and skipped alone.
+//
+//   - ahead: the first lookAhead batches' worth of claimable rows of this
+//     worker's slice, by id. Every claimable row before a candidate of the
+//     same aggregate is in it; it bounds the work on a deep backlog.
+//   - held: aggregates with a live lease of another worker between floor and
+//     the end of ahead (by the prefix rule a lease is never behind a
+//     claimable row of its aggregate, so the whole aggregate waits).
+//   - candidates: the rows of ahead not held, locked FOR UPDATE SKIP LOCKED.
+//   - skipped: per aggregate, the first row of ahead that is not a
+//     candidate: locked by a concurrent claim or an open claiming
+//     transaction (SKIP LOCKED passed it), or claimed by a claim that
+//     committed after this statement's snapshot. The snapshot cannot show
+//     either; the candidates behind it in its aggregate are dropped.
+func (q claimSQL) batch(me, slices, slice string) string {
+	claimable := "o.published_at IS NULL AND (o.claimed_until IS NULL OR o.claimed_until < now())"
+	mine := fmt.Sprintf(`(o.%[1]s IS NULL OR o.%[1]s::text = ''
+				OR mod(hashtext(o.%[2]s::text || '/' || o.%[1]s::text)::bigint + 2147483648, %[3]s) = %[4]s)`,
+		q.aggID, q.aggType, slices, slice)
+	return fmt.Sprintf(`WITH ahead AS (
+			SELECT o.%[1]s AS id, o.%[2]s AS agg_type, o.%[3]s AS agg_id FROM %[4]s AS o
+			WHERE %[5]s AND %[6]s ORDER BY o.%[1]s LIMIT $1 * %[7]d),
+		held AS (
+			SELECT DISTINCT p.%[2]s AS agg_type, p.%[3]s AS agg_id FROM %[4]s AS p
+			WHERE p.published_at IS NULL AND p.%[1]s >= %[8]s AND p.%[1]s <= (SELECT max(id) FROM ahead)
+			AND p.claimed_until >= now() AND p.claimed_by IS DISTINCT FROM '%[9]s' AND p.claimed_by IS DISTINCT FROM %[10]s),
+		candidates AS (
+			SELECT o.%[1]s AS id, o.%[2]s AS agg_type, o.%[3]s AS agg_id FROM %[4]s AS o
+			WHERE o.%[1]s IN (SELECT id FROM ahead) AND %[5]s
+			AND NOT EXISTS (SELECT 1 FROM held AS h WHERE h.agg_type = o.%[2]s AND h.agg_id = o.%[3]s)
+			ORDER BY o.%[1]s LIMIT $1 FOR UPDATE OF o SKIP LOCKED),
+		skipped AS (
+			SELECT a.agg_type, a.agg_id, min(a.id) AS id FROM ahead AS a
+			WHERE a.agg_id::text <> '' AND a.id NOT IN (SELECT id FROM candidates)
+			GROUP BY a.agg_type, a.agg_id),
+		batch AS (
+			SELECT c.id FROM candidates AS c
+			LEFT JOIN skipped AS s ON s.agg_type = c.agg_type AND s.agg_id = c.agg_id
+			WHERE s.id IS NULL OR s.id > c.id)`,
+		q.id, q.aggType, q.aggID, q.tbl, claimable, mine, lookAhead, q.floor(), DeadLetterOwner, me)
+}
+
+// lookAhead is how many batches' worth of claimable rows a claim considers.
+const lookAhead = 2
+
+// lease claims the batch by stamping a lease: $1 limit, $2 lease seconds,
+// $3 this worker, $4 workers in this process, $5 this worker's number. A
+// live lease of this worker does not hold an aggregate back: the row is in
+// this worker's window, which publishes it first. claimed_by is unique to
+// one run of one worker (see New), so rows left by an earlier run of the
+// same worker_id are not mistaken for its own.
+func (q claimSQL) lease() string {
+	return q.batch("$3::text", "$4::bigint", "$5::bigint") + fmt.Sprintf(`
+		UPDATE %[1]s AS o SET claimed_until = now() + make_interval(secs => $2), claimed_by = $3
+		FROM batch WHERE o.%[2]s = batch.id RETURNING %[3]s`, q.tbl, q.id, q.cols)
+}
+
+// transaction claims the batch by its row locks, held by the caller's
+// transaction: $1 limit, $2 workers in this process, $3 this worker's
+// number. Nothing is in flight in the worker when it claims (a batch
+// settles before the next), so no lease is its own.
+func (q claimSQL) transaction() string {
+	return q.batch("NULL::text", "$2::bigint", "$3::bigint") + fmt.Sprintf(`
+		SELECT %[3]s FROM %[1]s AS o JOIN batch ON o.%[2]s = batch.id`, q.tbl, q.id, q.cols)
+}
+
+func newClaimSQL(tbl string, c outbox.Columns, cols string) claimSQL {
+	return claimSQL{tbl: tbl, id: pgx.Identifier{c.OrderColumn()}.Sanitize(), aggType: pgx.Identifier{c.AggregateType}.Sanitize(),
+		aggID: pgx.Identifier{c.AggregateID}.Sanitize(), cols: cols}
+}
