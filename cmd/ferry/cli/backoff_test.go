@@ -49,8 +49,7 @@ func TestReconnectWithoutProgressIsNotRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	// A uuid where the source expects the whole-number id.
-	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
+	if _, err := conn.Exec(ctx, `CREATE TABLE outbox (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, aggregate_type text NOT NULL,
 		aggregate_id text NOT NULL, type text NOT NULL, payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +69,12 @@ func TestReconnectWithoutProgressIsNotRecovery(t *testing.T) {
 	go func() { done <- sup.Run(runCtx, specs) }()
 	defer func() { cancel(); <-done }()
 	testenv.Eventually(t, 60*time.Second, "the pipeline streaming", func() bool { return logs.count("wal source streaming") >= 1 })
+	// A column the pipeline maps disappears from the table while it
+	// streams: every session then fails on the relation message, after the
+	// connection and the stream came up — a reconnect with no progress.
+	if _, err := conn.Exec(ctx, `ALTER TABLE outbox DROP COLUMN headers`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', 'a1', 'Created', '{}')`); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +92,7 @@ func TestReconnectWithoutProgressIsNotRecovery(t *testing.T) {
 		return logs.count("wal source cannot stream; retrying") >= attempts
 	})
 	st, _ := sup.Status("undecodable")
-	if st.State != pipelines.StateBackingOff || !strings.Contains(st.LastError, "is not a whole number") || st.NextRetry.IsZero() {
+	if st.State != pipelines.StateBackingOff || !strings.Contains(st.LastError, `has no column "headers"`) || st.NextRetry.IsZero() {
 		t.Errorf("status %s, last error %q, next retry %v; want backing_off with the decode error and a next retry", st.State, st.LastError, st.NextRetry)
 	}
 	if sawRunning {
