@@ -2,6 +2,7 @@ package pipelines
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"time"
 
@@ -45,9 +46,9 @@ func healthInterval(spec *Spec) time.Duration {
 func (s *Supervisor) probeHealth(e *entry) {
 	s.mu.Lock()
 	p := e.pipeline
-	pr, ok := plugins.Prober(nil), false
+	ok := false
 	if p != nil {
-		pr, ok = p.Source.(plugins.Prober)
+		_, ok = p.Source.(plugins.Prober)
 	}
 	if !ok || e.probing {
 		s.mu.Unlock()
@@ -58,7 +59,7 @@ func (s *Supervisor) probeHealth(e *entry) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		h, err := pr.Probe(ctx)
+		h, err := probeOnce(ctx, p)
 		s.mu.Lock()
 		e.probing = false
 		if err == nil {
@@ -100,4 +101,27 @@ func freshest(a, b plugins.Health) plugins.Health {
 		return b
 	}
 	return a
+}
+
+// probeOnce measures p's backlog with a source of its own, built from the
+// same spec: the pipeline's running source may be starting at the same
+// moment, and a probe shares none of its state.
+func probeOnce(ctx context.Context, p *Pipeline) (plugins.Health, error) {
+	spec := p.Spec
+	env := plugins.Env{Logger: p.Log, Pipeline: spec.Name, Tenant: spec.Tenant, Report: plugins.NopReporter{}}
+	if o, ok := spec.Source.Config.(plugins.OutboxSource); ok {
+		t := o.OutboxTable()
+		env.Outbox = &t
+	}
+	built, err := spec.Source.Factory.Build(spec.Source.Config, env)
+	if err != nil {
+		return plugins.Health{}, err
+	}
+	src := built.(plugins.Source)
+	defer src.Close()
+	pr, ok := src.(plugins.Prober)
+	if !ok {
+		return plugins.Health{}, fmt.Errorf("the %s source cannot be measured", spec.Source.Type)
+	}
+	return pr.Probe(ctx)
 }

@@ -150,7 +150,7 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *keySet, snapshot s
 	c := s.cfg.Columns
 	for rows.Next() {
 		var v [outbox.NumFields]outbox.Text
-		extra := make([]outbox.Text, len(c.Extra))
+		extra := make([]outbox.Text, len(c.Carried()))
 		var readAt time.Time
 		dest := []any{&readAt}
 		for i := range v {
@@ -191,7 +191,7 @@ func (s *Source) snapshotSQL() string {
 			cols = append(cols, q(name)+"::text")
 		}
 	}
-	for _, e := range c.Extra {
+	for _, e := range c.Carried() { // columns.extra, then the aggregate version
 		cols = append(cols, q(e)+"::text")
 	}
 	order := "o.ctid"
