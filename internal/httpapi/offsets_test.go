@@ -14,6 +14,7 @@ import (
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/sources/poll"
 )
 
 // writeEvents commits n events over aggs aggregates, one transaction each.
@@ -249,4 +250,165 @@ func waitDedupForgotten(t *testing.T, url, subject string) {
 		ack, err := js.PublishMsg(ctx, msg)
 		return err == nil && !ack.Duplicate
 	})
+}
+
+func startPollControl(t *testing.T) *controlFixture {
+	t.Helper()
+	return startControlOn(t, adminToken, true, nil, sourcetest.Harness{Type: poll.Name, Schema: poll.Schema})
+}
+
+func (f *controlFixture) pollYAML(name, extra string) string {
+	return fmt.Sprintf("name: %s\nsource: {type: poll, dsn: %q, poll_interval: 20ms%s}\nsink: {type: nats, url: %q, subject: %s.%s}\n",
+		name, f.e.DSN, extra, f.e.NATS, f.e.Subject, name)
+}
+
+// poll: deliver 1,000 events, pause, reset to the creation time of the
+// 501st, resume: exactly the last 500 arrive again, in per-aggregate order.
+func TestResetPollToTime(t *testing.T) {
+	f := startPollControl(t)
+	ctx := context.Background()
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_PR", 100*time.Millisecond, f.e.Subject+".pr")
+	if r := f.do(t, "PUT", "/api/v1/pipelines/pr/config", adminToken, "application/yaml", f.pollYAML("pr", "")); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	written := writeEvents(t, f, 1000, 20)
+	coll.WaitFor(t, 60*time.Second, "1000 events", func(m []testenv.Received) bool { return len(m) >= 1000 })
+	sourcetest.Check(written, sourcetest.Decode(t, coll.All()), true).Assert(t, 0)
+	var cut time.Time
+	if err := f.e.Pool.QueryRow(ctx, `SELECT created_at FROM outbox WHERE id = $1`, written[500].OutboxID).Scan(&cut); err != nil {
+		t.Fatal(err)
+	}
+	body := fmt.Sprintf(`{"to": "time", "time": %q}`, cut.Format(time.RFC3339Nano))
+	if r := f.do(t, "PATCH", "/api/v1/pipelines/pr/offsets", adminToken, "application/json", body); r.code != 409 {
+		t.Fatalf("reset while running: %d %s", r.code, r.raw)
+	}
+	testenv.Eventually(t, 10*time.Second, "every row marked", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/pr/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return r.code == 200 && pos["unpublished_events"] == 0.0 && r.body["newest_delivered_created_at"] != nil
+	})
+	if r := f.do(t, "POST", "/api/v1/pipelines/pr/pause", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("pause: %d %s", r.code, r.raw)
+	}
+	f.waitStopped(t, "pr")
+	waitDedupForgotten(t, f.e.NATS, f.e.Subject+".pr")
+	r := f.do(t, "PATCH", "/api/v1/pipelines/pr/offsets", adminToken, "application/json", body)
+	if r.code != 200 || r.body["resend_events"] != 500.0 || r.body["skip_events"] != 0.0 || r.body["applied"] != true {
+		t.Fatalf("reset: %d %s", r.code, r.raw)
+	}
+	t.Logf("poll reset to %s: %s", cut.Format(time.RFC3339Nano), r.raw)
+	if r := f.do(t, "POST", "/api/v1/pipelines/pr/resume", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("resume: %d %s", r.code, r.raw)
+	}
+	coll.WaitFor(t, 60*time.Second, "the 500 events after the time again", func(m []testenv.Received) bool { return len(m) >= 1502 })
+	testenv.Eventually(t, 10*time.Second, "every row marked again", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/pr/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return pos["unpublished_events"] == 0.0
+	})
+	var replayed []testenv.Received
+	for _, m := range coll.All()[1000:] {
+		if m.Header.Get("probe") == "" {
+			replayed = append(replayed, m)
+		}
+	}
+	assertExactly(t, "after the reset", written[500:], sourcetest.Decode(t, replayed))
+}
+
+// poll dead letters: oversize events are parked; once the stream takes
+// them, a replay (first two, then the rest) delivers each exactly once.
+func TestPollDeadLetterReplay(t *testing.T) {
+	f := startPollControl(t)
+	ctx := context.Background()
+	subject := f.e.Subject + ".dl"
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_DL", 0, subject)
+	nc, err := nats.Connect(f.e.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	setMax := func(n int32) {
+		s, err := js.Stream(ctx, f.e.Stream+"_DL")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := s.CachedInfo().Config
+		cfg.MaxMsgSize = n
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMax(512)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/dl/config", adminToken, "application/yaml", f.pollYAML("dl", ", max_attempts: 1")); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	var small, big []int64
+	for i := range 20 {
+		pad := 0
+		if i%4 == 1 {
+			pad = 2000
+		}
+		var id int64
+		if err := f.e.Pool.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+			VALUES ('order', $1, 'T', jsonb_build_object('agg', $1::text, 'seq', 1, 'pad', repeat('x', $2))) RETURNING id`,
+			fmt.Sprintf("a%d", i), pad).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if pad > 0 {
+			big = append(big, id)
+		} else {
+			small = append(small, id)
+		}
+	}
+	coll.WaitFor(t, 30*time.Second, "the small events", func(m []testenv.Received) bool { return len(m) >= len(small) })
+	var listed map[string]any
+	testenv.Eventually(t, 30*time.Second, "5 dead letters", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/dl/dead-letters?reason=Size+Exceeds", adminToken, "", "")
+		listed = r.body
+		return r.code == 200 && r.body["total"] == 5.0
+	})
+	dls := listed["dead_letters"].([]any)
+	first := dls[0].(map[string]any)
+	if len(dls) != 5 || first["outbox_id"] != float64(big[0]) || first["attempts"] != 1.0 || !strings.Contains(first["reason"].(string), "message size exceeds maximum") {
+		t.Fatalf("dead letters: %v", listed)
+	}
+	if r := f.do(t, "GET", "/api/v1/pipelines/dl/dead-letters?reason=nothing-like-it", adminToken, "", ""); r.body["total"] != 0.0 {
+		t.Fatalf("reason filter: %s", r.raw)
+	}
+	testenv.Eventually(t, 10*time.Second, "offsets: 5 parked, nothing else waiting", func() bool {
+		off := f.do(t, "GET", "/api/v1/pipelines/dl/offsets", adminToken, "", "")
+		pos := off.body["position"].(map[string]any)
+		return pos["dead_lettered_events"] == 5.0 && pos["unpublished_events"] == 0.0 && off.body["newest_delivered_created_at"] != nil
+	})
+	setMax(-1) // the fix
+	r := f.do(t, "POST", "/api/v1/pipelines/dl/dead-letters/replay?limit=2&dry_run=true", adminToken, "", "")
+	if r.code != 200 || fmt.Sprint(r.body["outbox_ids"]) != fmt.Sprint([]float64{float64(big[0]), float64(big[1])}) {
+		t.Fatalf("dry replay: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines/dl/dead-letters/replay?limit=2", adminToken, "", ""); r.code != 200 || r.body["replayed_events"] != 2.0 {
+		t.Fatalf("replay 2: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines/dl/dead-letters/replay?reason=size+exceeds", adminToken, "", ""); r.code != 200 || r.body["replayed_events"] != 3.0 {
+		t.Fatalf("replay the rest: %d %s", r.code, r.raw)
+	}
+	coll.WaitFor(t, 30*time.Second, "every event", func(m []testenv.Received) bool { return len(m) >= 20 })
+	testenv.Eventually(t, 10*time.Second, "no dead letter left and every row marked", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/dl/offsets", adminToken, "", "")
+		pos := r.body["position"].(map[string]any)
+		return pos["dead_lettered_events"] == 0.0 && pos["unpublished_events"] == 0.0
+	})
+	seen := map[int64]int{}
+	for _, d := range sourcetest.Decode(t, coll.All()) {
+		seen[d.OutboxID]++
+	}
+	for _, id := range append(small, big...) {
+		if seen[id] != 1 {
+			t.Errorf("outbox id %d arrived %d times", id, seen[id])
+		}
+	}
+	if len(seen) != 20 {
+		t.Errorf("%d distinct events, want 20", len(seen))
+	}
+	t.Logf("dead letters: %d parked, replayed 2 + 3, each delivered once", len(big))
 }
