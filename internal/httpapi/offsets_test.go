@@ -15,6 +15,7 @@ import (
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/sources/poll"
+	"github.com/ferryhq/ferry/sources/wal"
 )
 
 // writeEvents commits n events over aggs aggregates, one transaction each.
@@ -411,4 +412,57 @@ func TestPollDeadLetterReplay(t *testing.T) {
 		t.Errorf("%d distinct events, want 20", len(seen))
 	}
 	t.Logf("dead letters: %d parked, replayed 2 + 3, each delivered once", len(big))
+}
+
+// wal: the slot only moves forward. Going back, or to a time, is refused
+// with the reason; {"to": "latest"} while paused skips what waits in the
+// WAL: the skipped events never arrive, the ones after do.
+func TestResetWalForwardOnly(t *testing.T) {
+	f := startControlOn(t, adminToken, true, nil, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_WL", 0, f.e.Subject+".wl")
+	y := fmt.Sprintf("name: wl\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wl}\n", f.e.DSN, f.e.NATS, f.e.Subject)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/wl/config", adminToken, "application/yaml", y); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	first := writeEvents(t, f, 100, 10)
+	coll.WaitFor(t, 60*time.Second, "100 events", func(m []testenv.Received) bool { return len(m) >= 100 })
+	var confirmed string
+	testenv.Eventually(t, 30*time.Second, "the slot in the offsets", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/wl/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		confirmed, _ = pos["confirmed_flush_lsn"].(string)
+		return r.code == 200 && pos["slot"] == "ferry_wl" && confirmed != "" && pos["retained_wal_bytes"] != nil
+	})
+	if r := f.do(t, "POST", "/api/v1/pipelines/wl/pause", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("pause: %d %s", r.code, r.raw)
+	}
+	f.waitStopped(t, "wl")
+	skipped := writeEvents(t, f, 50, 10) // never to arrive
+	for _, c := range []struct{ body, path, says string }{
+		{fmt.Sprintf(`{"to": "time", "time": %q}`, time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)), "to", "cannot be reset to a time"},
+		{`{"to": "position", "position": {"lsn": "0/10"}}`, "position.lsn", "cannot go back"},
+		{`{"to": "position", "position": {"xact_id": "1", "id": 1}}`, "position.xact_id", "lsn"},
+	} {
+		r := f.do(t, "PATCH", "/api/v1/pipelines/wl/offsets", adminToken, "application/json", c.body)
+		if r.code != 422 || !strings.Contains(string(r.raw), c.says) || !strings.Contains(string(r.raw), `"path": "`+c.path+`"`) {
+			t.Errorf("%s: %d %s", c.body, r.code, r.raw)
+		}
+	}
+	r := f.do(t, "PATCH", "/api/v1/pipelines/wl/offsets", adminToken, "application/json", `{"to": "latest"}`)
+	if r.code != 200 || r.body["applied"] != true || !strings.Contains(fmt.Sprint(r.body["note"]), "bytes of WAL") {
+		t.Fatalf("reset to latest: %d %s", r.code, r.raw)
+	}
+	t.Logf("wal reset to latest: %s", r.raw)
+	after := writeEvents(t, f, 20, 10)
+	if r := f.do(t, "POST", "/api/v1/pipelines/wl/resume", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("resume: %d %s", r.code, r.raw)
+	}
+	last := fmt.Sprint(after[len(after)-1].OutboxID)
+	coll.WaitFor(t, 60*time.Second, "the events after the reset", func(m []testenv.Received) bool {
+		return slices.ContainsFunc(m, func(r testenv.Received) bool { return r.Header.Get("outbox_id") == last })
+	})
+	all := sourcetest.Decode(t, coll.All())
+	assertExactly(t, "before the pause", first, all[:100])
+	assertExactly(t, "after the skip", after, all[100:]) // none of skipped
+	t.Logf("wal: %d skipped, %d delivered after the reset", len(skipped), len(after))
 }
