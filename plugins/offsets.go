@@ -127,3 +127,25 @@ func DecodePosition(raw json.RawMessage, dst any, want string) error {
 	}
 	return nil
 }
+
+// ReplayHeader marks a backfilled event: a re-send of an event the
+// pipeline delivered before, sent beside live traffic.
+const ReplayHeader = "ferry-replay"
+
+// BackfillFilter selects the rows still in the outbox table to send again.
+// Every set field must match; at least one is set.
+type BackfillFilter struct {
+	From, To      *time.Time // created_at in [From, To)
+	AggregateType string
+	AggregateID   string
+	Type          string
+	DryRun        bool
+}
+
+// Backfiller is implemented by source configs that can send delivered rows
+// again while the pipeline runs, in per-aggregate order.
+type Backfiller interface {
+	// Backfill queues the matching delivered rows for delivery again and
+	// returns how many.
+	Backfill(ctx context.Context, pipeline string, f BackfillFilter) (int64, error)
+}

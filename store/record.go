@@ -11,6 +11,7 @@ import (
 const (
 	ActionOffsetsReset     = "offsets_reset"
 	ActionDeadLetterReplay = "dead_letters_replay"
+	ActionBackfill         = "backfill"
 )
 
 // Record writes one audit entry for an operation that changes no stored

@@ -23,6 +23,7 @@ func (c *api) offsetRoutes() []route {
 		{"PATCH", "/pipelines/{name}/offsets", accessWrite, c.resetOffsets},
 		{"GET", "/pipelines/{name}/dead-letters", accessRead, c.getDeadLetters},
 		{"POST", "/pipelines/{name}/dead-letters/replay", accessWrite, c.replayDeadLetters},
+		{"POST", "/pipelines/{name}/backfill", accessWrite, c.backfill},
 	}
 }
 
@@ -364,4 +365,103 @@ func (c *api) replayDeadLetters(w http.ResponseWriter, r *http.Request, p princi
 		c.log().Info("dead letters replayed", "pipeline", v.Name, "tenant", v.Tenant, "events", len(ids), "reason", f.Reason, "token_id", p.actor.TokenID)
 	}
 	writeJSON(w, http.StatusOK, ReplayView{Pipeline: v.Name, DryRun: f.DryRun, Replayed: len(ids), IDs: ids})
+}
+
+// backfillBody is POST …/backfill.
+type backfillBody struct {
+	From          *string `json:"from"`
+	To            *string `json:"to"`
+	AggregateType string  `json:"aggregate_type"`
+	AggregateID   string  `json:"aggregate_id"`
+	Type          string  `json:"type"`
+}
+
+func (b *backfillBody) filter(dry bool, now time.Time) (plugins.BackfillFilter, *problem) {
+	bad := func(path, msg string) *problem {
+		return &problem{code: http.StatusUnprocessableEntity, msg: path + ": " + msg, details: []detail{{Path: path, Message: msg}}}
+	}
+	f := plugins.BackfillFilter{AggregateType: b.AggregateType, AggregateID: b.AggregateID, Type: b.Type, DryRun: dry}
+	for _, t := range []struct {
+		path string
+		src  *string
+		dst  **time.Time
+	}{{"from", b.From, &f.From}, {"to", b.To, &f.To}} {
+		if t.src == nil {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339Nano, *t.src)
+		if err != nil {
+			return f, bad(t.path, fmt.Sprintf("%q is not an RFC 3339 time", *t.src))
+		}
+		if v.After(now) {
+			return f, bad(t.path, fmt.Sprintf("%s is in the future", v.Format(time.RFC3339)))
+		}
+		*t.dst = &v
+	}
+	if f.From != nil && f.To != nil && !f.From.Before(*f.To) {
+		return f, bad("to", "must be after from")
+	}
+	if f.From == nil && f.To == nil && f.AggregateType == "" && f.AggregateID == "" && f.Type == "" {
+		return f, bad("", "give a time range (from, to) or a filter (aggregate_type, aggregate_id, type)")
+	}
+	return f, nil
+}
+
+// BackfillView is POST …/backfill's answer.
+type BackfillView struct {
+	Pipeline string `json:"pipeline"`
+	DryRun   bool   `json:"dry_run"`
+	Events   int64  `json:"backfill_events"`
+}
+
+func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
+	v, _, ok := c.find(w, r, p)
+	if !ok {
+		return
+	}
+	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
+		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
+		return
+	}
+	dry, prob := boolQuery(r, "dry_run")
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	var body backfillBody
+	if prob := decodeStrict(w, r, &body); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	f, prob := body.filter(dry, time.Now())
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	spec, prob := c.sourceOf(v)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	b, ok := spec.Source.Config.(plugins.Backfiller)
+	if !ok {
+		writeProblem(w, &problem{code: http.StatusUnprocessableEntity,
+			msg: "the " + spec.Source.Type + " source cannot backfill beside live traffic; pause the pipeline and reset its offsets to a time instead (PATCH /api/v1/pipelines/" + v.Name + "/offsets)"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
+	defer cancel()
+	n, err := b.Backfill(ctx, v.Name, f)
+	if err != nil {
+		writeProblem(w, requestProblem(err))
+		return
+	}
+	if !dry {
+		detail, _ := json.Marshal(map[string]any{"filter": body, "backfill_events": n})
+		if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionBackfill, v.Name, v.Tenant, string(detail)); err != nil {
+			c.log().Error("audit a backfill", "pipeline", v.Name, "tenant", v.Tenant, "err", redact.Error(err))
+		}
+		c.log().Info("backfill queued", "pipeline", v.Name, "tenant", v.Tenant, "events", n, "token_id", p.actor.TokenID)
+	}
+	writeJSON(w, http.StatusOK, BackfillView{Pipeline: v.Name, DryRun: dry, Events: n})
 }

@@ -77,6 +77,7 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"PUT /api/v1/tenants/{name}":             {"application/json", `{"limits":{"rate":5}}`},
 		"POST /api/v1/tokens":                    {"application/json", `{"scope":"read"}`},
 		"PATCH /api/v1/pipelines/{name}/offsets": {"application/json", `{"to":"latest"}`},
+		"POST /api/v1/pipelines/{name}/backfill": {"application/json", `{"aggregate_type":"order"}`},
 	}
 	routes := append([]string{"GET /metrics", "GET /healthz", "GET /readyz"}, httpapi.ControlRoutes()...)
 	documented := map[string]bool{}

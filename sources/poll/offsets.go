@@ -224,3 +224,43 @@ var (
 	_ plugins.OffsetKeeper     = (*Config)(nil)
 	_ plugins.DeadLetterKeeper = (*Config)(nil)
 )
+
+// Backfill marks the matching published rows unpublished again, with the
+// replay header added to their headers column: the workers claim them in
+// id order with the live rows, so each aggregate's events, backfilled or
+// live, are sent in id order, and no backfilled event is sent after a
+// newer live one of its aggregate that was still waiting. Rows in flight
+// or parked are left alone.
+func (c *Config) Backfill(ctx context.Context, _ string, f plugins.BackfillFilter) (int64, error) {
+	if c.Columns.Headers == "" {
+		return 0, &plugins.RequestError{Field: "source.columns.headers", Unsupported: true,
+			Msg: "backfill marks re-sent events with the " + plugins.ReplayHeader + " header, which needs the headers column"}
+	}
+	q := c.offsetSQL()
+	col := func(n string) string { return pgx.Identifier{n}.Sanitize() }
+	where := fmt.Sprintf(`published_at IS NOT NULL AND ($1::timestamptz IS NULL OR %[1]s >= $1) AND ($2::timestamptz IS NULL OR %[1]s < $2)
+		AND ($3 = '' OR %[2]s::text = $3) AND ($4 = '' OR %[3]s::text = $4) AND ($5 = '' OR %[4]s::text = $5)`,
+		q.created, col(c.Columns.AggregateType), col(c.Columns.AggregateID), col(c.Columns.Type))
+	args := []any{f.From, f.To, f.AggregateType, f.AggregateID, f.Type}
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		return 0, fmt.Errorf("backfill: %w", redact.Error(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if f.DryRun {
+		var n int64
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+q.tbl+` WHERE `+where, args...).Scan(&n); err != nil {
+			return 0, fmt.Errorf("backfill: %w", redact.Error(err))
+		}
+		return n, nil
+	}
+	h := col(c.Columns.Headers)
+	tag, err := conn.Exec(ctx, fmt.Sprintf(`UPDATE %s SET published_at = NULL, claimed_until = NULL, claimed_by = NULL, attempts = 0, last_error = NULL,
+		%s = coalesce(%s::jsonb, '{}'::jsonb) || jsonb_build_object('%s', 'true') WHERE %s`, q.tbl, h, h, plugins.ReplayHeader, where), args...)
+	if err != nil {
+		return 0, fmt.Errorf("backfill: %w", redact.Error(err))
+	}
+	return tag.RowsAffected(), nil
+}
+
+var _ plugins.Backfiller = (*Config)(nil)

@@ -17,6 +17,8 @@ type offsetFlags struct {
 	toTime, toPosition, reason string
 	toLatest, dryRun, replay   bool
 	limit                      int
+	from, to                   string
+	aggType, aggID, eventType  string
 }
 
 func registerOffsetFlags(fs interface {
@@ -32,6 +34,11 @@ func registerOffsetFlags(fs interface {
 	fs.BoolVar(&o.replay, "replay", false, "dead-letters: unpark them so the pipeline delivers each once more")
 	fs.StringVar(&o.reason, "reason", "", "dead-letters: only those whose reason contains this")
 	fs.IntVar(&o.limit, "limit", 0, "dead-letters: at most this many (listing: 100 by default; --replay: all)")
+	fs.StringVar(&o.from, "from", "", "backfill: events created at or after this RFC 3339 time")
+	fs.StringVar(&o.to, "to", "", "backfill: events created before this RFC 3339 time")
+	fs.StringVar(&o.aggType, "aggregate-type", "", "backfill: only this aggregate type")
+	fs.StringVar(&o.aggID, "aggregate-id", "", "backfill: only this aggregate")
+	fs.StringVar(&o.eventType, "type", "", "backfill: only this event type")
 	return &o
 }
 
@@ -121,6 +128,34 @@ func offsetsSub(sub, name string, o *offsetFlags, c *apiClient, format string, s
 		if !o.dryRun {
 			fmt.Fprintf(stdout, "resume it to deliver from there: ferry pipelines resume %s\n", name)
 		}
+	case "backfill":
+		body := map[string]any{}
+		for k, v := range map[string]string{"from": o.from, "to": o.to, "aggregate_type": o.aggType, "aggregate_id": o.aggID, "type": o.eventType} {
+			if v != "" {
+				body[k] = v
+			}
+		}
+		if len(body) == 0 {
+			fmt.Fprintln(stderr, "ferry pipelines backfill: give --from/--to or --aggregate-type, --aggregate-id, --type")
+			return 2
+		}
+		raw, _ := json.Marshal(body)
+		path := base + "/backfill"
+		if o.dryRun {
+			path += "?dry_run=true"
+		}
+		var out map[string]any
+		if _, err := c.call("POST", path, "application/json", raw, &out); err != nil {
+			return fail(err)
+		}
+		if format != "table" {
+			return exitOf(printAs(stdout, format, out))
+		}
+		verb := "queued for sending again (header ferry-replay: true)"
+		if o.dryRun {
+			verb = "would be sent again (dry run)"
+		}
+		fmt.Fprintf(stdout, "%s: %v events %s\n", name, out["backfill_events"], verb)
 	case "dead-letters":
 		q := url.Values{}
 		if o.reason != "" {

@@ -91,6 +91,16 @@ func TestPipelinesResetCLI(t *testing.T) {
 	if len(seen) != 50 {
 		t.Errorf("%d distinct events re-sent, want 50", len(seen))
 	}
+	// xid8 parks nothing and cannot backfill beside live traffic: both say so.
+	if code, out, errOut := run("pipelines", "dead-letters", "rs", "--url", url); code != 0 || !strings.Contains(out, "0 shown of 0") || !strings.Contains(out, "parks no events") {
+		t.Errorf("dead-letters: %d %s %s", code, out, errOut)
+	}
+	if code, _, errOut := run("pipelines", "backfill", "rs", "--from", ts, "--url", url); code != 1 || !strings.Contains(errOut, "reset its offsets to a time") {
+		t.Errorf("backfill on xid8: %d %s", code, errOut)
+	}
+	if code, _, errOut := run("pipelines", "backfill", "rs", "--url", url); code != 2 {
+		t.Errorf("backfill without a filter: %d %s", code, errOut)
+	}
 }
 
 // waitDedupForgotten publishes a probe to subject and waits until the

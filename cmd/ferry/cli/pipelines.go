@@ -41,7 +41,8 @@ type remotePipeline struct {
 }
 
 const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [--purge] | pause NAME | resume NAME | plan -f DIR [--prune] | apply -f DIR [--prune] | ` +
-	`offsets NAME | reset NAME (--to-time T | --to-position JSON | --to-latest) [--dry-run] | dead-letters NAME [--reason R] [--limit N] [--replay [--dry-run]]`
+	`offsets NAME | reset NAME (--to-time T | --to-position JSON | --to-latest) [--dry-run] | dead-letters NAME [--reason R] [--limit N] [--replay [--dry-run]] | ` +
+	`backfill NAME [--from T] [--to T] [--aggregate-type A] [--aggregate-id ID] [--type E] [--dry-run]`
 
 func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
@@ -155,7 +156,7 @@ func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stdout, "warning:", w)
 		}
 		fmt.Fprintf(stdout, "%s: %s\n", name, map[string]string{"delete": "deleted", "pause": "paused", "resume": "resumed"}[sub])
-	case "offsets", "reset", "dead-letters":
+	case "offsets", "reset", "dead-letters", "backfill":
 		if !needName() {
 			return 2
 		}
