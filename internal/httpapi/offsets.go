@@ -140,16 +140,38 @@ func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines
 		return nil, &problem{code: http.StatusConflict,
 			msg: fmt.Sprintf("pipeline %s is %s: pause it first (POST /api/v1/pipelines/%s/pause); its progress can only change while it is stopped", v.Name, v.DesiredState, v.Name)}
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	// Wait for this instance to have stopped it, and for every instance's
+	// last report (through the store) to say it runs nowhere.
+	deadline := time.Now().Add(15 * time.Second)
 	for {
-		st, err := c.o.Supervisor.Status(v.Name)
-		if err != nil || stopped(st.State) {
+		where := ""
+		if st, err := c.o.Supervisor.Status(v.Name); err == nil && !stopped(st.State) {
+			where = string(st.State) + " on this instance"
+		}
+		if where == "" {
+			all, _ := c.views(ctx)
+			for _, pv := range all {
+				if pv.Name != v.Name {
+					continue
+				}
+				for _, in := range pv.RunningOn {
+					if !stopped(pipelines.State(in.State)) {
+						where = in.State + " on instance " + in.Instance
+					}
+				}
+			}
+		}
+		if where == "" {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, &problem{code: http.StatusConflict, msg: fmt.Sprintf("pipeline %s is paused but still %s on this instance; retry once it stopped", v.Name, st.State)}
+			return nil, &problem{code: http.StatusConflict, msg: fmt.Sprintf("pipeline %s is paused but still %s; retry once it stopped", v.Name, where)}
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, &problem{code: http.StatusConflict, msg: fmt.Sprintf("pipeline %s is paused but still %s; retry once it stopped", v.Name, where)}
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	o, ok := spec.Source.Config.(plugins.OutboxSource)
 	if !ok {

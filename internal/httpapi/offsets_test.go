@@ -169,6 +169,9 @@ func TestResetXid8ForwardSkip(t *testing.T) {
 	if err := f.e.Pool.QueryRow(ctx, `SELECT xact_id::text FROM outbox WHERE id = $1`, written[599].OutboxID).Scan(&xact); err != nil {
 		t.Fatal(err)
 	}
+	if r := f.do(t, "PATCH", "/api/v1/pipelines/sk/offsets?dry_run=true", adminToken, "application/json", `{"to": "latest"}`); r.code != 200 || r.body["skip_events"] != 900.0 {
+		t.Fatalf("dry run to latest: %d %s", r.code, r.raw)
+	}
 	body := fmt.Sprintf(`{"to": "position", "position": {"xact_id": %q, "id": %d}}`, xact, written[599].OutboxID)
 	r := f.do(t, "PATCH", "/api/v1/pipelines/sk/offsets", adminToken, "application/json", body)
 	if r.code != 200 || r.body["skip_events"] != 500.0 || r.body["resend_events"] != 0.0 {
@@ -298,6 +301,13 @@ func TestResetPollToTime(t *testing.T) {
 		t.Fatalf("reset: %d %s", r.code, r.raw)
 	}
 	t.Logf("poll reset to %s: %s", cut.Format(time.RFC3339Nano), r.raw)
+	if r := f.do(t, "PATCH", "/api/v1/pipelines/pr/offsets?dry_run=true", adminToken, "application/json", `{"to": "latest"}`); r.code != 200 || r.body["skip_events"] != 500.0 {
+		t.Fatalf("dry run to latest: %d %s", r.code, r.raw)
+	}
+	pos := fmt.Sprintf(`{"to": "position", "position": {"id": %d}}`, written[699].OutboxID)
+	if r := f.do(t, "PATCH", "/api/v1/pipelines/pr/offsets?dry_run=true", adminToken, "application/json", pos); r.code != 200 || r.body["skip_events"] != 200.0 || r.body["resend_events"] != 0.0 {
+		t.Fatalf("dry run to a position: %d %s", r.code, r.raw)
+	}
 	if r := f.do(t, "POST", "/api/v1/pipelines/pr/resume", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("resume: %d %s", r.code, r.raw)
 	}

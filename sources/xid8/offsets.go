@@ -27,9 +27,12 @@ type offsetSQL struct {
 }
 
 func (c *Config) offsetSQL() offsetSQL {
-	return offsetSQL{tbl: outbox.Quote(c.Table), offsets: outbox.Quote(c.OffsetsTable),
-		xact: pgx.Identifier{c.XactIDColumn}.Sanitize(), id: pgx.Identifier{c.Columns.ID}.Sanitize(),
-		created: pgx.Identifier{c.Columns.CreatedAt}.Sanitize()}
+	// Columns are qualified by the alias o, which every statement gives the
+	// table: an unqualified ORDER BY xact_id would bind to a select list's
+	// xact_id::text and sort transaction ids as text ("999" after "1000").
+	return offsetSQL{tbl: outbox.Quote(c.Table) + " AS o", offsets: outbox.Quote(c.OffsetsTable),
+		xact: "o." + pgx.Identifier{c.XactIDColumn}.Sanitize(), id: "o." + pgx.Identifier{c.Columns.ID}.Sanitize(),
+		created: "o." + pgx.Identifier{c.Columns.CreatedAt}.Sanitize()}
 }
 
 // cursor reads the pipeline's stored cursor; a pipeline that never
@@ -199,15 +202,34 @@ func (q offsetSQL) target(ctx context.Context, tx pgx.Tx, r plugins.OffsetReset)
 		}
 		return Position{XactID: x, ID: n}, nil
 	case plugins.ResetToLatest:
-		// Everything committed so far counts as delivered; a transaction
-		// still open commits past it and is delivered.
-		err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT %s::text, %s FROM %s WHERE %s < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY %s DESC, %s DESC LIMIT 1`,
-			q.xact, q.id, q.tbl, q.xact, q.xact, q.id)).Scan(&xact, &id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return Position{}, nil
-		}
-		if err != nil {
-			return Position{}, err
+		// Everything committed so far counts as delivered. The cursor may
+		// only pass a row once every older transaction ended (one still
+		// open could commit a row behind it, never to be read): wait for
+		// the transactions older than the newest committed row to end.
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			var xmin string
+			err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT %s::text, %s, pg_snapshot_xmin(pg_current_snapshot())::text FROM %s ORDER BY %s DESC, %s DESC LIMIT 1`,
+				q.xact, q.id, q.tbl, q.xact, q.id)).Scan(&xact, &id, &xmin)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return Position{}, nil
+			}
+			if err != nil {
+				return Position{}, err
+			}
+			x, _ := strconv.ParseUint(xact, 10, 64)
+			m, _ := strconv.ParseUint(xmin, 10, 64)
+			if x < m {
+				break
+			}
+			if time.Now().After(deadline) {
+				return Position{}, fmt.Errorf("transaction %s, older than the newest outbox row, is still open: end it (or retry) to reset to latest", xmin)
+			}
+			select {
+			case <-ctx.Done():
+				return Position{}, ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
 	case plugins.ResetToTime:
 		// Just before the first row created at or after the time: that row
