@@ -10,12 +10,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
+
+	_ "github.com/ferryhq/ferry/sinks/kafka"
 )
 
 // writeEvents commits n events over aggs aggregates, one transaction each.
@@ -542,4 +545,63 @@ func TestPollBackfillDuringLiveTraffic(t *testing.T) {
 	assertExactly(t, "live traffic", live, sourcetest.Decode(t, fresh))
 	assertExactly(t, "backfilled", old, sourcetest.Decode(t, replayed))
 	t.Logf("backfill beside 1000 live events at 500/s: %d re-sent with ferry-replay, %d live, each once, per-aggregate order kept", len(replayed), len(fresh))
+}
+
+// decodeKafka reads the events of Kafka records as sourcetest.Decode
+// reads NATS messages.
+func decodeKafka(t *testing.T, recs []*kgo.Record) []sourcetest.Delivered {
+	t.Helper()
+	msgs := make([]testenv.Received, 0, len(recs))
+	for _, r := range recs {
+		h := nats.Header{}
+		for _, kv := range r.Headers {
+			h.Set(kv.Key, string(kv.Value))
+		}
+		msgs = append(msgs, testenv.Received{Header: h, Data: r.Value})
+	}
+	return sourcetest.Decode(t, msgs)
+}
+
+// poll to Kafka: 400 events, reset to the 201st's time while paused, the
+// last 200 arrive again, every id once, each aggregate in order.
+func TestResetPollToTimeKafka(t *testing.T) {
+	f := startPollControl(t)
+	ctx := context.Background()
+	srv := testenv.StartKafka(t)
+	topic := strings.ToLower(f.e.Stream) + "-reset"
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 1)
+	coll := testenv.CollectKafka(t, []string{srv.Addr()}, []string{topic})
+	y := fmt.Sprintf("name: pk\nsource: {type: poll, dsn: %q, poll_interval: 20ms}\nsink: {type: kafka, brokers: [%q], topic: %s}\n", f.e.DSN, srv.Addr(), topic)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/pk/config", adminToken, "application/yaml", y); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	written := writeEvents(t, f, 400, 10)
+	testenv.Eventually(t, 60*time.Second, "400 records", func() bool { return coll.Len() >= 400 })
+	assertExactly(t, "first delivery", written, decodeKafka(t, coll.All()))
+	var cut time.Time
+	if err := f.e.Pool.QueryRow(ctx, `SELECT created_at FROM outbox WHERE id = $1`, written[200].OutboxID).Scan(&cut); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "every row marked", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/pk/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return pos["unpublished_events"] == 0.0
+	})
+	if r := f.do(t, "POST", "/api/v1/pipelines/pk/pause", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("pause: %d %s", r.code, r.raw)
+	}
+	r := f.do(t, "PATCH", "/api/v1/pipelines/pk/offsets", adminToken, "application/json", fmt.Sprintf(`{"to": "time", "time": %q}`, cut.Format(time.RFC3339Nano)))
+	if r.code != 200 || r.body["resend_events"] != 200.0 {
+		t.Fatalf("reset: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines/pk/resume", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("resume: %d %s", r.code, r.raw)
+	}
+	testenv.Eventually(t, 60*time.Second, "the 200 records again", func() bool { return coll.Len() >= 600 })
+	testenv.Eventually(t, 10*time.Second, "every row marked again", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/pk/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return pos["unpublished_events"] == 0.0
+	})
+	assertExactly(t, "after the reset", written[200:], decodeKafka(t, coll.All()[400:]))
 }
