@@ -121,7 +121,7 @@ func (b *resetBody) reset(dry bool, now time.Time) (plugins.OffsetReset, *proble
 	return out, nil
 }
 
-// stoppable states: the pipeline reads nothing on this instance.
+// stopped reports whether a pipeline in state s reads nothing.
 func stopped(s pipelines.State) bool {
 	switch s {
 	case pipelines.StatePaused, pipelines.StateStopped, pipelines.StateFailed, StatePending, pipelines.StateStandby:

@@ -112,15 +112,16 @@ func (c *Config) ResetOffsets(ctx context.Context, _ string, r plugins.OffsetRes
 	default:
 		return plugins.ResetResult{}, &plugins.RequestError{Field: "to", Msg: fmt.Sprintf("must be time, position or latest, got %q", r.To)}
 	}
+	note := ""
 	if c.OnDelivered == DeliveredDelete && r.To != plugins.ResetToLatest {
-		to["note"] = "delivered rows are deleted (on_delivered: delete): only waiting rows can be skipped"
+		note = "delivered rows are deleted (on_delivered: delete): only waiting rows can be skipped"
 	}
 	conn, err := pgx.Connect(ctx, c.DSN)
 	if err != nil {
 		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	res := plugins.ResetResult{To: to, From: map[string]any{}}
+	res := plugins.ResetResult{To: to, From: map[string]any{}, Note: note}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE published_at IS NOT NULL AND (%[1]s)),
 			count(*) FILTER (WHERE %[2]s AND NOT (%[1]s)) FROM %[3]s`, after, live, q.tbl), arg).Scan(&res.Resend, &res.Skip); err != nil {
@@ -142,10 +143,6 @@ func (c *Config) ResetOffsets(ctx context.Context, _ string, r plugins.OffsetRes
 	})
 	if err != nil {
 		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
-	}
-	if n, ok := to["note"].(string); ok {
-		res.Note = n
-		delete(to, "note")
 	}
 	return res, nil
 }
