@@ -177,6 +177,11 @@ func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines
 	if !ok {
 		return func() {}, nil
 	}
+	if st, err := c.o.Supervisor.Status(v.Name); err == nil && st.State == pipelines.StatePaused {
+		// Paused here and still known here: with HA this instance keeps the
+		// ownership lock while paused, so no other instance can start it.
+		return func() {}, nil
+	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	lock, err := waitForOwnership(lctx, o.OutboxTable().DSN, v.Name)

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -604,4 +605,41 @@ func TestResetPollToTimeKafka(t *testing.T) {
 		return pos["unpublished_events"] == 0.0
 	})
 	assertExactly(t, "after the reset", written[200:], decodeKafka(t, coll.All()[400:]))
+}
+
+// A file pipeline paused on this instance is reset like a store one: to
+// the start, it sends every event again.
+func TestResetFilePipeline(t *testing.T) {
+	f := startControl(t, adminToken)
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/p.yaml", []byte(f.pipelineYAML("ff", "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.conv.LoadFiles = func() ([]*pipelines.Spec, error) { return pipelines.Load(dir) }
+	if _, err := f.conv.ReloadFiles(); err != nil {
+		t.Fatal(err)
+	}
+	subject := f.e.Subject + ".ff"
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_FF", 100*time.Millisecond, subject)
+	written := writeEvents(t, f, 50, 5)
+	coll.WaitFor(t, 60*time.Second, "50 events", func(m []testenv.Received) bool { return len(m) >= 50 })
+	if r := f.do(t, "POST", "/api/v1/pipelines/ff/pause", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("pause: %d %s", r.code, r.raw)
+	}
+	waitDedupForgotten(t, f.e.NATS, subject)
+	r := f.do(t, "PATCH", "/api/v1/pipelines/ff/offsets", adminToken, "application/json", `{"to": "position", "position": {"xact_id": "0", "id": 0}}`)
+	if r.code != 200 || r.body["resend_events"] != 50.0 {
+		t.Fatalf("reset: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines/ff/resume", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("resume: %d %s", r.code, r.raw)
+	}
+	coll.WaitFor(t, 60*time.Second, "50 events again", func(m []testenv.Received) bool { return len(m) >= 102 })
+	var again []testenv.Received
+	for _, m := range coll.All()[50:] {
+		if m.Header.Get("probe") == "" {
+			again = append(again, m)
+		}
+	}
+	assertExactly(t, "after the reset", written, sourcetest.Decode(t, again))
 }
