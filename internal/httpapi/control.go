@@ -59,7 +59,7 @@ type principal struct {
 }
 
 func (c *api) controlRoutes() []route {
-	return []route{
+	return append([]route{
 		{"GET", "/pipelines", accessRead, c.listPipelines},
 		{"POST", "/pipelines", accessWrite, c.createPipeline},
 		{"GET", "/pipelines/{name}", accessRead, c.getPipeline},
@@ -80,7 +80,7 @@ func (c *api) controlRoutes() []route {
 		{"GET", "/audit", accessAdmin, c.audit},
 		{"POST", "/reload", accessAdmin, c.reloadFiles},
 		{"GET", "/openapi.json", accessRead, c.openAPI},
-	}
+	}, c.offsetRoutes()...)
 }
 
 // registerControl adds the control plane's routes to mux, each behind

@@ -57,7 +57,13 @@ func startControlWith(t *testing.T, admin string, converge bool) *controlFixture
 // when set (a fault proxy).
 func startControlVia(t *testing.T, admin string, converge bool, storeDSN func(string) string) *controlFixture {
 	t.Helper()
-	f := &controlFixture{e: sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})}
+	return startControlOn(t, admin, converge, storeDSN, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+}
+
+// startControlOn starts the fixture with h's outbox table.
+func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(string) string, h sourcetest.Harness) *controlFixture {
+	t.Helper()
+	f := &controlFixture{e: sourcetest.Setup(t, h)}
 	ctx := context.Background()
 	dsn := f.e.DSN
 	if storeDSN != nil {

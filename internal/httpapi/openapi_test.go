@@ -71,11 +71,13 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 
 	pipeline := f.pipelineYAML("a-pipe", "team-a")
 	bodies := map[string][2]string{
-		"POST /api/v1/pipelines":              {"application/yaml", f.pipelineYAML("b-pipe", "")},
-		"PUT /api/v1/pipelines/{name}/config": {"application/yaml", strings.ReplaceAll(pipeline, "20ms", "40ms")},
-		"POST /api/v1/validate":               {"application/yaml", pipeline},
-		"PUT /api/v1/tenants/{name}":          {"application/json", `{"limits":{"rate":5}}`},
-		"POST /api/v1/tokens":                 {"application/json", `{"scope":"read"}`},
+		"POST /api/v1/pipelines":                 {"application/yaml", f.pipelineYAML("b-pipe", "")},
+		"PUT /api/v1/pipelines/{name}/config":    {"application/yaml", strings.ReplaceAll(pipeline, "20ms", "40ms")},
+		"POST /api/v1/validate":                  {"application/yaml", pipeline},
+		"PUT /api/v1/tenants/{name}":             {"application/json", `{"limits":{"rate":5}}`},
+		"POST /api/v1/tokens":                    {"application/json", `{"scope":"read"}`},
+		"PATCH /api/v1/pipelines/{name}/offsets": {"application/json", `{"to":"latest"}`},
+		"POST /api/v1/pipelines/{name}/backfill": {"application/json", `{"aggregate_type":"order"}`},
 	}
 	routes := append([]string{"GET /metrics", "GET /healthz", "GET /readyz"}, httpapi.ControlRoutes()...)
 	documented := map[string]bool{}

@@ -83,6 +83,11 @@ func TestScopeRouteTable(t *testing.T) {
 			routeCase{"POST", "/api/v1/pipelines/" + name + "/resume", "", "", who, "write"},
 			routeCase{"POST", "/api/v1/pipelines/" + name + "/restart", "", "", who, "write"},
 			routeCase{"DELETE", "/api/v1/pipelines/" + name, "", "", who, "write"},
+			routeCase{"GET", "/api/v1/pipelines/" + name + "/offsets", "", "", who, "read"},
+			routeCase{"PATCH", "/api/v1/pipelines/" + name + "/offsets", "application/json", `{"to":"latest"}`, who, "write"},
+			routeCase{"GET", "/api/v1/pipelines/" + name + "/dead-letters", "", "", who, "read"},
+			routeCase{"POST", "/api/v1/pipelines/" + name + "/dead-letters/replay", "", "", who, "write"},
+			routeCase{"POST", "/api/v1/pipelines/" + name + "/backfill", "application/json", `{"aggregate_type":"order"}`, who, "write"},
 			routeCase{"GET", "/api/v1/tenants/" + tenant, "", "", who, "read"},
 			routeCase{"PUT", "/api/v1/tenants/" + tenant, "application/json", `{"limits":{"rate":100}}`, who, "write"},
 		)

@@ -40,7 +40,9 @@ type remotePipeline struct {
 	} `json:"running_on"`
 }
 
-const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [--purge] | pause NAME | resume NAME | plan -f DIR [--prune] | apply -f DIR [--prune]`
+const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [--purge] | pause NAME | resume NAME | plan -f DIR [--prune] | apply -f DIR [--prune] | ` +
+	`offsets NAME | reset NAME (--to-time T | --to-position JSON | --to-latest) [--dry-run] | dead-letters NAME [--reason R] [--limit N] [--replay [--dry-run]] | ` +
+	`backfill NAME [--from T] [--to T] [--aggregate-type A] [--aggregate-id ID] [--type E] [--dry-run]`
 
 func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
@@ -59,6 +61,7 @@ func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 	purge := fs.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
 	dir := fs.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
 	prune := fs.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
+	offsetFlags := registerOffsetFlags(fs)
 	// Flags may follow the pipeline name: ferry pipelines get orders -o json.
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -153,6 +156,11 @@ func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stdout, "warning:", w)
 		}
 		fmt.Fprintf(stdout, "%s: %s\n", name, map[string]string{"delete": "deleted", "pause": "paused", "resume": "resumed"}[sub])
+	case "offsets", "reset", "dead-letters", "backfill":
+		if !needName() {
+			return 2
+		}
+		return offsetsSub(sub, name, offsetFlags, c, af.output, stdout, stderr)
 	case "plan", "apply":
 		if *dir == "" {
 			fmt.Fprintf(stderr, "ferry pipelines %s: -f DIR is required\n", sub)

@@ -1,0 +1,240 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// offsetFlags are the flags of pipelines offsets, reset and dead-letters.
+type offsetFlags struct {
+	toTime, toPosition, reason string
+	toLatest, dryRun, replay   bool
+	limit                      int
+	from, to                   string
+	aggType, aggID, eventType  string
+}
+
+func registerOffsetFlags(fs interface {
+	StringVar(*string, string, string, string)
+	BoolVar(*bool, string, bool, string)
+	IntVar(*int, string, int, string)
+}) *offsetFlags {
+	var o offsetFlags
+	fs.StringVar(&o.toTime, "to-time", "", "reset: deliver from the first event created at or after this RFC 3339 time (again)")
+	fs.StringVar(&o.toPosition, "to-position", "", `reset: move to the source's own position, as JSON (xid8 {"xact_id":"…","id":N}, poll {"id":N}, wal {"lsn":"…"})`)
+	fs.BoolVar(&o.toLatest, "to-latest", false, "reset: skip everything not yet delivered")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "reset, dead-letters --replay: say what would happen, change nothing")
+	fs.BoolVar(&o.replay, "replay", false, "dead-letters: unpark them so the pipeline delivers each once more")
+	fs.StringVar(&o.reason, "reason", "", "dead-letters: only those whose reason contains this")
+	fs.IntVar(&o.limit, "limit", 0, "dead-letters: at most this many (listing: 100 by default; --replay: all)")
+	fs.StringVar(&o.from, "from", "", "backfill: events created at or after this RFC 3339 time")
+	fs.StringVar(&o.to, "to", "", "backfill: events created before this RFC 3339 time")
+	fs.StringVar(&o.aggType, "aggregate-type", "", "backfill: only this aggregate type")
+	fs.StringVar(&o.aggID, "aggregate-id", "", "backfill: only this aggregate")
+	fs.StringVar(&o.eventType, "type", "", "backfill: only this event type")
+	return &o
+}
+
+// offsetsSub runs pipelines offsets, reset and dead-letters.
+func offsetsSub(sub, name string, o *offsetFlags, c *apiClient, format string, stdout, stderr io.Writer) int {
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "ferry pipelines %s: %v\n", sub, err)
+		return 1
+	}
+	base := "/pipelines/" + url.PathEscape(name)
+	switch sub {
+	case "offsets":
+		var out map[string]any
+		if _, err := c.call("GET", base+"/offsets", "", nil, &out); err != nil {
+			return fail(err)
+		}
+		if format != "table" {
+			return exitOf(printAs(stdout, format, out))
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "pipeline\t%v\nsource\t%v\n", out["pipeline"], out["source"])
+		pos, _ := out["position"].(map[string]any)
+		keys := make([]string, 0, len(pos))
+		for k := range pos {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(tw, "%s\t%v\n", k, orDash(pos[k]))
+		}
+		fmt.Fprintf(tw, "newest_delivered_created_at\t%v\n", orDash(out["newest_delivered_created_at"]))
+		if n, ok := out["note"].(string); ok && n != "" {
+			fmt.Fprintf(tw, "note\t%s\n", n)
+		}
+		return exitOf(tw.Flush())
+	case "reset":
+		body := map[string]any{}
+		set := 0
+		if o.toTime != "" {
+			if _, err := time.Parse(time.RFC3339Nano, o.toTime); err != nil {
+				fmt.Fprintf(stderr, "ferry pipelines reset: --to-time %q is not an RFC 3339 time (e.g. 2026-11-30T12:00:00Z)\n", o.toTime)
+				return 2
+			}
+			body["to"], body["time"] = "time", o.toTime
+			set++
+		}
+		if o.toPosition != "" {
+			var pos map[string]any
+			dec := json.NewDecoder(strings.NewReader(o.toPosition))
+			dec.UseNumber()
+			if err := dec.Decode(&pos); err != nil {
+				fmt.Fprintf(stderr, "ferry pipelines reset: --to-position must be a JSON object: %v\n", err)
+				return 2
+			}
+			body["to"], body["position"] = "position", pos
+			set++
+		}
+		if o.toLatest {
+			body["to"] = "latest"
+			set++
+		}
+		if set != 1 {
+			fmt.Fprintln(stderr, "ferry pipelines reset: give exactly one of --to-time, --to-position, --to-latest")
+			return 2
+		}
+		raw, _ := json.Marshal(body)
+		path := base + "/offsets"
+		if o.dryRun {
+			path += "?dry_run=true"
+		}
+		var out map[string]any
+		if _, err := c.call("PATCH", path, "application/json", raw, &out); err != nil {
+			return fail(err)
+		}
+		if format != "table" {
+			return exitOf(printAs(stdout, format, out))
+		}
+		verb := "reset"
+		if o.dryRun {
+			verb = "dry run (nothing changed)"
+		}
+		fmt.Fprintf(stdout, "%s: %s: %v events re-sent, %v skipped\n  from %s\n  to   %s\n", name, verb,
+			out["resend_events"], out["skip_events"], compact(out["from"]), compact(out["to"]))
+		if n, ok := out["note"].(string); ok && n != "" {
+			fmt.Fprintln(stdout, "  note:", n)
+		}
+		if !o.dryRun {
+			fmt.Fprintf(stdout, "resume it to deliver from there: ferry pipelines resume %s\n", name)
+		}
+	case "backfill":
+		body := map[string]any{}
+		for k, v := range map[string]string{"from": o.from, "to": o.to, "aggregate_type": o.aggType, "aggregate_id": o.aggID, "type": o.eventType} {
+			if v != "" {
+				body[k] = v
+			}
+		}
+		if len(body) == 0 {
+			fmt.Fprintln(stderr, "ferry pipelines backfill: give --from/--to or --aggregate-type, --aggregate-id, --type")
+			return 2
+		}
+		raw, _ := json.Marshal(body)
+		path := base + "/backfill"
+		if o.dryRun {
+			path += "?dry_run=true"
+		}
+		var out map[string]any
+		if _, err := c.call("POST", path, "application/json", raw, &out); err != nil {
+			return fail(err)
+		}
+		if format != "table" {
+			return exitOf(printAs(stdout, format, out))
+		}
+		verb := "queued for sending again (header ferry-replay: true)"
+		if o.dryRun {
+			verb = "would be sent again (dry run)"
+		}
+		fmt.Fprintf(stdout, "%s: %v events %s\n", name, out["backfill_events"], verb)
+	case "dead-letters":
+		q := url.Values{}
+		if o.reason != "" {
+			q.Set("reason", o.reason)
+		}
+		if o.limit > 0 {
+			q.Set("limit", strconv.Itoa(o.limit))
+		}
+		if o.replay && o.dryRun {
+			q.Set("dry_run", "true")
+		}
+		qs := ""
+		if len(q) > 0 {
+			qs = "?" + q.Encode()
+		}
+		if o.replay {
+			var out map[string]any
+			if _, err := c.call("POST", base+"/dead-letters/replay"+qs, "", nil, &out); err != nil {
+				return fail(err)
+			}
+			if format != "table" {
+				return exitOf(printAs(stdout, format, out))
+			}
+			verb := "replayed"
+			if o.dryRun {
+				verb = "would replay"
+			}
+			fmt.Fprintf(stdout, "%s: %s %v dead letters: outbox ids %s\n", name, verb, out["replayed_events"], compact(out["outbox_ids"]))
+			return 0
+		}
+		var out struct {
+			Total       int64 `json:"total"`
+			Note        string
+			DeadLetters []struct {
+				OutboxID      int64     `json:"outbox_id"`
+				AggregateType string    `json:"aggregate_type"`
+				AggregateID   string    `json:"aggregate_id"`
+				Type          string    `json:"type"`
+				CreatedAt     time.Time `json:"created_at"`
+				Attempts      int       `json:"attempts"`
+				Reason        string    `json:"reason"`
+			} `json:"dead_letters"`
+		}
+		var raw []byte
+		if _, err := c.call("GET", base+"/dead-letters"+qs, "", nil, &raw); err != nil {
+			return fail(err)
+		}
+		if format != "table" {
+			var v any
+			_ = json.Unmarshal(raw, &v)
+			return exitOf(printAs(stdout, format, v))
+		}
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return fail(err)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "OUTBOX_ID\tAGGREGATE\tTYPE\tCREATED_AT\tATTEMPTS\tREASON")
+		for _, d := range out.DeadLetters {
+			fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%d\t%s\n", d.OutboxID, d.AggregateType, d.AggregateID, d.Type,
+				d.CreatedAt.UTC().Format(time.RFC3339), d.Attempts, d.Reason)
+		}
+		_ = tw.Flush()
+		fmt.Fprintf(stdout, "%d shown of %d", len(out.DeadLetters), out.Total)
+		if out.Note != "" {
+			fmt.Fprintf(stdout, " (%s)", out.Note)
+		}
+		fmt.Fprintf(stdout, "\nreplay them with: ferry pipelines dead-letters %s --replay\n", name)
+	}
+	return 0
+}
+
+func orDash(v any) any {
+	if v == nil {
+		return "-"
+	}
+	return v
+}
+
+func compact(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}

@@ -1,0 +1,494 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/store"
+)
+
+// offsetRoutes are the routes on a pipeline's progress and dead letters.
+func (c *api) offsetRoutes() []route {
+	return []route{
+		{"GET", "/pipelines/{name}/offsets", accessRead, c.getOffsets},
+		{"PATCH", "/pipelines/{name}/offsets", accessWrite, c.resetOffsets},
+		{"GET", "/pipelines/{name}/dead-letters", accessRead, c.getDeadLetters},
+		{"POST", "/pipelines/{name}/dead-letters/replay", accessWrite, c.replayDeadLetters},
+		{"POST", "/pipelines/{name}/backfill", accessWrite, c.backfill},
+	}
+}
+
+// sourceOf loads the pipeline's definition (the store's or the file's) to
+// reach its source config.
+func (c *api) sourceOf(v PipelineView) (*pipelines.Spec, *problem) {
+	if v.ManagedBy == managedByFile {
+		if spec := c.o.Control.Converger.Snapshot().Files[v.Name]; spec != nil {
+			return spec, nil
+		}
+		return nil, &problem{code: http.StatusNotFound, msg: "pipeline " + v.Name + ": its file definition is not loaded"}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	row, err := c.o.Control.Store.Pipeline(ctx, v.Name)
+	if err != nil {
+		return nil, storeProblem(err, "pipeline "+v.Name)
+	}
+	specs, err := c.o.Control.Loader.LoadBytes("store:"+v.Name, []byte(row.Config))
+	if err != nil || len(specs) != 1 {
+		return nil, &problem{code: http.StatusUnprocessableEntity, msg: "the stored configuration of " + v.Name + " does not load here: " + redact.String(errString(err))}
+	}
+	return specs[0], nil
+}
+
+// OffsetsView is GET …/offsets.
+type OffsetsView struct {
+	Pipeline string `json:"pipeline"`
+	Source   string `json:"source"`
+	plugins.Offsets
+}
+
+func (c *api) getOffsets(w http.ResponseWriter, r *http.Request, p principal) {
+	v, _, ok := c.find(w, r, p)
+	if !ok {
+		return
+	}
+	spec, prob := c.sourceOf(v)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	k, ok := spec.Source.Config.(plugins.OffsetKeeper)
+	if !ok {
+		writeProblem(w, &problem{code: http.StatusUnprocessableEntity, msg: "the " + spec.Source.Type + " source keeps no offsets on a database"})
+		return
+	}
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	off, err := k.Offsets(ctx, v.Name)
+	if err != nil {
+		writeProblem(w, &problem{code: http.StatusServiceUnavailable, msg: redact.String(err.Error())})
+		return
+	}
+	writeJSON(w, http.StatusOK, OffsetsView{Pipeline: v.Name, Source: spec.Source.Type, Offsets: off})
+}
+
+// resetBody is PATCH …/offsets.
+type resetBody struct {
+	To       string          `json:"to"`
+	Time     *string         `json:"time"`
+	Position json.RawMessage `json:"position"`
+}
+
+func (b *resetBody) reset(dry bool, now time.Time) (plugins.OffsetReset, *problem) {
+	bad := func(path, msg string) *problem {
+		return &problem{code: http.StatusUnprocessableEntity, msg: path + ": " + msg, details: []detail{{Path: path, Message: msg}}}
+	}
+	out := plugins.OffsetReset{To: b.To, Position: b.Position, DryRun: dry}
+	switch b.To {
+	case plugins.ResetToTime:
+		if b.Time == nil {
+			return out, bad("time", `required with "to": "time" (RFC 3339, e.g. 2026-11-30T12:00:00Z)`)
+		}
+		t, err := time.Parse(time.RFC3339Nano, *b.Time)
+		if err != nil {
+			return out, bad("time", fmt.Sprintf("%q is not an RFC 3339 time", *b.Time))
+		}
+		if t.After(now) {
+			return out, bad("time", fmt.Sprintf("%s is in the future", t.Format(time.RFC3339)))
+		}
+		out.Time = t
+	case plugins.ResetToPosition, plugins.ResetToLatest:
+	case "":
+		return out, bad("to", "required: time, position or latest")
+	default:
+		return out, bad("to", fmt.Sprintf("must be time, position or latest, got %q", b.To))
+	}
+	if b.To != plugins.ResetToTime && b.Time != nil {
+		return out, bad("time", `only with "to": "time"`)
+	}
+	if b.To != plugins.ResetToPosition && len(b.Position) > 0 {
+		return out, bad("position", `only with "to": "position"`)
+	}
+	return out, nil
+}
+
+// stopped reports whether a pipeline in state s reads nothing.
+func stopped(s pipelines.State) bool {
+	switch s {
+	case pipelines.StatePaused, pipelines.StateStopped, pipelines.StateFailed, StatePending, pipelines.StateStandby:
+		return true
+	}
+	return false
+}
+
+// requirePaused refuses a change to a pipeline's progress unless it is
+// paused and has stopped here, as Kafka Connect refuses offsets changes of
+// a running connector. It waits a little for a pause just requested to
+// take effect. With HA, the ownership lock is taken (and returned) so no
+// instance starts it meanwhile.
+func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines.Spec) (func(), *problem) {
+	if v.DesiredState != store.DesiredPaused {
+		return nil, &problem{code: http.StatusConflict,
+			msg: fmt.Sprintf("pipeline %s is %s: pause it first (POST /api/v1/pipelines/%s/pause); its progress can only change while it is stopped", v.Name, v.DesiredState, v.Name)}
+	}
+	// Wait for this instance to have stopped it, and for every instance's
+	// last report (through the store) to say it runs nowhere.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		where := ""
+		if st, err := c.o.Supervisor.Status(v.Name); err == nil && !stopped(st.State) {
+			where = string(st.State) + " on this instance"
+		}
+		if where == "" {
+			all, _ := c.views(ctx)
+			for _, pv := range all {
+				if pv.Name != v.Name {
+					continue
+				}
+				for _, in := range pv.RunningOn {
+					if !stopped(pipelines.State(in.State)) {
+						where = in.State + " on instance " + in.Instance
+					}
+				}
+			}
+		}
+		if where == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, &problem{code: http.StatusConflict, msg: fmt.Sprintf("pipeline %s is paused but still %s; retry once it stopped", v.Name, where)}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, &problem{code: http.StatusConflict, msg: fmt.Sprintf("pipeline %s is paused but still %s; retry once it stopped", v.Name, where)}
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	o, ok := spec.Source.Config.(plugins.OutboxSource)
+	if !ok {
+		return func() {}, nil
+	}
+	if st, err := c.o.Supervisor.Status(v.Name); err == nil && st.State == pipelines.StatePaused {
+		// Paused here and still known here: with HA this instance keeps the
+		// ownership lock while paused, so no other instance can start it.
+		return func() {}, nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	lock, err := waitForOwnership(lctx, o.OutboxTable().DSN, v.Name)
+	if err != nil {
+		return nil, &problem{code: http.StatusConflict, msg: redact.String(err.Error()) + "; retry once it stopped"}
+	}
+	return lock.Release, nil
+}
+
+// ResetView is PATCH …/offsets' answer.
+type ResetView struct {
+	Pipeline string `json:"pipeline"`
+	Source   string `json:"source"`
+	DryRun   bool   `json:"dry_run"`
+	plugins.ResetResult
+}
+
+func (c *api) resetOffsets(w http.ResponseWriter, r *http.Request, p principal) {
+	v, _, ok := c.find(w, r, p)
+	if !ok {
+		return
+	}
+	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
+		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
+		return
+	}
+	dry, prob := boolQuery(r, "dry_run")
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	var body resetBody
+	if prob := decodeStrict(w, r, &body); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	req, prob := body.reset(dry, time.Now())
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	spec, prob := c.sourceOf(v)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	k, ok := spec.Source.Config.(plugins.OffsetKeeper)
+	if !ok {
+		writeProblem(w, &problem{code: http.StatusUnprocessableEntity, msg: "the " + spec.Source.Type + " source keeps no offsets to reset"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
+	defer cancel()
+	if !dry {
+		release, prob := c.requirePaused(ctx, v, spec)
+		if prob != nil {
+			writeProblem(w, prob)
+			return
+		}
+		defer release()
+	}
+	res, err := k.ResetOffsets(ctx, v.Name, req)
+	if err != nil {
+		writeProblem(w, requestProblem(err))
+		return
+	}
+	if res.Applied {
+		detail, _ := json.Marshal(map[string]any{"to": req.To, "from": res.From, "position": res.To, "resend_events": res.Resend, "skip_events": res.Skip})
+		if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionOffsetsReset, v.Name, v.Tenant, string(detail)); err != nil {
+			// The reset happened; say that the record of it is missing.
+			res.Note = strings.TrimPrefix(res.Note+"; ", "; ") + "the audit entry could not be written: " + redact.String(err.Error())
+		}
+		c.log().Warn("pipeline offsets reset", "pipeline", v.Name, "tenant", v.Tenant, "to", req.To, "from", res.From, "position", res.To,
+			"resend_events", res.Resend, "skip_events", res.Skip, "token_id", p.actor.TokenID)
+	}
+	writeJSON(w, http.StatusOK, ResetView{Pipeline: v.Name, Source: spec.Source.Type, DryRun: dry, ResetResult: res})
+}
+
+// requestProblem maps a source's error: a RequestError is the caller's
+// (422 naming the field), anything else the database's (503).
+func requestProblem(err error) *problem {
+	var re *plugins.RequestError
+	if errors.As(err, &re) {
+		return &problem{code: http.StatusUnprocessableEntity, msg: re.Error(), details: []detail{{Path: re.Field, Message: re.Msg}}}
+	}
+	return &problem{code: http.StatusServiceUnavailable, msg: redact.String(err.Error())}
+}
+
+func boolQuery(r *http.Request, key string) (bool, *problem) {
+	s := r.URL.Query().Get(key)
+	if s == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return false, &problem{code: http.StatusBadRequest, msg: key + " must be true or false", details: []detail{{Path: key, Message: fmt.Sprintf("want true or false, got %q", s)}}}
+	}
+	return b, nil
+}
+
+func deadLetterFilter(r *http.Request) (plugins.DeadLetterFilter, *problem) {
+	q := r.URL.Query()
+	f := plugins.DeadLetterFilter{Reason: q.Get("reason")}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 100000 {
+			return f, &problem{code: http.StatusBadRequest, msg: "limit must be between 1 and 100000", details: []detail{{Path: "limit", Message: fmt.Sprintf("got %q", s)}}}
+		}
+		f.Limit = n
+	}
+	dry, prob := boolQuery(r, "dry_run")
+	f.DryRun = dry
+	return f, prob
+}
+
+// DeadLettersView is GET …/dead-letters.
+type DeadLettersView struct {
+	Pipeline    string               `json:"pipeline"`
+	Source      string               `json:"source"`
+	Total       int64                `json:"total"`
+	DeadLetters []plugins.DeadLetter `json:"dead_letters"`
+	Note        string               `json:"note,omitempty"`
+}
+
+func (c *api) getDeadLetters(w http.ResponseWriter, r *http.Request, p principal) {
+	v, _, ok := c.find(w, r, p)
+	if !ok {
+		return
+	}
+	f, prob := deadLetterFilter(r)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	spec, prob := c.sourceOf(v)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	out := DeadLettersView{Pipeline: v.Name, Source: spec.Source.Type, DeadLetters: []plugins.DeadLetter{}}
+	k, ok := spec.Source.Config.(plugins.DeadLetterKeeper)
+	if !ok {
+		out.Note = "the " + spec.Source.Type + " source parks no events; failed deliveries go to the sink's dead-letter destination when one is configured"
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	list, total, err := k.DeadLetters(ctx, v.Name, f)
+	if err != nil {
+		writeProblem(w, requestProblem(err))
+		return
+	}
+	out.Total = total
+	if list != nil {
+		out.DeadLetters = list
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// ReplayView is POST …/dead-letters/replay's answer.
+type ReplayView struct {
+	Pipeline string  `json:"pipeline"`
+	DryRun   bool    `json:"dry_run"`
+	Replayed int     `json:"replayed_events"`
+	IDs      []int64 `json:"outbox_ids"`
+}
+
+func (c *api) replayDeadLetters(w http.ResponseWriter, r *http.Request, p principal) {
+	v, _, ok := c.find(w, r, p)
+	if !ok {
+		return
+	}
+	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
+		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
+		return
+	}
+	f, prob := deadLetterFilter(r)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	spec, prob := c.sourceOf(v)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	k, ok := spec.Source.Config.(plugins.DeadLetterKeeper)
+	if !ok {
+		writeProblem(w, &problem{code: http.StatusUnprocessableEntity, msg: "the " + spec.Source.Type + " source parks no events to replay"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
+	defer cancel()
+	ids, err := k.ReplayDeadLetters(ctx, v.Name, f)
+	if err != nil {
+		writeProblem(w, requestProblem(err))
+		return
+	}
+	if ids == nil {
+		ids = []int64{}
+	}
+	if !f.DryRun && len(ids) > 0 {
+		detail := fmt.Sprintf("%d dead letters replayed (reason %q, limit %d)", len(ids), f.Reason, f.Limit)
+		if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionDeadLetterReplay, v.Name, v.Tenant, detail); err != nil {
+			c.log().Error("audit a dead-letter replay", "pipeline", v.Name, "tenant", v.Tenant, "err", redact.Error(err))
+		}
+		c.log().Info("dead letters replayed", "pipeline", v.Name, "tenant", v.Tenant, "events", len(ids), "reason", f.Reason, "token_id", p.actor.TokenID)
+	}
+	writeJSON(w, http.StatusOK, ReplayView{Pipeline: v.Name, DryRun: f.DryRun, Replayed: len(ids), IDs: ids})
+}
+
+// backfillBody is POST …/backfill.
+type backfillBody struct {
+	From          *string `json:"from"`
+	To            *string `json:"to"`
+	AggregateType string  `json:"aggregate_type"`
+	AggregateID   string  `json:"aggregate_id"`
+	Type          string  `json:"type"`
+}
+
+func (b *backfillBody) filter(dry bool, now time.Time) (plugins.BackfillFilter, *problem) {
+	bad := func(path, msg string) *problem {
+		return &problem{code: http.StatusUnprocessableEntity, msg: path + ": " + msg, details: []detail{{Path: path, Message: msg}}}
+	}
+	f := plugins.BackfillFilter{AggregateType: b.AggregateType, AggregateID: b.AggregateID, Type: b.Type, DryRun: dry}
+	for _, t := range []struct {
+		path string
+		src  *string
+		dst  **time.Time
+	}{{"from", b.From, &f.From}, {"to", b.To, &f.To}} {
+		if t.src == nil {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339Nano, *t.src)
+		if err != nil {
+			return f, bad(t.path, fmt.Sprintf("%q is not an RFC 3339 time", *t.src))
+		}
+		if v.After(now) {
+			return f, bad(t.path, fmt.Sprintf("%s is in the future", v.Format(time.RFC3339)))
+		}
+		*t.dst = &v
+	}
+	if f.From != nil && f.To != nil && !f.From.Before(*f.To) {
+		return f, bad("to", "must be after from")
+	}
+	if f.From == nil && f.To == nil && f.AggregateType == "" && f.AggregateID == "" && f.Type == "" {
+		return f, bad("", "give a time range (from, to) or a filter (aggregate_type, aggregate_id, type)")
+	}
+	return f, nil
+}
+
+// BackfillView is POST …/backfill's answer.
+type BackfillView struct {
+	Pipeline string `json:"pipeline"`
+	DryRun   bool   `json:"dry_run"`
+	Events   int64  `json:"backfill_events"`
+}
+
+func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
+	v, _, ok := c.find(w, r, p)
+	if !ok {
+		return
+	}
+	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
+		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
+		return
+	}
+	dry, prob := boolQuery(r, "dry_run")
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	var body backfillBody
+	if prob := decodeStrict(w, r, &body); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	f, prob := body.filter(dry, time.Now())
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	spec, prob := c.sourceOf(v)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	b, ok := spec.Source.Config.(plugins.Backfiller)
+	if !ok {
+		writeProblem(w, &problem{code: http.StatusUnprocessableEntity,
+			msg: "the " + spec.Source.Type + " source cannot backfill beside live traffic; pause the pipeline and reset its offsets to a time instead (PATCH /api/v1/pipelines/" + v.Name + "/offsets)"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
+	defer cancel()
+	n, err := b.Backfill(ctx, v.Name, f)
+	if err != nil {
+		writeProblem(w, requestProblem(err))
+		return
+	}
+	if !dry {
+		detail, _ := json.Marshal(map[string]any{"filter": body, "backfill_events": n})
+		if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionBackfill, v.Name, v.Tenant, string(detail)); err != nil {
+			c.log().Error("audit a backfill", "pipeline", v.Name, "tenant", v.Tenant, "err", redact.Error(err))
+		}
+		c.log().Info("backfill queued", "pipeline", v.Name, "tenant", v.Tenant, "events", n, "token_id", p.actor.TokenID)
+	}
+	writeJSON(w, http.StatusOK, BackfillView{Pipeline: v.Name, DryRun: dry, Events: n})
+}

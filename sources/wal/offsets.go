@@ -1,0 +1,177 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+const positionWant = `{"lsn": "<LSN past the slot's confirmed_flush_lsn, e.g. 0/16B3748>"}`
+
+// noBack explains why a wal pipeline's progress cannot go back.
+const noBack = "a wal pipeline cannot go back: its replication slot only moves forward and the WAL behind it is gone. " +
+	"To re-send rows still in the outbox table, pause the pipeline and use the xid8 or poll source on the same table, " +
+	"or create the pipeline again with initial_snapshot: true after deleting it with ?purge=true"
+
+func (c *Config) slotName(pipeline string) string {
+	if c.Slot != "" {
+		return c.Slot
+	}
+	return DefaultName(pipeline)
+}
+
+type slotOffsets struct {
+	active              bool
+	confirmed, restart  pglogrepl.LSN
+	current             pglogrepl.LSN
+	retained, unflushed int64
+}
+
+func readSlotOffsets(ctx context.Context, conn *pgx.Conn, slot string) (slotOffsets, error) {
+	var s slotOffsets
+	var confirmed, restart, current *string
+	err := conn.QueryRow(ctx, `SELECT active, confirmed_flush_lsn::text, restart_lsn::text, pg_current_wal_lsn()::text,
+		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,
+		coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&s.active, &confirmed, &restart, &current, &s.retained, &s.unflushed)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, &plugins.RequestError{Field: "slot", Msg: fmt.Sprintf("replication slot %s does not exist (the pipeline never ran, or its slot was dropped)", slot)}
+	}
+	if err != nil {
+		return s, err
+	}
+	for _, p := range []struct {
+		dst *pglogrepl.LSN
+		src *string
+	}{{&s.confirmed, confirmed}, {&s.restart, restart}, {&s.current, current}} {
+		if p.src != nil {
+			if *p.dst, err = pglogrepl.ParseLSN(*p.src); err != nil {
+				return s, err
+			}
+		}
+	}
+	return s, nil
+}
+
+// Offsets reads the pipeline's replication slot.
+func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets, error) {
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		return plugins.Offsets{}, fmt.Errorf("offsets: %w", redact.Error(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	slot := c.slotName(pipeline)
+	s, err := readSlotOffsets(ctx, conn, slot)
+	if err != nil {
+		var re *plugins.RequestError
+		if errors.As(err, &re) {
+			return plugins.Offsets{Position: map[string]any{"slot": slot}, Note: re.Msg}, nil
+		}
+		return plugins.Offsets{}, fmt.Errorf("offsets: %w", redact.Error(err))
+	}
+	return plugins.Offsets{
+		Position: map[string]any{"slot": slot, "active": s.active, "confirmed_flush_lsn": s.confirmed.String(),
+			"restart_lsn": s.restart.String(), "current_wal_lsn": s.current.String(),
+			"retained_wal_bytes": s.retained, "unconfirmed_wal_bytes": s.unflushed},
+		Note: "the WAL does not say when a change was created: newest_delivered_created_at is not known for wal",
+	}, nil
+}
+
+// ResetOffsets advances the slot (latest, or a position ahead of it). The
+// WAL between is skipped; its events are not counted (that would mean
+// decoding it), its size is in the note.
+func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.OffsetReset) (plugins.ResetResult, error) {
+	var target *pglogrepl.LSN
+	switch r.To {
+	case plugins.ResetToLatest:
+	case plugins.ResetToPosition:
+		var p struct {
+			LSN *string `json:"lsn"`
+		}
+		if err := plugins.DecodePosition(r.Position, &p, positionWant); err != nil {
+			return plugins.ResetResult{}, err
+		}
+		if p.LSN == nil {
+			return plugins.ResetResult{}, &plugins.RequestError{Field: "position.lsn", Msg: "required; want " + positionWant}
+		}
+		l, err := pglogrepl.ParseLSN(*p.LSN)
+		if err != nil {
+			return plugins.ResetResult{}, &plugins.RequestError{Field: "position.lsn", Msg: fmt.Sprintf("%q is not an LSN", *p.LSN)}
+		}
+		target = &l
+	case plugins.ResetToTime:
+		return plugins.ResetResult{}, &plugins.RequestError{Field: "to", Unsupported: true,
+			Msg: "a wal pipeline cannot be reset to a time: the WAL does not map times to positions, and " + noBack +
+				`; to skip what is waiting use {"to": "latest"} or {"to": "position", "position": {"lsn": …}}`}
+	default:
+		return plugins.ResetResult{}, &plugins.RequestError{Field: "to", Msg: fmt.Sprintf("must be time, position or latest, got %q", r.To)}
+	}
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	slot := c.slotName(pipeline)
+	s, err := readSlotOffsets(ctx, conn, slot)
+	if err != nil {
+		var re *plugins.RequestError
+		if errors.As(err, &re) {
+			return plugins.ResetResult{}, err
+		}
+		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+	}
+	// A slot advances only as far as the WAL is flushed, which lags the
+	// commits under synchronous_commit = off: commit once with it on, so
+	// everything committed so far is flushed, and take the flushed end.
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'ferry:offsets', 'reset')`)
+		return err
+	}); err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: flush the WAL: %w", redact.Error(err))
+	}
+	var flushed string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&flushed); err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+	}
+	if s.current, err = pglogrepl.ParseLSN(flushed); err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: %w", err)
+	}
+	to := s.current
+	if target != nil {
+		to = *target
+	}
+	if to < s.confirmed {
+		return plugins.ResetResult{}, &plugins.RequestError{Field: "position.lsn", Unsupported: true,
+			Msg: fmt.Sprintf("%s is behind the slot's confirmed_flush_lsn %s: %s", to, s.confirmed, noBack)}
+	}
+	if to > s.current {
+		return plugins.ResetResult{}, &plugins.RequestError{Field: "position.lsn", Msg: fmt.Sprintf("%s is past the current WAL position %s", to, s.current)}
+	}
+	res := plugins.ResetResult{From: map[string]any{"slot": slot, "confirmed_flush_lsn": s.confirmed.String()},
+		To:   map[string]any{"slot": slot, "confirmed_flush_lsn": to.String()},
+		Note: fmt.Sprintf("skips %d bytes of WAL; the events in it are not counted", uint64(to-s.confirmed))}
+	if r.DryRun {
+		return res, nil
+	}
+	if s.active {
+		return plugins.ResetResult{}, fmt.Errorf("reset: replication slot %s is still in use", slot)
+	}
+	var reached string
+	if err := conn.QueryRow(ctx, `SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)`, slot, to.String()).Scan(&reached); err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: advance slot %s: %w", slot, redact.Error(err))
+	}
+	res.To["confirmed_flush_lsn"] = reached
+	res.Applied = true
+	return res, nil
+}
+
+var _ plugins.OffsetKeeper = (*Config)(nil)
