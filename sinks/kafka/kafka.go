@@ -173,6 +173,14 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// Destination is the topic msg goes to: topic, else the sink's.
+func (s *Sink) Destination(topic string, _ *message.Message) string {
+	if topic == "" {
+		return s.cfg.Topic
+	}
+	return topic
+}
+
 // oversize reports a record larger than max_message_bytes (Sarama refuses
 // it before sending) or than the topic accepts (the broker's
 // MESSAGE_TOO_LARGE).

@@ -234,6 +234,14 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
+// Destination is the subject msg goes to: topic, else the sink's.
+func (s *Sink) Destination(topic string, _ *message.Message) string {
+	if topic == "" {
+		return s.cfg.Subject
+	}
+	return topic
+}
+
 // classify marks the failures no retry can fix as permanent, so the
 // pipeline dead-letters the message: over the server's max_payload, or over
 // the stream's max_msg_size.

@@ -318,6 +318,16 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	return errors.Join(errs...)
 }
 
+// Destination is the routing key msg goes with: topic, else the
+// routing_key template rendered for msg ("" if it cannot be).
+func (s *Sink) Destination(topic string, msg *message.Message) string {
+	if topic != "" {
+		return topic
+	}
+	key, _ := s.route.render(msg.Metadata)
+	return key
+}
+
 // Close closes the connection; publishes still waiting fail. Idempotent.
 func (s *Sink) Close() error {
 	s.mu.Lock()
