@@ -242,8 +242,8 @@ func events() []*message.Message {
 // want is what a consumer must see for each of events().
 type want struct {
 	id, typ, subject, aggType, position, key, traceParent, traceState, contentType string
-	time                                                                       time.Time
-	data                                                                       []byte
+	time                                                                           time.Time
+	data                                                                           []byte
 }
 
 func wants(typePrefix string) []want {
