@@ -91,12 +91,26 @@ func IsInternal(key string) bool { return strings.HasPrefix(key, InternalPrefix)
 // transform places it.
 func ColumnKey(column string) string { return InternalPrefix + "col_" + column }
 
+// OriginalKey is where a transform that renames a source's field (the
+// headers transform) keeps its value: internal, so never a header, but
+// later stages — a sink's format, the partitioning key — still find it.
+func OriginalKey(key string) string { return InternalPrefix + "src_" + key }
+
+// Field is the source's field key of md: md[key], else the value a
+// renaming transform kept under OriginalKey(key).
+func Field(md message.Metadata, key string) string {
+	if v, ok := md[key]; ok {
+		return v
+	}
+	return md[OriginalKey(key)]
+}
+
 // Key is the message's partitioning key: MetaKey, else the aggregate id.
 func Key(msg *message.Message) string {
 	if k := msg.Metadata.Get(MetaKey); k != "" {
 		return k
 	}
-	return msg.Metadata.Get(MetaAggregateID)
+	return Field(msg.Metadata, MetaAggregateID)
 }
 
 // Source reads committed outbox rows and emits them as Watermill messages.

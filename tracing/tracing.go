@@ -240,7 +240,7 @@ func (p *Publisher) Start(msg *message.Message, topic string) *Span {
 		attribute.String(AttrOperationType, "send"),
 		attribute.String(AttrMessageID, msg.UUID),
 		attribute.String(AttrPipeline, p.pipeline),
-		attribute.String(AttrPosition, md[plugins.MetaPosition]),
+		attribute.String(AttrPosition, plugins.Field(md, plugins.MetaPosition)),
 	}
 	if topic != "" {
 		attrs = append(attrs, attribute.String(AttrDestination, topic))
@@ -248,7 +248,7 @@ func (p *Publisher) Start(msg *message.Message, topic string) *Span {
 	if p.tenant != "" {
 		attrs = append(attrs, attribute.String(AttrTenant, p.tenant))
 	}
-	if at := md[plugins.MetaAggregateType]; at != "" {
+	if at := plugins.Field(md, plugins.MetaAggregateType); at != "" {
 		attrs = append(attrs, attribute.String(AttrAggregateType, at))
 	}
 	ctx, span := p.tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))

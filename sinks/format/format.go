@@ -237,11 +237,11 @@ func (e *Encoder) attrs(msg *message.Message, jsonPayload bool) (attrs, error) {
 		SpecVersion:     SpecVersion,
 		ID:              msg.UUID,
 		Source:          e.source,
-		Subject:         md[plugins.MetaAggregateID],
+		Subject:         plugins.Field(md, plugins.MetaAggregateID),
 		Time:            EventTime(md),
 		DataContentType: ContentTypeOctets,
-		AggregateType:   md[plugins.MetaAggregateType],
-		Position:        md[plugins.MetaPosition],
+		AggregateType:   plugins.Field(md, plugins.MetaAggregateType),
+		Position:        plugins.Field(md, plugins.MetaPosition),
 		PartitionKey:    plugins.Key(msg),
 		TraceParent:     md[HeaderTraceParent],
 		TraceState:      md[HeaderTraceState],
@@ -249,7 +249,7 @@ func (e *Encoder) attrs(msg *message.Message, jsonPayload bool) (attrs, error) {
 	if jsonPayload {
 		a.DataContentType = ContentTypeJSON
 	}
-	if t := md[plugins.MetaEventType]; t != "" {
+	if t := plugins.Field(md, plugins.MetaEventType); t != "" {
 		a.Type = e.typePrefix + t
 	} else {
 		return a, plugins.Permanent("no_type", ErrNoType)
@@ -267,7 +267,7 @@ func EventTime(md message.Metadata) string {
 	if c, err := strconv.ParseInt(md[plugins.MetaCommitAt], 10, 64); err == nil {
 		return time.Unix(0, c).UTC().Format(time.RFC3339Nano)
 	}
-	if t, err := plugins.ParseTime(md[plugins.MetaCreatedAt]); err == nil {
+	if t, err := plugins.ParseTime(plugins.Field(md, plugins.MetaCreatedAt)); err == nil {
 		return t.UTC().Format(time.RFC3339Nano)
 	}
 	return ""
@@ -369,14 +369,14 @@ func (e *Encoder) envelope(msg *message.Message) (Encoded, error) {
 	ev := EnvelopeEvent{
 		EnvelopeVersion: EnvelopeVersion,
 		EventID:         msg.UUID,
-		EventType:       md[plugins.MetaEventType],
-		AggregateType:   md[plugins.MetaAggregateType],
-		AggregateID:     md[plugins.MetaAggregateID],
+		EventType:       plugins.Field(md, plugins.MetaEventType),
+		AggregateType:   plugins.Field(md, plugins.MetaAggregateType),
+		AggregateID:     plugins.Field(md, plugins.MetaAggregateID),
 		Key:             plugins.Key(msg),
-		CreatedAt:       md[plugins.MetaCreatedAt],
+		CreatedAt:       plugins.Field(md, plugins.MetaCreatedAt),
 		Time:            EventTime(md),
-		Position:        md[plugins.MetaPosition],
-		OutboxID:        md[plugins.MetaOutboxID],
+		Position:        plugins.Field(md, plugins.MetaPosition),
+		OutboxID:        plugins.Field(md, plugins.MetaOutboxID),
 		Source:          e.source,
 		Pipeline:        e.pipeline,
 		Tenant:          e.tenant,
