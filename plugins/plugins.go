@@ -49,6 +49,10 @@ const (
 	// (FormatTime) just before the sink publishes; the headers transform asks
 	// for it.
 	MetaSentAtHeader = "ferry_sent_at_header"
+	// MetaDeadLetter is set to "true" on an event bound for the pipeline's
+	// dead-letter topic: sinks publish it as the source read it, in no
+	// format (an event no CloudEvent can hold must still reach it).
+	MetaDeadLetter = "ferry_dead_letter"
 	// MetaError is set on a message the pipeline failed to deliver, after its
 	// retries, just before it is nacked: the source may record why.
 	MetaError = "ferry_error"

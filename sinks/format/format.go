@@ -132,9 +132,13 @@ func New(cfg Config, proto Protocol, env plugins.Env) *Encoder {
 	return e
 }
 
-// Raw reports whether messages go out as they are: the sink then takes its
-// own path and the encoder costs nothing.
-func (e *Encoder) Raw() bool { return e == nil || e.format == Raw }
+// Raw reports whether msg goes out as it is — the format is raw, or msg is
+// bound for the dead-letter topic (plugins.MetaDeadLetter), which holds
+// events as the source read them — so the sink takes its own path and the
+// encoder costs nothing.
+func (e *Encoder) Raw(msg *message.Message) bool {
+	return e == nil || e.format == Raw || msg.Metadata[plugins.MetaDeadLetter] != ""
+}
 
 // Source is the source attribute the encoder writes.
 func (e *Encoder) Source() string { return e.source }

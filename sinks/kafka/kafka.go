@@ -297,7 +297,7 @@ type marshaler struct{ enc *format.Encoder }
 const ContentTypeHeader = "content-type"
 
 func (m marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
-	if !m.enc.Raw() {
+	if !m.enc.Raw(msg) {
 		return m.encoded(topic, msg)
 	}
 	headers := make([]sarama.RecordHeader, 0, len(msg.Metadata)+1)

@@ -208,7 +208,7 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	futures := one[:0]
 	for _, msg := range msgs {
 		var nm *nats.Msg
-		if s.enc.Raw() {
+		if s.enc.Raw(msg) {
 			nm = natsMsg(topic, msg)
 		} else {
 			var err error

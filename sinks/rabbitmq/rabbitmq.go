@@ -351,7 +351,7 @@ var wmMarshaler = wmamqp.DefaultMarshaler{}
 // content_type is set (the AMQP binding's place for datacontenttype).
 func (s *Sink) marshal(msg *message.Message) (amqp.Publishing, error) {
 	var pub amqp.Publishing
-	if s.enc.Raw() {
+	if s.enc.Raw(msg) {
 		var err error
 		if pub, err = wmMarshaler.Marshal(msg); err != nil {
 			return pub, err
