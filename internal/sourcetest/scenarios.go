@@ -250,6 +250,9 @@ func testKill(t *testing.T, h Harness) {
 	go func() { writes <- Writers(ctx, t, e.Pool, 4, 4000, 50) }()
 	for k := range kills {
 		child := StartChild(t, path)
+		if k == 0 && h.Settled != nil {
+			waitSettled(t, e, "kill")
+		}
 		target := (k + 1) * 1000
 		e.Coll.WaitFor(t, time.Minute, fmt.Sprintf("%d events before kill %d", target, k+1), func(m []testenv.Received) bool { return len(m) >= target })
 		child.Kill()
@@ -263,6 +266,26 @@ func testKill(t *testing.T, h Harness) {
 	v := Check(written, Decode(t, e.Coll.All()), h.Features.CommitOrder)
 	v.Assert(t, kills*window)
 	t.Logf("kill -9 ×%d: %d events, %d duplicates (bound %d)", kills, len(written), v.Duplicates, kills*window)
+}
+
+// waitSettled waits until the pipeline's first start finished its one-time
+// setup (Harness.Settled).
+func waitSettled(t *testing.T, e *Env, pipeline string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ok, err := e.H.Settled(context.Background(), e, pipeline)
+		if err != nil {
+			t.Fatalf("settled: %v", err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pipeline %s did not finish its first start's setup within a minute", pipeline)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Child is a relay running in a subprocess (this test binary, re-executed).

@@ -41,6 +41,12 @@ type Harness struct {
 	Extra string
 	// Features says what the source promises.
 	Features Features
+	// Settled, when set, reports whether a pipeline's first start has
+	// finished its one-time setup. A crash before that repeats the setup's
+	// deliveries by design (wal: the initial snapshot, until its slot is made
+	// permanent), which the kill test's duplicate bound does not cover, so
+	// the test waits for it before its first kill.
+	Settled func(ctx context.Context, e *Env, pipeline string) (bool, error)
 }
 
 // Features switch the suite's assertions to what a source promises.

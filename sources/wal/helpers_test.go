@@ -26,7 +26,18 @@ import (
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
-var harness = sourcetest.Harness{Type: wal.Name, Schema: wal.Schema, Features: sourcetest.Features{CommitOrder: true}}
+var harness = sourcetest.Harness{Type: wal.Name, Schema: wal.Schema, Features: sourcetest.Features{CommitOrder: true},
+	Settled: permanentSlotExists}
+
+// permanentSlotExists reports whether the pipeline's initial snapshot is
+// done: its temporary slot was made the permanent one. Until then a crash
+// re-reads the snapshot (duplicates by design, never loss).
+func permanentSlotExists(ctx context.Context, e *sourcetest.Env, pipeline string) (bool, error) {
+	var n int
+	err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database() AND NOT temporary`,
+		"ferry_"+pipeline).Scan(&n)
+	return n == 1, err
+}
 
 // logBuffer collects a source's log lines for assertions (and echoes them
 // to stderr when the tests run with -v).
