@@ -85,6 +85,7 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 	if p.tracer, err = tracing.New(spec.Tracing, spec.Sink.Type, p.Sink, env); err != nil {
 		return nil, fmt.Errorf("pipeline %s: tracing: %w", spec.Name, err)
 	}
+	env.Tracer = p.tracer.Tracer()
 	env.Sink = p.Sink
 	src, err := spec.Source.Factory.Build(spec.Source.Config, env)
 	if err != nil {

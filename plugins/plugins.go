@@ -15,6 +15,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Metadata keys that sources set on every message and later stages read.
@@ -321,6 +322,9 @@ type Env struct {
 	// Report tells the supervisor about failures and lag; never nil once
 	// built by the pipelines package (NopReporter otherwise).
 	Report Reporter
+	// Tracer, set when the pipeline's tracing is on, starts a source's own
+	// spans (a span per read batch); nil when tracing is off.
+	Tracer trace.Tracer
 }
 
 // Config is a component's typed configuration. Validate reports every problem

@@ -188,6 +188,15 @@ func New(cfg Config, system string, sink any, env plugins.Env) (*Publisher, erro
 	return &Publisher{tracer: tp.Tracer(TracerName), system: system, pipeline: env.Pipeline, tenant: env.Tenant, dest: dest}, nil
 }
 
+// Tracer is the pipeline's tracer, for the source's own spans (read
+// batches); nil when tracing is off.
+func (p *Publisher) Tracer() trace.Tracer {
+	if p == nil {
+		return nil
+	}
+	return p.tracer
+}
+
 // carrier reads and writes W3C trace context in message metadata.
 type carrier message.Metadata
 
