@@ -69,13 +69,12 @@ const (
 	OutcomePermanent = "permanent" // no retry helps: the dead-letter topic takes it
 )
 
-// Metadata keys under which the row's own trace context is kept once the
-// first publish attempt replaced traceparent: a retried publish is a
-// sibling under the row's span, not a child of the failed attempt.
-const (
-	metaRowParent = plugins.InternalPrefix + "row_traceparent"
-	metaRowState  = plugins.InternalPrefix + "row_tracestate"
-)
+// metaRowContext keeps the row's own trace context ("traceparent\ntracestate",
+// empty when it had none) once the first publish attempt replaced
+// traceparent: a retried publish is a sibling under the row's span, not a
+// child of the failed attempt. One key, not two: a message's metadata
+// often sits just under the size at which Go's map grows.
+const metaRowContext = plugins.InternalPrefix + "row_tracecontext"
 
 // TracerName is the instrumentation scope of Ferry's spans.
 const TracerName = "github.com/ferryhq/ferry"
@@ -165,7 +164,7 @@ type Destinations interface {
 }
 
 // Publisher starts the publish spans of one pipeline. Nil (tracing off) is
-// valid: Start returns a nil *Span at the cost of one comparison.
+// valid: Start returns the zero Span at the cost of one comparison.
 type Publisher struct {
 	tracer           trace.Tracer
 	system           string
@@ -208,18 +207,20 @@ func (c carrier) Keys() []string      { return []string{"traceparent", "tracesta
 type rowContext message.Metadata
 
 func (c rowContext) Get(k string) string {
+	parent, state, _ := strings.Cut(c[metaRowContext], "\n")
 	switch k {
 	case "traceparent":
-		return c[metaRowParent]
+		return parent
 	case "tracestate":
-		return c[metaRowState]
+		return state
 	}
 	return ""
 }
 func (c rowContext) Set(string, string) {}
 func (c rowContext) Keys() []string     { return []string{"traceparent", "tracestate"} }
 
-// Span is one event's publish span. Nil-safe.
+// Span is one event's publish span; the zero Span (tracing off) does
+// nothing.
 type Span struct {
 	span trace.Span
 }
@@ -228,13 +229,17 @@ type Span struct {
 // a child of the row's traceparent, or of a new trace, and writes the
 // span's context into msg's traceparent and tracestate metadata, which the
 // sink sends as headers.
-func (p *Publisher) Start(msg *message.Message, topic string) *Span {
+func (p *Publisher) Start(msg *message.Message, topic string) Span {
 	if p == nil {
-		return nil
+		return Span{}
 	}
 	md := msg.Metadata
-	if _, kept := md[metaRowParent]; !kept {
-		md[metaRowParent], md[metaRowState] = md["traceparent"], md["tracestate"]
+	if _, kept := md[metaRowContext]; !kept {
+		rc := md["traceparent"]
+		if ts := md["tracestate"]; ts != "" {
+			rc += "\n" + ts
+		}
+		md[metaRowContext] = rc
 	}
 	parent := p.prop.Extract(context.Background(), rowContext(md))
 	if topic == "" && p.dest != nil {
@@ -244,13 +249,14 @@ func (p *Publisher) Start(msg *message.Message, topic string) *Span {
 	if topic != "" {
 		name += " " + topic
 	}
-	attrs := []attribute.KeyValue{
+	// One allocation for every attribute the span may get.
+	attrs := append(make([]attribute.KeyValue, 0, 8),
 		attribute.String(AttrSystem, p.system),
 		attribute.String(AttrOperationType, "send"),
 		attribute.String(AttrMessageID, msg.UUID),
 		attribute.String(AttrPipeline, p.pipeline),
 		attribute.String(AttrPosition, plugins.Field(md, plugins.MetaPosition)),
-	}
+	)
 	if topic != "" {
 		attrs = append(attrs, attribute.String(AttrDestination, topic))
 	}
@@ -263,16 +269,16 @@ func (p *Publisher) Start(msg *message.Message, topic string) *Span {
 	ctx, span := p.tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 	if !span.SpanContext().IsValid() {
 		// A non-recording provider: leave the row's context as it was.
-		return &Span{span: span}
+		return Span{span: span}
 	}
 	delete(md, "tracestate")
 	p.prop.Inject(ctx, carrier(md))
-	return &Span{span: span}
+	return Span{span: span}
 }
 
 // End records the publish's outcome and ends the span.
-func (s *Span) End(err error) {
-	if s == nil {
+func (s Span) End(err error) {
+	if s.span == nil {
 		return
 	}
 	switch reason, permanent := plugins.IsPermanent(err); {
