@@ -15,11 +15,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
@@ -30,6 +32,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -143,6 +146,11 @@ func newOTLPProvider(ctx context.Context) (*sdktrace.TracerProvider, error) {
 	default:
 		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL %q: Ferry exports traces over grpc or http/protobuf", proto)
 	}
+	// The SDK reports failed exports through OpenTelemetry's global error
+	// handler, by default the standard library's log: send them to slog.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		slog.Warn("export traces", "err", redact.Error(err))
+	}))
 	exp := otlptrace.NewUnstarted(client)
 	if err := exp.Start(ctx); err != nil {
 		return nil, fmt.Errorf("start otlp trace exporter: %w", err)
