@@ -289,7 +289,7 @@ func (e *Encoder) cloudEvent(msg *message.Message) (Encoded, error) {
 		}
 		body, err := json.Marshal(a)
 		if err != nil {
-			return Encoded{}, err
+			return Encoded{}, plugins.Permanent("unencodable", err)
 		}
 		if isJSON {
 			// The JSON event format puts JSON data in as it is: splice the
@@ -402,7 +402,7 @@ func (e *Encoder) envelope(msg *message.Message) (Encoded, error) {
 	}
 	body, err := json.Marshal(ev)
 	if err != nil {
-		return Encoded{}, err
+		return Encoded{}, plugins.Permanent("unencodable", err)
 	}
 	if isJSON {
 		body = append(append(append(body[:len(body)-1], `,"payload":`...), msg.Payload...), '}')
