@@ -42,7 +42,8 @@ import (
 // _TIMEOUT, _CERTIFICATE…, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES,
 // OTEL_TRACES_SAMPLER): one exporter serves every pipeline.
 type Config struct {
-	// Enabled starts a span per event publish. Default false.
+	// Enabled starts a span per event publish, and per outbox read that
+	// returned rows (poll, xid8). Default false.
 	Enabled bool `yaml:"enabled"`
 }
 
