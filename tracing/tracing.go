@@ -295,13 +295,14 @@ func (s Span) End(err error) {
 		s.span.SetAttributes(attribute.String(AttrOutcome, OutcomeOK))
 	case permanent:
 		s.span.SetAttributes(attribute.String(AttrOutcome, OutcomePermanent), attribute.String(AttrPermanentCause, reason))
-		s.span.SetStatus(codes.Error, err.Error())
+		s.span.SetStatus(codes.Error, redact.String(err.Error()))
 	default:
 		s.span.SetAttributes(attribute.String(AttrOutcome, OutcomeError))
-		s.span.SetStatus(codes.Error, err.Error())
+		s.span.SetStatus(codes.Error, redact.String(err.Error()))
 	}
+	// Spans leave the process: no password in a URL may ride along.
 	if err != nil && !errors.Is(err, context.Canceled) {
-		s.span.RecordError(err)
+		s.span.RecordError(redact.Error(err))
 	}
 	s.span.End()
 }
