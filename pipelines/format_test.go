@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/internal/testenv"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -39,10 +41,20 @@ sink:
 dead_letter: {topic: %[3]s.dlq}
 `, e.DSN, e.NATS, prefix))
 	coll.WaitFor(t, 60*time.Second, "2 events and 1 dead letter", func(m []testenv.Received) bool { return len(m) >= 3 })
+	cfg, err := pgx.ParseConfig(e.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The default source names the database and table, never the DSN's
+	// credentials.
+	wantSource := "ferry://" + cfg.Database + "/outbox"
 	var events []string
 	for _, r := range coll.All() {
 		switch {
 		case strings.HasSuffix(r.Subject, ".events"):
+			if got := r.Header.Get("ce-source"); got != wantSource {
+				t.Errorf("ce-source %q, want %q", got, wantSource)
+			}
 			events = append(events, r.Header.Get("ce-type")+" "+r.Header.Get("ce-subject")+" "+string(r.Data))
 		case strings.HasSuffix(r.Subject, ".dlq"):
 			if got := r.Header.Get("dead_letter_reason"); got != "no_type" {
