@@ -100,8 +100,9 @@ type Options struct {
 	// MaxInFlight is the pipelines' limits.max_in_flight (0: Ferry's default).
 	MaxInFlight int
 	// Set overrides Ferry configuration for experiments:
-	// "xid8.batch_size=2000", "nats.publish_timeout=10s",
-	// "limits.max_in_flight=2000" (source or sink type, or limits).
+	// "xid8.batch_size=2000", "nats.publish_timeout=10s", "nats.format=cloudevents",
+	// "limits.max_in_flight=2000", "tracing.enabled=true" (source or sink
+	// type, limits, or tracing).
 	Set []string
 	// CeilingWindow is the ceiling's async publish window. Default 1000.
 	CeilingWindow int
@@ -426,6 +427,9 @@ func (r *runner) pipelineYAML(name, source, table string, t *target) string {
 	maps(limits, r.set["limits"])
 	if len(limits) > 0 {
 		doc["limits"] = limits
+	}
+	if tr := r.set["tracing"]; len(tr) > 0 {
+		doc["tracing"] = tr // --set tracing.enabled=true
 	}
 	b, _ := yaml.Marshal(doc)
 	return string(b)

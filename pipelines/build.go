@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/tracing"
 )
 
 // Pipeline is a built pipeline: a source, transform stages and a sink, and
@@ -27,6 +28,8 @@ type Pipeline struct {
 
 	metrics *stageObservers
 	report  plugins.Reporter
+	// tracer starts each publish's span; nil when tracing is off.
+	tracer *tracing.Publisher
 }
 
 // Stage is one transform with the name used in logs and metrics.
@@ -79,6 +82,10 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 	}
 	p.Sink = snk.(plugins.Sink)
 	p.Publisher = p.Sink
+	if p.tracer, err = tracing.New(spec.Tracing, spec.Sink.Type, p.Sink, env); err != nil {
+		return nil, fmt.Errorf("pipeline %s: tracing: %w", spec.Name, err)
+	}
+	env.Tracer = p.tracer.Tracer()
 	env.Sink = p.Sink
 	src, err := spec.Source.Factory.Build(spec.Source.Config, env)
 	if err != nil {
@@ -157,9 +164,15 @@ func (p *Pipeline) Handle(msg *message.Message) error {
 		if h := m.Metadata.Get(plugins.MetaSentAtHeader); h != "" {
 			m.Metadata.Set(h, plugins.FormatTime(time.Now()))
 		}
-		if err := p.Publisher.Publish(m.Metadata.Get(plugins.MetaTopic), m); err != nil {
+		topic := m.Metadata.Get(plugins.MetaTopic)
+		// The span's context replaces the row's traceparent before the
+		// sink turns metadata into headers.
+		span := p.tracer.Start(m, topic)
+		err := p.Publisher.Publish(topic, m)
+		span.End(err)
+		if err != nil {
 			obs.observe(last, time.Since(start), outcomeError)
-			return &StageError{Stage: StagePublish, Topic: m.Metadata.Get(plugins.MetaTopic), Err: err}
+			return &StageError{Stage: StagePublish, Topic: topic, Err: err}
 		}
 	}
 	obs.observe(last, time.Since(start), outcomeOK)

@@ -67,6 +67,7 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 				msg.Payload = nil
 			}
 			msg.Metadata.Set(HeaderDeadLetterReason, reason)
+			msg.Metadata.Set(plugins.MetaDeadLetter, "true")
 			msg.Metadata.Set(HeaderDeadLetterStage, stage)
 			msg.Metadata.Set(HeaderDeadLetterTopic, topic)
 			msg.Metadata.Set(HeaderDeadLetterError, redact.String(err.Error()))

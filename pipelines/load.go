@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/tracing"
 )
 
 // Error is one problem in a pipeline file, located by file, line and YAML
@@ -168,6 +169,8 @@ type document struct {
 	Limits     Limits      `yaml:"limits"`
 	DeadLetter *DeadLetter `yaml:"dead_letter"`
 	Ownership  string      `yaml:"ownership"`
+	// Tracing: see tracing.Config.
+	Tracing tracing.Config `yaml:"tracing"`
 }
 
 // tenantDocument is a `kind: tenant` document.
@@ -309,6 +312,7 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 		d.fail("kind", "must be pipeline (the default) or tenant, got %q", doc.Kind)
 	}
 	spec := &Spec{Name: doc.Name, Tenant: doc.Tenant, File: file, Line: root.Line, Limits: doc.Limits}
+	spec.Tracing = doc.Tracing
 
 	switch {
 	case doc.Name == "":

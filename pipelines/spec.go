@@ -10,6 +10,7 @@ import (
 	"regexp"
 
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/tracing"
 )
 
 // Spec is one pipeline as loaded: decoded over defaults and validated.
@@ -37,6 +38,8 @@ type Spec struct {
 	// Ownership is exclusive (one instance at a time; the default) or shared
 	// (every instance runs it; poll only).
 	Ownership string
+	// Tracing turns on a span per event publish (`tracing:`).
+	Tracing tracing.Config
 }
 
 // Ownership modes.

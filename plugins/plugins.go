@@ -15,6 +15,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Metadata keys that sources set on every message and later stages read.
@@ -49,6 +50,10 @@ const (
 	// (FormatTime) just before the sink publishes; the headers transform asks
 	// for it.
 	MetaSentAtHeader = "ferry_sent_at_header"
+	// MetaDeadLetter is set to "true" on an event bound for the pipeline's
+	// dead-letter topic: sinks publish it as the source read it, in no
+	// format (an event no CloudEvent can hold must still reach it).
+	MetaDeadLetter = "ferry_dead_letter"
 	// MetaError is set on a message the pipeline failed to deliver, after its
 	// retries, just before it is nacked: the source may record why.
 	MetaError = "ferry_error"
@@ -91,12 +96,26 @@ func IsInternal(key string) bool { return strings.HasPrefix(key, InternalPrefix)
 // transform places it.
 func ColumnKey(column string) string { return InternalPrefix + "col_" + column }
 
+// OriginalKey is where a transform that renames a source's field (the
+// headers transform) keeps its value: internal, so never a header, but
+// later stages — a sink's format, the partitioning key — still find it.
+func OriginalKey(key string) string { return InternalPrefix + "src_" + key }
+
+// Field is the source's field key of md: md[key], else the value a
+// renaming transform kept under OriginalKey(key).
+func Field(md message.Metadata, key string) string {
+	if v, ok := md[key]; ok {
+		return v
+	}
+	return md[OriginalKey(key)]
+}
+
 // Key is the message's partitioning key: MetaKey, else the aggregate id.
 func Key(msg *message.Message) string {
 	if k := msg.Metadata.Get(MetaKey); k != "" {
 		return k
 	}
-	return msg.Metadata.Get(MetaAggregateID)
+	return Field(msg.Metadata, MetaAggregateID)
 }
 
 // Source reads committed outbox rows and emits them as Watermill messages.
@@ -303,6 +322,9 @@ type Env struct {
 	// Report tells the supervisor about failures and lag; never nil once
 	// built by the pipelines package (NopReporter otherwise).
 	Report Reporter
+	// Tracer, set when the pipeline's tracing is on, starts a source's own
+	// spans (a span per read batch); nil when tracing is off.
+	Tracer trace.Tracer
 }
 
 // Config is a component's typed configuration. Validate reports every problem

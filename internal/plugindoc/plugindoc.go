@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,11 +81,13 @@ func fields(v reflect.Value) []Field {
 		if !sf.IsExported() {
 			continue
 		}
-		tag, _, _ := strings.Cut(sf.Tag.Get("yaml"), ",")
+		tag, opts, _ := strings.Cut(sf.Tag.Get("yaml"), ",")
 		if tag == "-" {
 			continue
 		}
-		if sf.Anonymous && tag == "" {
+		// An embedded struct, or one tagged inline, puts its keys beside the
+		// others, as the YAML decoder does.
+		if tag == "" && (sf.Anonymous || slices.Contains(strings.Split(opts, ","), "inline")) {
 			out = append(out, fields(v.Field(i))...)
 			continue
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sinks/format"
 )
 
 // Config is the `sink:` section of a Kafka pipeline.
@@ -55,6 +56,10 @@ type Config struct {
 	// ConsumerGroups are the consumer groups that read Ferry's topics;
 	// `ferry doctor` reports how far behind they are. Default none.
 	ConsumerGroups []string `yaml:"consumer_groups"`
+	// Encoding is how events are encoded: the format key (raw,
+	// cloudevents, envelope) and the cloudevents block, inline; see package
+	// sinks/format. Default raw.
+	Encoding format.Config `yaml:",inline"`
 }
 
 // SASLConfig is the `sasl:` block.
@@ -86,6 +91,7 @@ func DefaultConfig() *Config {
 		Compression:     "none",
 		MaxMessageBytes: 1000000,
 		Timeout:         10 * time.Second,
+		Encoding:        format.DefaultConfig(),
 	}
 }
 
@@ -166,6 +172,7 @@ func (c *Config) Validate() error {
 			p.Add("consumer_groups", "item %d: must not be empty", i)
 		}
 	}
+	p = append(p, plugins.Flatten(c.Encoding.Validate())...)
 	if t := c.CreateTopics; t != nil {
 		if t.Partitions < -1 {
 			p.Add("create_topics.partitions", "must be positive, or 0 for the brokers' default")

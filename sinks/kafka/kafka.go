@@ -32,6 +32,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sinks/format"
 )
 
 // Name is the sink's registered type.
@@ -55,6 +56,7 @@ type Sink struct {
 	cfg *Config
 	env plugins.Env
 	log *slog.Logger
+	enc *format.Encoder
 
 	// mu is held for reading by every Publish, so Close waits for publishes
 	// in flight and Watermill's publisher is never closed under one.
@@ -73,7 +75,8 @@ func New(cfg *Config, env plugins.Env) *Sink {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
 	}
-	s := &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), topics: map[string]bool{}}
+	s := &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), topics: map[string]bool{},
+		enc: format.New(cfg.Encoding, format.Kafka, env)}
 	if env.Metrics != nil {
 		// The supervisor's registerer lets a restarted pipeline's sink take
 		// over its predecessor's collector; a failure to register only loses
@@ -118,7 +121,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	}
 	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
 		Brokers:               s.cfg.brokers(),
-		Marshaler:             marshaler{},
+		Marshaler:             marshaler{s.enc},
 		OverwriteSaramaConfig: sc,
 	}, nil)
 	if err != nil {
@@ -168,6 +171,14 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		return err
 	}
 	return nil
+}
+
+// Destination is the topic msg goes to: topic, else the sink's.
+func (s *Sink) Destination(topic string, _ *message.Message) string {
+	if topic == "" {
+		return s.cfg.Topic
+	}
+	return topic
 }
 
 // oversize reports a record larger than max_message_bytes (Sarama refuses
@@ -276,10 +287,19 @@ func (c statsCollector) Collect(ch chan<- prometheus.Metric) {
 // marshaler writes the payload as the value, the message key (a
 // transform's ferry_key, else the aggregate id) as the key, and the metadata
 // less Ferry's internal keys as headers, sorted so the bytes on the wire do
-// not depend on map order.
-type marshaler struct{}
+// not depend on map order. With a format other than raw, the value and
+// headers are the encoder's, plus a content-type header (the Kafka
+// binding's place for datacontenttype).
+type marshaler struct{ enc *format.Encoder }
 
-func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+// ContentTypeHeader is the record header holding the content type of a
+// value a format encoded.
+const ContentTypeHeader = "content-type"
+
+func (m marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	if !m.enc.Raw(msg) {
+		return m.encoded(topic, msg)
+	}
 	headers := make([]sarama.RecordHeader, 0, len(msg.Metadata)+1)
 	headers = append(headers, sarama.RecordHeader{Key: []byte(IDHeader), Value: []byte(msg.UUID)})
 	keys := make([]string, 0, len(msg.Metadata))
@@ -297,6 +317,26 @@ func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMe
 		pm.Key = sarama.StringEncoder(key)
 	}
 	placeRecord(pm, msg)
+	return pm, nil
+}
+
+func (m marshaler) encoded(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	enc, err := m.enc.Encode(msg)
+	if err != nil {
+		return nil, err
+	}
+	headers := make([]sarama.RecordHeader, 0, len(enc.Headers)+2)
+	headers = append(headers, sarama.RecordHeader{Key: []byte(IDHeader), Value: []byte(msg.UUID)},
+		sarama.RecordHeader{Key: []byte(ContentTypeHeader), Value: []byte(enc.ContentType)})
+	for _, h := range enc.Headers {
+		if h.Key != IDHeader && h.Key != ContentTypeHeader {
+			headers = append(headers, sarama.RecordHeader{Key: []byte(h.Key), Value: []byte(h.Value)})
+		}
+	}
+	pm := &sarama.ProducerMessage{Topic: topic, Value: sarama.ByteEncoder(enc.Body), Headers: headers}
+	if key := plugins.Key(msg); key != "" {
+		pm.Key = sarama.StringEncoder(key)
+	}
 	return pm, nil
 }
 

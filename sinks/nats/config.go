@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sinks/format"
 )
 
 // Config is the `sink:` section of a NATS JetStream pipeline.
@@ -41,6 +42,10 @@ type Config struct {
 	// TLS secures the connection (tls:// URLs need it, or use system roots).
 	// Default off.
 	TLS TLSConfig `yaml:"tls"`
+	// Encoding is how events are encoded: the format key (raw,
+	// cloudevents, envelope) and the cloudevents block, inline; see package
+	// sinks/format. Default raw.
+	Encoding format.Config `yaml:",inline"`
 }
 
 // StreamConfig describes the stream Ferry creates for its subjects.
@@ -75,7 +80,8 @@ type StreamConfig struct {
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
-	return &Config{URL: "nats://127.0.0.1:4222", PublishTimeout: 5 * time.Second, PingInterval: 5 * time.Second}
+	return &Config{URL: "nats://127.0.0.1:4222", PublishTimeout: 5 * time.Second, PingInterval: 5 * time.Second,
+		Encoding: format.DefaultConfig()}
 }
 
 var streamName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
@@ -159,6 +165,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	p.Nest("tls", c.TLS.Validate())
+	p = append(p, plugins.Flatten(c.Encoding.Validate())...)
 	return p.Err()
 }
 

@@ -34,6 +34,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sinks/format"
 )
 
 // Name is the sink's registered type.
@@ -53,6 +54,7 @@ type Sink struct {
 	cfg *Config
 	env plugins.Env
 	log *slog.Logger
+	enc *format.Encoder
 
 	mu     sync.Mutex
 	conn   *nats.Conn
@@ -68,7 +70,7 @@ func New(cfg *Config, env plugins.Env) *Sink {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
 	}
-	return &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name)}
+	return &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), enc: format.New(cfg.Encoding, format.NATS, env)}
 }
 
 // Start connects and, if configured, creates the stream. The connection
@@ -213,7 +215,16 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	var one [1]jetstream.PubAckFuture
 	futures := one[:0]
 	for _, msg := range msgs {
-		f, err := js.PublishMsgAsync(natsMsg(topic, msg))
+		var nm *nats.Msg
+		if s.enc.Raw(msg) {
+			nm = natsMsg(topic, msg)
+		} else {
+			var err error
+			if nm, err = encodedMsg(s.enc, topic, msg); err != nil {
+				return fmt.Errorf("encode %s: %w", msg.UUID, err)
+			}
+		}
+		f, err := js.PublishMsgAsync(nm)
 		if err != nil {
 			return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
 		}
@@ -229,6 +240,14 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		}
 	}
 	return nil
+}
+
+// Destination is the subject msg goes to: topic, else the sink's.
+func (s *Sink) Destination(topic string, _ *message.Message) string {
+	if topic == "" {
+		return s.cfg.Subject
+	}
+	return topic
 }
 
 // classify marks the failures no retry can fix as permanent, so the
@@ -276,6 +295,29 @@ func natsMsg(topic string, msg *message.Message) *nats.Msg {
 		}
 	}
 	return &nats.Msg{Subject: topic, Data: msg.Payload, Header: h}
+}
+
+// ContentTypeHeader is the header holding the content type of a body a
+// format encoded (the NATS binding's place for datacontenttype).
+const ContentTypeHeader = "content-type"
+
+// encodedMsg is natsMsg for a format other than raw: the encoder's body and
+// headers, the content type, and the same id headers.
+func encodedMsg(enc *format.Encoder, topic string, msg *message.Message) (*nats.Msg, error) {
+	e, err := enc.Encode(msg)
+	if err != nil {
+		return nil, err
+	}
+	h := make(nats.Header, len(e.Headers)+3)
+	h[wmnats.WatermillUUIDHdr] = []string{msg.UUID}
+	h[nats.MsgIdHdr] = []string{msg.UUID}
+	h[ContentTypeHeader] = []string{e.ContentType}
+	for _, kv := range e.Headers {
+		if _, taken := h[kv.Key]; !taken {
+			h[kv.Key] = []string{kv.Value}
+		}
+	}
+	return &nats.Msg{Subject: topic, Data: e.Body, Header: h}, nil
 }
 
 var _ plugins.Sink = (*Sink)(nil)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sinks/format"
 )
 
 // Config is the `sink:` section of a RabbitMQ pipeline.
@@ -44,6 +45,10 @@ type Config struct {
 	// ConsumerQueues are the queues Ferry's consumers read; `ferry doctor`
 	// reports the messages waiting in them. Default none.
 	ConsumerQueues []string `yaml:"consumer_queues"`
+	// Encoding is how events are encoded: the format key (raw,
+	// cloudevents, envelope) and the cloudevents block, inline; see package
+	// sinks/format. Default raw.
+	Encoding format.Config `yaml:",inline"`
 }
 
 // DefaultConfig returns the defaults.
@@ -54,6 +59,7 @@ func DefaultConfig() *Config {
 		Channels:          4,
 		PublishTimeout:    5 * time.Second,
 		ReconnectInterval: time.Second,
+		Encoding:          format.DefaultConfig(),
 	}
 }
 
@@ -95,6 +101,7 @@ func (c *Config) Validate() error {
 		p.Add("reconnect_interval", "must not be negative")
 	}
 	p.Nest("tls", c.TLS.Validate())
+	p = append(p, plugins.Flatten(c.Encoding.Validate())...)
 	for i, q := range c.ConsumerQueues {
 		if q == "" {
 			p.Add("consumer_queues", "item %d: must not be empty", i)

@@ -38,6 +38,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sinks/format"
 )
 
 // Name is the sink's registered type.
@@ -66,6 +67,7 @@ type Sink struct {
 	env   plugins.Env
 	log   *slog.Logger
 	route template
+	enc   *format.Encoder
 	next  atomic.Uint64 // round-robin over the channels
 
 	mu          sync.Mutex
@@ -86,7 +88,8 @@ func New(cfg *Config, env plugins.Env) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("routing_key: %w", err)
 	}
-	return &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), route: route}, nil
+	return &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), route: route,
+		enc: format.New(cfg.Encoding, format.AMQP, env)}, nil
 }
 
 // Start connects, opens the channel pool and declares the exchange (with
@@ -287,7 +290,7 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 			errs = append(errs, plugins.Permanent("no_route", fmt.Errorf("message %s: routing key longer than 255 bytes", msg.UUID)))
 			break
 		}
-		pub, err := marshal(msg)
+		pub, err := s.marshal(msg)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("message %s: %w", msg.UUID, err))
 			break
@@ -315,6 +318,16 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	return errors.Join(errs...)
 }
 
+// Destination is the routing key msg goes with: topic, else the
+// routing_key template rendered for msg ("" if it cannot be).
+func (s *Sink) Destination(topic string, msg *message.Message) string {
+	if topic != "" {
+		return topic
+	}
+	key, _ := s.route.render(msg.Metadata)
+	return key
+}
+
 // Close closes the connection; publishes still waiting fail. Idempotent.
 func (s *Sink) Close() error {
 	s.mu.Lock()
@@ -334,15 +347,33 @@ var wmMarshaler = wmamqp.DefaultMarshaler{}
 
 // marshal builds the AMQP message with Watermill's marshaler (body, metadata
 // headers, persistent) and adds the standard properties consumers look for.
-func marshal(msg *message.Message) (amqp.Publishing, error) {
-	pub, err := wmMarshaler.Marshal(msg)
-	if err != nil {
-		return pub, err
-	}
-	for k := range pub.Headers {
-		if plugins.IsInternal(k) {
-			delete(pub.Headers, k)
+// With a format other than raw, the body and headers are the encoder's and
+// content_type is set (the AMQP binding's place for datacontenttype).
+func (s *Sink) marshal(msg *message.Message) (amqp.Publishing, error) {
+	var pub amqp.Publishing
+	if s.enc.Raw(msg) {
+		var err error
+		if pub, err = wmMarshaler.Marshal(msg); err != nil {
+			return pub, err
 		}
+		for k := range pub.Headers {
+			if plugins.IsInternal(k) {
+				delete(pub.Headers, k)
+			}
+		}
+	} else {
+		e, err := s.enc.Encode(msg)
+		if err != nil {
+			return pub, err
+		}
+		// Watermill's uuid header too, so a Watermill AMQP subscriber still
+		// sees the event id as the message UUID.
+		headers := make(amqp.Table, len(e.Headers)+1)
+		for _, h := range e.Headers {
+			headers[h.Key] = h.Value
+		}
+		headers[wmamqp.DefaultMessageUUIDHeaderKey] = msg.UUID
+		pub = amqp.Publishing{Headers: headers, Body: e.Body, ContentType: e.ContentType}
 	}
 	pub.DeliveryMode = amqp.Persistent
 	pub.MessageId = msg.UUID

@@ -782,7 +782,7 @@ func (s *Source) registerGauges() {
 	}
 	// Backlog and oldest age are exported for every source by the
 	// supervisor, from Health.
-	s.batches = outbox.NewBatchMetrics(s.env.Metrics, s.log)
+	s.batches = outbox.NewBatchMetrics(s.env.Metrics, s.log).Traced(s.env, Name)
 	s.parked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_dead_lettered_events",
 		Help: "Rows parked after max_attempts failed deliveries (poll)."})
 	if err := s.env.Metrics.Register(s.parked); err != nil {

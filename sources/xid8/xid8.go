@@ -275,7 +275,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	s.read, s.committed = pos, pos
 	if s.batches == nil {
-		s.batches = outbox.NewBatchMetrics(s.env.Metrics, s.log)
+		s.batches = outbox.NewBatchMetrics(s.env.Metrics, s.log).Traced(s.env, Name)
 	}
 	s.log.Info("xid8 source started", "table", t.Schema+"."+t.Name, "cursor", pos.String())
 	return nil

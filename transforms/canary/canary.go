@@ -202,10 +202,27 @@ func (c *Canary) check(ctx context.Context, r plugins.Reader) {
 	}
 }
 
+// wrapped is a canary's payload as a sink format wraps it: the data of a
+// structured CloudEvent, or the payload of Ferry's envelope.
+type wrapped struct {
+	payload
+	Data    *payload `json:"data"`
+	Payload *payload `json:"payload"`
+}
+
 func (c *Canary) arrived(msg *message.Message) {
-	var p payload
-	if err := json.Unmarshal(msg.Payload, &p); err != nil || p.GeneratedAt.IsZero() {
+	var w wrapped
+	if err := json.Unmarshal(msg.Payload, &w); err != nil {
 		return // not a canary of ours
+	}
+	p := w.payload
+	if p.GeneratedAt.IsZero() && w.Data != nil {
+		p = *w.Data
+	} else if p.GeneratedAt.IsZero() && w.Payload != nil {
+		p = *w.Payload
+	}
+	if p.GeneratedAt.IsZero() {
+		return
 	}
 	if p.Pipeline != "" && p.Pipeline != c.env.Pipeline {
 		return

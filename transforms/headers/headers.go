@@ -64,6 +64,9 @@ func (h *Headers) Process(msg *message.Message) ([]*message.Message, error) {
 		if v, ok := md[k]; ok {
 			values[f] = v
 			delete(md, k)
+			// Later stages still read the source's fields: the
+			// partitioning key, a sink's CloudEvents attributes.
+			md[plugins.OriginalKey(k)] = v
 		}
 	}
 	if !h.cfg.Passthrough {

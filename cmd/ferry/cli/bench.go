@@ -38,7 +38,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 	window := fs.Int("ceiling-window", 0, "ceiling: async publishes awaiting their ack (0: 1000)")
 	verify := fs.Bool("verify", def.Verify, "read every drained and steady event back from the broker (off: compare counts)")
 	var set paths
-	fs.Var(&set, "set", "override Ferry configuration, e.g. xid8.batch_size=2000 or limits.max_in_flight=2000 (repeatable)")
+	fs.Var(&set, "set", "override Ferry configuration, e.g. xid8.batch_size=2000, limits.max_in_flight=2000, nats.format=cloudevents or tracing.enabled=true (repeatable)")
 	profile := fs.String("profile", "", "write a CPU profile of every measurement into this directory (go tool pprof)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a table")
 	markdown := fs.String("markdown", "", "also write the table and targets as Markdown to this file")

@@ -156,6 +156,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		os.Exit(1)
 	}()
 	log.Info("ferry starting", "version", version(), "pipelines", len(specs), "admin", token != "")
+	defer flushTraces(log)
 	if err := sup.Run(runCtx, specs); err != nil {
 		log.Error("ferry stopped with an error", "err", err)
 		return 1
