@@ -69,6 +69,7 @@ func (c *api) controlRoutes() []route {
 		{"POST", "/pipelines/{name}/pause", accessWrite, c.desiredState(store.DesiredPaused)},
 		{"POST", "/pipelines/{name}/resume", accessWrite, c.desiredState(store.DesiredRunning)},
 		{"POST", "/pipelines/{name}/restart", accessWrite, c.restart},
+		{"GET", "/pipelines/{name}/history", accessRead, c.history},
 		{"POST", "/validate", accessWrite, c.validate},
 		{"GET", "/plugins", accessRead, c.plugins},
 		{"GET", "/tenants", accessRead, c.listTenants},
