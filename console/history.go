@@ -12,7 +12,7 @@ import (
 // Point is one sample of a pipeline's lag: each segment's p50/p99 over the
 // minute before At.
 type Point struct {
-	At  time.Time                        `json:"at"`
+	At  time.Time                       `json:"at"`
 	Lag map[string]pipelines.LagSummary `json:"lag"`
 }
 

@@ -77,7 +77,7 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"PUT /api/v1/tenants/{name}":          {"application/json", `{"limits":{"rate":5}}`},
 		"POST /api/v1/tokens":                 {"application/json", `{"scope":"read"}`},
 	}
-	routes := append([]string{"GET /metrics", "GET /healthz", "GET /readyz"}, httpapi.ControlRoutes()...)
+	routes := append([]string{"GET /metrics", "GET /healthz", "GET /readyz", "GET /ui/"}, httpapi.ControlRoutes()...)
 	documented := map[string]bool{}
 	for p, item := range paths {
 		for m := range item.(map[string]any) {
