@@ -82,6 +82,9 @@ func (c *Console) Sample(now time.Time) {
 type History struct {
 	Pipeline        string  `json:"pipeline"`
 	IntervalSeconds float64 `json:"interval_seconds"`
+	// WindowSeconds is the span the history holds when full (Interval ×
+	// Points): what a chart's time axis shows.
+	WindowSeconds float64 `json:"window_seconds"`
 	// Points are the lag samples, oldest first (at most Points of them).
 	Points []Point `json:"points"`
 	// Stages are the pipeline's stages in order with their events by
@@ -101,7 +104,8 @@ type Stage struct {
 
 // History returns one pipeline's lag history and stage counts.
 func (c *Console) History(name string) History {
-	h := History{Pipeline: name, IntervalSeconds: c.o.Interval.Seconds(), Points: c.hist.get(name), Stages: []Stage{}}
+	h := History{Pipeline: name, IntervalSeconds: c.o.Interval.Seconds(),
+		WindowSeconds: c.o.Interval.Seconds() * float64(c.o.Points), Points: c.hist.get(name), Stages: []Stage{}}
 	h.Stages, h.DeadLettered = c.stages(name)
 	return h
 }

@@ -12,7 +12,6 @@
     ['commit_to_ack', 'commit → broker ack'],
     ['ack_to_consumed', 'ack → consumed (canary)'],
   ];
-  const WINDOW_MS = 15 * 60 * 1000;
   const REFRESH_MS = 2000;
   const HISTORY_MS = 5000;
   const SVG = 'http://www.w3.org/2000/svg';
@@ -98,7 +97,7 @@
       }
       return { state: p.state, owner: where, error: p.last_error || '' };
     }
-    const here = ['running', 'backing_off', 'stalled', 'paused', 'starting'].includes(p.state);
+    const here = ['running', 'backing_off', 'stalled', 'starting'].includes(p.state);
     return { state: p.state, owner: here ? 'this instance' : '—', error: p.last_error || p.problem || '' };
   }
 
@@ -213,19 +212,25 @@
   }
 
   // Lag charts: the history's samples plus the status's current minute,
-  // over the last 15 minutes; a gap where a sample saw no event.
+  // over the history's window; a gap where a sample saw no event.
   function drawCharts(c) {
     const now = Date.now();
+    // The time axis is what the history holds when full: 15 minutes by
+    // default (90 samples 10 s apart).
+    const WINDOW_MS = ((c.hist && c.hist.window_seconds) || 900) * 1000;
     const pts = ((c.hist && c.hist.points) || []).map((pt) => ({ t: Date.parse(pt.at), lag: pt.lag || {} }));
     pts.push({ t: now, lag: c.p.lag || {} });
     for (const box of c.el.querySelectorAll('.chart')) {
       const seg = box.dataset.segment;
       const series = pts.filter((pt) => pt.t >= now - WINDOW_MS).map((pt) => ({ t: pt.t, s: pt.lag[seg] || { count: 0 } }));
+      // A log scale from 1 ms: lag spans microseconds to minutes, and a
+      // spike must not flatten the rest of the line.
       let max = 0;
       for (const { s } of series) if (s.count) max = Math.max(max, s.p99_seconds, s.p50_seconds);
-      const top = max > 0 ? max * 1.1 : 1;
+      const floor = 0.001;
+      const top = Math.max(max * 1.5, floor * 10);
       const x = (t) => (300 * (t - (now - WINDOW_MS)) / WINDOW_MS).toFixed(1);
-      const y = (v) => (46 - 44 * Math.min(v / top, 1)).toFixed(1);
+      const y = (v) => (46 - 44 * Math.min(Math.log(Math.max(v, floor) / floor) / Math.log(top / floor), 1)).toFixed(1);
       const line = (key) => {
         let d = '', run = 0;
         for (const { t, s } of series) {
@@ -247,7 +252,7 @@
       $('.area', box).setAttribute('d', p50.includes('L') ? area : '');
       const cur = (c.p.lag || {})[seg];
       $('.now', box).textContent = cur && cur.count ? dur(cur.p50_seconds) + ' / ' + dur(cur.p99_seconds) : 'no events';
-      $('.max', box).textContent = max > 0 ? 'top ' + dur(top) : '';
+      $('.max', box).textContent = max > 0 ? 'log scale, 1 ms – ' + dur(top) : '';
     }
   }
 
