@@ -204,6 +204,27 @@ func TestConsoleInBrowser(t *testing.T) {
 		return st == "paused"
 	})
 
+	// Edit config: a bad key is reported inline by Validate and by Apply,
+	// nothing changes; a good edit is applied as the next version.
+	inv := `article[data-pipeline="invoices"] `
+	inBrowser(t, tab, 10*time.Second, "edit invoices", chromedp.Click(inv+`button[data-action="edit"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the editor holding invoices' config", `document.querySelector('`+inv+`textarea').value.includes('outbox_invoices')`)
+	setConfig := func(js string) {
+		inBrowser(t, tab, 5*time.Second, "edit the text", chromedp.Evaluate(`(() => { const a = document.querySelector('`+inv+`textarea'); a.value = `+js+`; return true; })()`, nil))
+	}
+	setConfig(`a.value + 'bogus_key: 1\n'`)
+	inBrowser(t, tab, 5*time.Second, "validate", chromedp.Click(inv+`button[data-action="validate"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the validation error inline", `document.querySelector('`+inv+`.problems').textContent.includes('bogus_key')`)
+	inBrowser(t, tab, 5*time.Second, "apply the bad config", chromedp.Click(inv+`.editor button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the apply refused inline", `document.querySelector('`+inv+`.problems').textContent.includes('nothing was changed')`)
+	setConfig(`a.value.replace('bogus_key: 1\n', '').replace('poll_interval: 20ms', 'poll_interval: 30ms')`)
+	inBrowser(t, tab, 5*time.Second, "apply the good config", chromedp.Click(inv+`.editor button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the edit applied", `document.querySelector('`+inv+`.action-result').textContent === 'applied: version 2' && document.querySelector('`+inv+`.editor').hidden`)
+	var cfg struct{ Config string }
+	if code, body := in.api("GET", "/api/v1/pipelines/invoices/config", "", &cfg, "Accept", "application/json"); code != 200 || !strings.Contains(cfg.Config, "poll_interval: 30ms") {
+		t.Errorf("invoices' stored config after the edit: %d %s", code, body)
+	}
+
 	// Charts: several samples drawn (paths with segments) and stage counts.
 	waitJS(t, tab, 60*time.Second, "billing's charts drawn", `(() => {
 		const c = document.querySelector('article[data-pipeline="billing"] .chart[data-segment="commit_to_ack"] path.p50');
