@@ -267,7 +267,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("on a 390 px wide screen the page is wider than the screen")
 	}
 	var phone []byte
-	inBrowser(t, tab, 20*time.Second, "phone screenshot", chromedp.FullScreenshot(&phone, 90), emulation.ClearDeviceMetricsOverride())
+	inBrowser(t, tab, 20*time.Second, "phone screenshot", chromedp.FullScreenshot(&phone, 100), emulation.ClearDeviceMetricsOverride())
 	_ = os.WriteFile(filepath.Join(art, "console-phone.png"), phone, 0o644)
 
 	// Signing out hides everything; a tenant token then sees only its
@@ -300,7 +300,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the outage took %s to show, want within 5s", took)
 	}
 	var down []byte
-	inBrowser(t, tab, 20*time.Second, "outage screenshot", chromedp.FullScreenshot(&down, 90))
+	inBrowser(t, tab, 20*time.Second, "outage screenshot", chromedp.FullScreenshot(&down, 100))
 	_ = os.WriteFile(filepath.Join(art, "console-outage.png"), down, 0o644)
 }
 
