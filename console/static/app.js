@@ -293,6 +293,14 @@
         ed.elements.config.value = r.data.config;
         $('.problems', ed).replaceChildren();
         ed.hidden = false;
+      } else if (action === 'doctor') {
+        button.disabled = true;
+        out.textContent = 'doctor: walking the pipeline…';
+        const r = await api('GET', `/api/v1/pipelines/${enc(name)}/doctor`);
+        button.disabled = false;
+        if (r.status !== 200) { out.textContent = 'doctor: ' + errorText(r); return; }
+        out.textContent = r.data.healthy ? 'doctor: healthy' : 'doctor: first unhealthy stage ' + r.data.stage;
+        showDiagnosis(c, r.data);
       } else if (action === 'cancel') {
         $('.editor', c.el).hidden = true;
       } else if (action === 'validate') {
@@ -323,6 +331,24 @@
     } catch (e) {
       showProblems(c, [{ message: e.message }]);
     }
+  }
+
+  // The doctor's walk, database to consumer, the first unhealthy stage
+  // marked with its suggested fix.
+  function showDiagnosis(c, d) {
+    const ol = $('.doctor', c.el);
+    ol.replaceChildren(...(d.checks || []).map((ch) => {
+      const li = document.createElement('li');
+      li.className = ch.status === 'unhealthy' ? 'unhealthy first' : ch.status === 'ok' ? 'ok' : '';
+      const st = document.createElement('span');
+      st.className = 'st';
+      st.textContent = ch.stage + ': ' + ch.status;
+      li.append(st);
+      for (const e of ch.evidence || []) li.append(Object.assign(document.createElement('span'), { className: 'evidence', textContent: e }));
+      if (ch.action) li.append(Object.assign(document.createElement('span'), { className: 'action', textContent: '→ ' + ch.action }));
+      return li;
+    }));
+    ol.hidden = false;
   }
 
   function showProblems(c, list, ok) {

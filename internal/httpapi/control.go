@@ -70,6 +70,7 @@ func (c *api) controlRoutes() []route {
 		{"POST", "/pipelines/{name}/resume", accessWrite, c.desiredState(store.DesiredRunning)},
 		{"POST", "/pipelines/{name}/restart", accessWrite, c.restart},
 		{"GET", "/pipelines/{name}/history", accessRead, c.history},
+		{"GET", "/pipelines/{name}/doctor", accessRead, c.diagnose},
 		{"POST", "/validate", accessWrite, c.validate},
 		{"GET", "/plugins", accessRead, c.plugins},
 		{"GET", "/tenants", accessRead, c.listTenants},

@@ -299,6 +299,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	if took > 5*time.Second {
 		t.Errorf("the outage took %s to show, want within 5s", took)
 	}
+	// The doctor, asked from the page, names the broker as the first
+	// unhealthy stage.
+	bill := `article[data-pipeline="billing"] `
+	inBrowser(t, tab, 5*time.Second, "doctor", chromedp.Click(bill+`button[data-action="doctor"]`, chromedp.ByQuery))
+	waitJS(t, tab, 40*time.Second, "the doctor naming the broker", `(() => {
+		const li = document.querySelector('`+bill+`.doctor li.unhealthy');
+		return !!li && li.querySelector('.st').textContent === 'broker: unhealthy' && !!li.querySelector('.action');
+	})()`)
 	var down []byte
 	inBrowser(t, tab, 20*time.Second, "outage screenshot", chromedp.FullScreenshot(&down, 100))
 	_ = os.WriteFile(filepath.Join(art, "console-outage.png"), down, 0o644)
