@@ -207,6 +207,7 @@
     $('button[data-action="pause"]', el).disabled = paused;
     $('button[data-action="resume"]', el).disabled = !paused;
     $('button[data-action="edit"]', el).hidden = p.managed_by !== 'api';
+    $('button[data-action="doctor"]', el).hidden = !p.managed_by; // the route needs --store
     drawCharts(c);
     drawStages(c);
   }
