@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
@@ -34,6 +35,9 @@ type Options struct {
 	// Control, when set (ferry run --store), serves the control plane:
 	// every /api/v1 route authenticates and checks the token's scope.
 	Control *Control
+	// Console, when set, serves the web console at /ui/ and each
+	// pipeline's lag history at /api/v1/pipelines/{name}/history.
+	Console *console.Console
 }
 
 // New returns the API's handler.
@@ -43,6 +47,7 @@ func New(o Options) http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", a.ready)
+	a.registerConsole(mux)
 	if o.Control != nil {
 		a.registerControl(mux)
 		return mux

@@ -69,6 +69,8 @@ func (c *api) controlRoutes() []route {
 		{"POST", "/pipelines/{name}/pause", accessWrite, c.desiredState(store.DesiredPaused)},
 		{"POST", "/pipelines/{name}/resume", accessWrite, c.desiredState(store.DesiredRunning)},
 		{"POST", "/pipelines/{name}/restart", accessWrite, c.restart},
+		{"GET", "/pipelines/{name}/history", accessRead, c.history},
+		{"GET", "/pipelines/{name}/doctor", accessRead, c.diagnose},
 		{"POST", "/validate", accessWrite, c.validate},
 		{"GET", "/plugins", accessRead, c.plugins},
 		{"GET", "/tenants", accessRead, c.listTenants},

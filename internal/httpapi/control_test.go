@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/sourcetest"
@@ -39,6 +40,7 @@ type controlFixture struct {
 	sup  *pipelines.Supervisor
 	conv *store.Converger
 	srv  *httptest.Server
+	ui   *console.Console
 }
 
 func startControl(t *testing.T, admin string) *controlFixture {
@@ -95,8 +97,9 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 		close(converged)
 	}
 	t.Cleanup(func() { stopConverging(); <-converged; stopSupervisor(); <-done })
+	f.ui = console.New(console.Options{Statuses: f.sup.Statuses, Gatherer: reg})
 	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
-		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}}))
+		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui}))
 	t.Cleanup(f.srv.Close)
 	return f
 }

@@ -79,7 +79,7 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		"PATCH /api/v1/pipelines/{name}/offsets": {"application/json", `{"to":"latest"}`},
 		"POST /api/v1/pipelines/{name}/backfill": {"application/json", `{"aggregate_type":"order"}`},
 	}
-	routes := append([]string{"GET /metrics", "GET /healthz", "GET /readyz"}, httpapi.ControlRoutes()...)
+	routes := append([]string{"GET /metrics", "GET /healthz", "GET /readyz", "GET /ui/"}, httpapi.ControlRoutes()...)
 	documented := map[string]bool{}
 	for p, item := range paths {
 		for m := range item.(map[string]any) {

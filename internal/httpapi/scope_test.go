@@ -77,6 +77,8 @@ func TestScopeRouteTable(t *testing.T) {
 			routeCase{"GET", "/api/v1/pipelines?tenant=" + tenant, "", "", who, "read"},
 			routeCase{"GET", "/api/v1/pipelines/" + name, "", "", who, "read"},
 			routeCase{"GET", "/api/v1/pipelines/" + name + "/config", "", "", who, "read"},
+			routeCase{"GET", "/api/v1/pipelines/" + name + "/history", "", "", who, "read"},
+			routeCase{"GET", "/api/v1/pipelines/" + name + "/doctor", "", "", who, "read"},
 			routeCase{"POST", "/api/v1/pipelines", "application/yaml", pipeline(who+"-new", tenant), who, "write"},
 			routeCase{"PUT", "/api/v1/pipelines/" + name + "/config", "application/yaml", strings.ReplaceAll(pipeline(name, tenant), "20ms", "25ms"), who, "write"},
 			routeCase{"POST", "/api/v1/pipelines/" + name + "/pause", "", "", who, "write"},

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -37,6 +38,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	instance := fs.String("instance-id", fmt.Sprintf("%s/%d", host, os.Getpid()), "this instance's name in the heartbeat table (--ha)")
 	coordination := fs.String("coordination-dsn", "", "database holding the heartbeat table (--ha); default: the source database of the pipeline first by name. Unreachable, HA runs degraded: owned pipelines keep running, unowned ones run where their lock is free, /readyz answers 503")
 	haInterval := fs.Duration("ha-interval", 2*time.Second, "ownership round interval: failover after an owner dies takes about four")
+	uiOn := fs.Bool("ui", true, "serve the web console at /ui/ on --http (it reads the API with the user's token)")
+	uiInterval := fs.Duration("ui-sample-interval", 10*time.Second, "gap between two samples of the console's lag charts (each keeps 90)")
 	var cp controlFlags
 	cp.register(fs)
 	var lf logFlags
@@ -118,7 +121,13 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if *httpAddr != "" {
-		srv, err := serveHTTP(*httpAddr, httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, AdminToken: token, Reload: reload, Logger: log, Control: control.api(loader)}), log)
+		var ui *console.Console
+		if *uiOn {
+			ui = console.New(console.Options{Statuses: sup.Statuses, Gatherer: reg, Interval: *uiInterval})
+			go ui.Run(ctx)
+		}
+		srv, err := serveHTTP(*httpAddr, httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, AdminToken: token, Reload: reload, Logger: log,
+			Control: control.api(loader), Console: ui}), log)
 		if err != nil {
 			fmt.Fprintf(stderr, "--http: %v\n", err)
 			return 1

@@ -1,0 +1,340 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image"
+	"image/png"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry/internal/natsserver"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/sources/xid8"
+)
+
+// chromiumPath finds a Chromium or Chrome binary ("" when there is none).
+func chromiumPath() string {
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// browser starts a headless Chromium and returns a context for one tab.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path := chromiumPath()
+	if path == "" {
+		t.Skip("no chromium binary on PATH (install Debian's chromium package, or set CHROMIUM): the console's browser test cannot run")
+	}
+	// A fresh profile, removed once the browser is gone (its helper
+	// processes may still write to it while it exits, so not t.TempDir).
+	profile, err := os.MkdirTemp("", "ferry-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(profile), chromedp.WindowSize(1280, 900),
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(func() { cancel(); cancelAlloc(); os.RemoveAll(profile) })
+	if err := chromedp.Run(ctx); err != nil {
+		t.Fatalf("start chromium %s: %v", path, err)
+	}
+	return ctx
+}
+
+// inBrowser runs browser actions with a deadline.
+func inBrowser(t *testing.T, ctx context.Context, timeout time.Duration, what string, actions ...chromedp.Action) {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := chromedp.Run(c, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// waitJS polls a JavaScript condition in the page until it is true.
+func waitJS(t *testing.T, ctx context.Context, timeout time.Duration, what, js string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(timeout)
+	for {
+		var ok bool
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := chromedp.Run(c, chromedp.Evaluate(js, &ok))
+		cancel()
+		if err == nil && ok {
+			return time.Since(start)
+		}
+		if time.Now().After(deadline) {
+			var body string
+			_ = chromedp.Run(ctx, chromedp.Evaluate(`document.querySelector('main').innerText`, &body))
+			t.Fatalf("after %s: not %s; the page shows:\n%s", timeout, what, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func cardState(name string) string {
+	return fmt.Sprintf(`(document.querySelector('article[data-pipeline=%q] .state')||{}).textContent`, name)
+}
+
+// The console against a real `ferry run --store` with PostgreSQL and NATS,
+// in headless Chromium: it asks for a token, lists every pipeline grouped by
+// tenant, pauses one from its button, draws the lag charts, shows a broker
+// outage as backing off with the error, and a tenant token sees only its
+// tenant.
+func TestConsoleInBrowser(t *testing.T) {
+	tab := browser(t)
+	dsn := testenv.Postgres(t)
+	nats, err := natsserver.Start(0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nats.Close)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	subject := "ferry.console." + testenv.Name("c")
+	testenv.CollectStream(t, nats.URL(), strings.ToUpper(testenv.Name("console")), 100*time.Millisecond, subject+".>")
+	pipes := map[string]string{"orders": "team-a", "invoices": "team-a", "billing": "team-b"}
+	for name := range pipes {
+		ddl, _ := xid8.Schema("outbox_" + name)
+		if _, err := pool.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := startStoreInstance(t, "console", dsn, "--ui-sample-interval", "1s")
+	for name, tenant := range pipes {
+		y := fmt.Sprintf("name: %s\ntenant: %s\nsource: {type: xid8, dsn: %q, table: outbox_%s, poll_interval: 20ms}\nsink: {type: nats, url: %q, subject: %s.%s}\n",
+			name, tenant, dsn, name, nats.URL(), subject, name)
+		if code, body := in.api("PUT", "/api/v1/pipelines/"+name+"/config", y, nil); code != 201 {
+			t.Fatalf("create %s: %d %s", name, code, body)
+		}
+	}
+	var tok struct{ Token string }
+	if code, body := in.api("POST", "/api/v1/tokens", `{"scope":"tenant:team-b"}`, &tok, "Content-Type", "application/json"); code != 201 {
+		t.Fatalf("create token: %d %s", code, body)
+	}
+	// Traffic into every outbox, so the charts have lag to draw.
+	stop := make(chan struct{})
+	var writers sync.WaitGroup
+	for name := range pipes {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(25 * time.Millisecond):
+				}
+				if _, err := pool.Exec(ctx, `INSERT INTO outbox_`+name+` (aggregate_type, aggregate_id, type, payload) VALUES ('order', $1, 'T', '{}')`, fmt.Sprintf("agg-%d", k%5)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	t.Cleanup(func() { close(stop); writers.Wait() })
+	testenv.Eventually(t, 30*time.Second, "every pipeline running", func() bool {
+		for name := range pipes {
+			if st, _ := in.localStatus(name); st != "running" {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Without a token the page shows the login form and no pipeline.
+	ui := "http://" + in.addr + "/ui/"
+	inBrowser(t, tab, 20*time.Second, "open the console", chromedp.Navigate(ui), chromedp.WaitVisible(`#login`))
+	var cards int
+	inBrowser(t, tab, 5*time.Second, "count cards", chromedp.Evaluate(`document.querySelectorAll('article.pipeline').length`, &cards))
+	if cards != 0 {
+		t.Fatalf("%d pipelines visible without a token", cards)
+	}
+	// A wrong token is refused on the form.
+	inBrowser(t, tab, 10*time.Second, "sign in with a wrong token", chromedp.SendKeys(`#token`, "not-a-token"), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "refusing the wrong token", `document.querySelector('#login-error').textContent.length > 0 && !document.querySelector('#login').hidden`)
+	inBrowser(t, tab, 10*time.Second, "sign in", chromedp.SendKeys(`#token`, cpAdmin), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "listing the three pipelines by tenant", `
+		[...document.querySelectorAll('section[data-tenant="team-a"] article')].map(a => a.dataset.pipeline).sort().join() === 'invoices,orders' &&
+		[...document.querySelectorAll('section[data-tenant="team-b"] article')].map(a => a.dataset.pipeline).join() === 'billing'`)
+	waitJS(t, tab, 15*time.Second, "billing running on the instance", cardState("billing")+` === 'running' &&
+		document.querySelector('article[data-pipeline="billing"] .owner').textContent === 'console'`)
+
+	// Render time: a reload with the token already in the tab's session.
+	var renderMS float64
+	inBrowser(t, tab, 20*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(`article[data-pipeline="billing"]`))
+	waitJS(t, tab, 10*time.Second, "rendered", `document.body.dataset.rendered === 'true'`)
+	inBrowser(t, tab, 5*time.Second, "render time", chromedp.Evaluate(`performance.getEntriesByName('ferry-rendered')[0].startTime`, &renderMS))
+	t.Logf("console render time (navigation start → pipelines drawn, %d pipelines): %.0f ms", len(pipes), renderMS)
+
+	// Pause from the button.
+	inBrowser(t, tab, 10*time.Second, "click pause", chromedp.Click(`article[data-pipeline="orders"] button[data-action="pause"]`))
+	waitJS(t, tab, 15*time.Second, "orders paused", cardState("orders")+` === 'paused'`)
+	testenv.Eventually(t, 15*time.Second, "orders paused in the API", func() bool {
+		st, _ := in.localStatus("orders")
+		return st == "paused"
+	})
+
+	// Edit config: a bad key is reported inline by Validate and by Apply,
+	// nothing changes; a good edit is applied as the next version.
+	inv := `article[data-pipeline="invoices"] `
+	inBrowser(t, tab, 10*time.Second, "edit invoices", chromedp.Click(inv+`button[data-action="edit"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the editor holding invoices' config", `document.querySelector('`+inv+`textarea').value.includes('outbox_invoices')`)
+	setConfig := func(js string) {
+		inBrowser(t, tab, 5*time.Second, "edit the text", chromedp.Evaluate(`(() => { const a = document.querySelector('`+inv+`textarea'); a.value = `+js+`; return true; })()`, nil))
+	}
+	setConfig(`a.value + 'bogus_key: 1\n'`)
+	inBrowser(t, tab, 5*time.Second, "validate", chromedp.Click(inv+`button[data-action="validate"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the validation error inline", `document.querySelector('`+inv+`.problems').textContent.includes('bogus_key')`)
+	inBrowser(t, tab, 5*time.Second, "apply the bad config", chromedp.Click(inv+`.editor button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the apply refused inline", `document.querySelector('`+inv+`.problems').textContent.includes('nothing was changed')`)
+	setConfig(`a.value.replace('bogus_key: 1\n', '').replace('poll_interval: 20ms', 'poll_interval: 30ms')`)
+	inBrowser(t, tab, 5*time.Second, "apply the good config", chromedp.Click(inv+`.editor button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the edit applied", `document.querySelector('`+inv+`.action-result').textContent === 'applied: version 2' && document.querySelector('`+inv+`.editor').hidden`)
+	var cfg struct{ Config string }
+	if code, body := in.api("GET", "/api/v1/pipelines/invoices/config", "", &cfg, "Accept", "application/json"); code != 200 || !strings.Contains(cfg.Config, "poll_interval: 30ms") {
+		t.Errorf("invoices' stored config after the edit: %d %s", code, body)
+	}
+
+	// Charts: several samples drawn (paths with segments) and stage counts.
+	waitJS(t, tab, 60*time.Second, "billing's charts drawn", `(() => {
+		const c = document.querySelector('article[data-pipeline="billing"] .chart[data-segment="commit_to_ack"] path.p50');
+		return c && (c.getAttribute('d').match(/L/g) || []).length >= 15 &&
+			document.querySelectorAll('article[data-pipeline="billing"] .stages tbody tr').length >= 2;
+	})()`)
+	var full, chart []byte
+	inBrowser(t, tab, 20*time.Second, "screenshots",
+		chromedp.FullScreenshot(&full, 100),
+		chromedp.Screenshot(`article[data-pipeline="billing"] .chart[data-segment="commit_to_ack"] svg`, &chart, chromedp.ByQuery))
+	art := t.ArtifactDir()
+	for name, b := range map[string][]byte{"console.png": full, "chart.png": chart} {
+		if err := os.WriteFile(filepath.Join(art, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := os.Getenv("FERRY_CONSOLE_SCREENSHOT"); out != "" {
+		if err := os.WriteFile(out, full, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(full) < 20_000 {
+		t.Errorf("the page's screenshot is %d bytes: too small to hold the page", len(full))
+	}
+	img, err := png.Decode(bytes.NewReader(chart))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, total := inked(img); n*50 < total {
+		t.Errorf("the chart has %d of %d pixels off the background: empty", n, total)
+	} else {
+		t.Logf("screenshot %d bytes in %s; chart %dx%d with %d of %d pixels drawn", len(full), art, img.Bounds().Dx(), img.Bounds().Dy(), n, total)
+	}
+
+	// A phone: one column, nothing wider than the screen.
+	inBrowser(t, tab, 10*time.Second, "phone viewport", emulation.SetDeviceMetricsOverride(390, 844, 3, true))
+	var overflow bool
+	inBrowser(t, tab, 5*time.Second, "overflow", chromedp.Sleep(300*time.Millisecond), chromedp.Evaluate(`document.documentElement.scrollWidth > window.innerWidth`, &overflow))
+	if overflow {
+		t.Errorf("on a 390 px wide screen the page is wider than the screen")
+	}
+	var phone []byte
+	inBrowser(t, tab, 20*time.Second, "phone screenshot", chromedp.FullScreenshot(&phone, 100), emulation.ClearDeviceMetricsOverride())
+	_ = os.WriteFile(filepath.Join(art, "console-phone.png"), phone, 0o644)
+
+	// Signing out hides everything; a tenant token then sees only its
+	// tenant.
+	inBrowser(t, tab, 10*time.Second, "sign out", chromedp.Click(`#logout`, chromedp.ByQuery), chromedp.WaitVisible(`#login`))
+	waitJS(t, tab, 5*time.Second, "nothing shown after signing out", `document.querySelectorAll('article.pipeline').length === 0 && sessionStorage.length === 0`)
+	inBrowser(t, tab, 20*time.Second, "sign in as team-b",
+		chromedp.SendKeys(`#token`, tok.Token), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "team-b's pipeline listed", cardState("billing")+` === 'running'`)
+	var seen string
+	inBrowser(t, tab, 5*time.Second, "tenant view", chromedp.Evaluate(`[...document.querySelectorAll('article.pipeline')].map(a => a.dataset.pipeline).join() + '|' + [...document.querySelectorAll('section.tenant')].map(s => s.dataset.tenant).join()`, &seen))
+	if seen != "billing|team-b" {
+		t.Errorf("a team-b token sees pipelines|tenants %q, want billing|team-b", seen)
+	}
+	// The API refuses it another tenant's history (the page has no card
+	// to ask for it).
+	if code, body := apiAs(in, tok.Token, "GET", "/api/v1/pipelines/orders/history"); code != 403 {
+		t.Errorf("team-b token reading orders' history: %d %s, want 403", code, body)
+	}
+
+	// A broker outage shows as backing off, with the error.
+	nats.Close()
+	outage := time.Now()
+	took := waitJS(t, tab, 20*time.Second, "billing backing off with an error", cardState("billing")+` === 'backing off' &&
+		document.querySelector('article[data-pipeline="billing"] .lasterror').textContent.length > 0`)
+	var lastErr string
+	inBrowser(t, tab, 5*time.Second, "last error", chromedp.Text(`article[data-pipeline="billing"] .lasterror`, &lastErr, chromedp.ByQuery))
+	t.Logf("broker stopped → the page shows backing off in %s: %q", time.Since(outage).Round(10*time.Millisecond), lastErr)
+	if took > 5*time.Second {
+		t.Errorf("the outage took %s to show, want within 5s", took)
+	}
+	// The doctor, asked from the page, names the broker as the first
+	// unhealthy stage.
+	bill := `article[data-pipeline="billing"] `
+	inBrowser(t, tab, 5*time.Second, "doctor", chromedp.Click(bill+`button[data-action="doctor"]`, chromedp.ByQuery))
+	waitJS(t, tab, 40*time.Second, "the doctor naming the broker", `(() => {
+		const li = document.querySelector('`+bill+`.doctor li.unhealthy');
+		return !!li && li.querySelector('.st').textContent === 'broker: unhealthy' && !!li.querySelector('.action');
+	})()`)
+	var down []byte
+	inBrowser(t, tab, 20*time.Second, "outage screenshot", chromedp.FullScreenshot(&down, 100))
+	_ = os.WriteFile(filepath.Join(art, "console-outage.png"), down, 0o644)
+}
+
+// inked counts the pixels that are not the background (white, or nearly).
+func inked(img image.Image) (n, total int) {
+	b := img.Bounds()
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			r, g, bl, _ := img.At(x, y).RGBA()
+			total++
+			if r < 0xe800 || g < 0xe800 || bl < 0xe800 {
+				n++
+			}
+		}
+	}
+	return n, total
+}
+
+func apiAs(in *instance, token, method, path string) (int, string) {
+	req, _ := http.NewRequest(method, "http://"+in.addr+path, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}

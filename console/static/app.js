@@ -1,0 +1,416 @@
+// Ferry console: reads /api/v1 with the bearer token kept in this tab's
+// sessionStorage and draws what it gets. Every request carries the token in
+// the Authorization header and no cookie, so another site cannot act for the
+// user (no CSRF), and all text goes in through textContent (no markup from
+// the API is ever interpreted).
+'use strict';
+(() => {
+  const KEY = 'ferry.token';
+  const SEGMENTS = [
+    ['commit_to_read', 'commit → read'],
+    ['read_to_ack', 'read → broker ack'],
+    ['commit_to_ack', 'commit → broker ack'],
+    ['ack_to_consumed', 'ack → consumed (canary)'],
+  ];
+  const REFRESH_MS = 2000;
+  const HISTORY_MS = 5000;
+  const SVG = 'http://www.w3.org/2000/svg';
+  const $ = (sel, root = document) => root.querySelector(sel);
+
+  let token = sessionStorage.getItem(KEY) || '';
+  let signedOut = false; // a 401 arrived: show nothing until a token works
+  const cards = new Map(); // name → {el, p, hist}
+  let rendered = false;
+
+  class AuthError extends Error {}
+
+  async function api(method, path, body) {
+    const headers = { Accept: 'application/json' };
+    if (token) headers.Authorization = 'Bearer ' + token;
+    if (body !== undefined) headers['Content-Type'] = 'application/yaml';
+    const r = await fetch(path, { method, headers, body, credentials: 'omit', cache: 'no-store' });
+    let data = null;
+    try { data = await r.json(); } catch (_) { /* not JSON */ }
+    if (r.status === 401) {
+      showLogin(token ? (data && data.error) || 'the token was refused' : '');
+      throw new AuthError('unauthorized');
+    }
+    return { status: r.status, data };
+  }
+
+  function errorText(res) {
+    const d = res.data || {};
+    return d.error || ('HTTP ' + res.status);
+  }
+
+  // ---- sign in / out -------------------------------------------------
+  function showLogin(msg) {
+    signedOut = true;
+    for (const c of cards.values()) c.el.remove();
+    cards.clear();
+    $('#tenants').replaceChildren();
+    $('#summary').textContent = '';
+    $('#login').hidden = false;
+    $('#login-error').textContent = msg || '';
+    $('#logout').hidden = !token;
+    $('#token').focus();
+  }
+
+  $('#login').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    token = $('#token').value.trim();
+    $('#token').value = '';
+    sessionStorage.setItem(KEY, token);
+    signedOut = false;
+    $('#login').hidden = true;
+    refresh(true);
+  });
+
+  $('#logout').addEventListener('click', () => {
+    sessionStorage.removeItem(KEY);
+    token = '';
+    showLogin('');
+    refresh(true);
+  });
+
+  // ---- formatting ----------------------------------------------------
+  function dur(seconds) {
+    if (seconds == null || isNaN(seconds)) return '—';
+    if (seconds < 0.001) return (seconds * 1e6).toFixed(0) + ' µs';
+    if (seconds < 1) return (seconds * 1000).toFixed(seconds < 0.01 ? 1 : 0) + ' ms';
+    if (seconds < 120) return seconds.toFixed(seconds < 10 ? 2 : 0) + ' s';
+    if (seconds < 7200) return (seconds / 60).toFixed(0) + ' min';
+    return (seconds / 3600).toFixed(1) + ' h';
+  }
+  const num = (n) => (n == null ? '—' : Number(n).toLocaleString('en-US'));
+
+  // Where it runs: the instances that reported it through the store, or
+  // this instance when there is no store.
+  function placement(p) {
+    const on = p.running_on || [];
+    if (on.length) {
+      const first = on[0];
+      const where = on.map((i) => i.instance).join(', ');
+      // This instance holds it in standby: show the owner's state.
+      if (p.state === 'standby' || p.state === 'pending') {
+        return { state: first.state, owner: where, error: p.last_error || first.last_error || '' };
+      }
+      return { state: p.state, owner: where, error: p.last_error || '' };
+    }
+    const here = ['running', 'backing_off', 'stalled', 'starting'].includes(p.state);
+    return { state: p.state, owner: here ? 'this instance' : '—', error: p.last_error || p.problem || '' };
+  }
+
+  // ---- cards -----------------------------------------------------------
+  function makeCard(p) {
+    const el = $('#card').content.firstElementChild.cloneNode(true);
+    el.dataset.pipeline = p.name;
+    const charts = $('.charts', el);
+    for (const [seg, title] of SEGMENTS) {
+      const box = document.createElement('div');
+      box.className = 'chart';
+      box.dataset.segment = seg;
+      const head = document.createElement('div');
+      head.className = 'title';
+      const t = document.createElement('span');
+      t.textContent = title;
+      const now = document.createElement('span');
+      now.className = 'now';
+      head.append(t, now);
+      const svg = document.createElementNS(SVG, 'svg');
+      svg.setAttribute('viewBox', '0 0 300 48');
+      svg.setAttribute('preserveAspectRatio', 'none');
+      svg.setAttribute('role', 'img');
+      svg.setAttribute('aria-label', title + ' lag, p50 and p99, last 15 minutes');
+      for (const cls of ['area', 'p99', 'p50']) {
+        const path = document.createElementNS(SVG, 'path');
+        path.setAttribute('class', cls);
+        path.setAttribute('vector-effect', 'non-scaling-stroke');
+        svg.append(path);
+      }
+      const legend = document.createElement('div');
+      legend.className = 'legend';
+      legend.innerHTML = '<span class="k50">— p50</span> <span class="k99">— p99</span> <span class="max"></span>';
+      box.append(head, svg, legend);
+      charts.append(box);
+    }
+    const card = { el, p, hist: null, version: 0 };
+    el.addEventListener('click', (ev) => {
+      const b = ev.target.closest('button[data-action]');
+      if (b) act(card, b.dataset.action, b);
+    });
+    $('.editor', el).addEventListener('submit', (ev) => { ev.preventDefault(); apply(card); });
+    return card;
+  }
+
+  function render(list) {
+    const groups = new Map();
+    for (const p of list) {
+      const t = p.tenant || '';
+      if (!groups.has(t)) groups.set(t, []);
+      groups.get(t).push(p);
+    }
+    const root = $('#tenants');
+    const sections = [];
+    for (const t of [...groups.keys()].sort()) {
+      let sec = root.querySelector(`section[data-tenant="${CSS.escape(t)}"]`);
+      if (!sec) {
+        sec = document.createElement('section');
+        sec.className = 'tenant';
+        sec.dataset.tenant = t;
+        const h = document.createElement('h2');
+        h.textContent = t ? 'Tenant ' + t : 'No tenant';
+        const grid = document.createElement('div');
+        grid.className = 'grid';
+        sec.append(h, grid);
+      }
+      const grid = $('.grid', sec);
+      const want = [];
+      for (const p of groups.get(t)) {
+        let c = cards.get(p.name);
+        if (!c) { c = makeCard(p); cards.set(p.name, c); }
+        c.p = p;
+        update(c);
+        want.push(c.el);
+      }
+      if (want.some((el, i) => grid.children[i] !== el) || grid.children.length !== want.length) grid.replaceChildren(...want);
+      sections.push(sec);
+    }
+    const seen = new Set(list.map((p) => p.name));
+    for (const [name, c] of cards) if (!seen.has(name)) { c.el.remove(); cards.delete(name); }
+    if (sections.some((s, i) => root.children[i] !== s) || root.children.length !== sections.length) root.replaceChildren(...sections);
+    const by = {};
+    for (const c of cards.values()) { const s = placement(c.p).state; by[s] = (by[s] || 0) + 1; }
+    $('#summary').textContent = list.length + ' pipelines: ' + Object.entries(by).map(([s, n]) => n + ' ' + s.replace('_', ' ')).join(', ');
+    if (!list.length) root.replaceChildren(Object.assign(document.createElement('p'), { textContent: 'No pipeline this token may see.' }));
+  }
+
+  function update(c) {
+    const p = c.p, el = c.el, where = placement(p);
+    el.className = 'pipeline s-' + where.state;
+    $('.name', el).textContent = p.name;
+    const state = where.state.replace('_', ' ');
+    $('.state', el).textContent = p.state === 'standby' && where.state !== 'standby' ? state + ' (standby here)' : state;
+    $('.path', el).textContent = (p.source || '?') + ' → ' + (p.sink || '?') + (p.managed_by ? ' · ' + p.managed_by : '');
+    $('.owner', el).textContent = where.owner;
+    const h = p.health;
+    $('.backlog', el).textContent = h && h.checked_at && !h.checked_at.startsWith('0001') ? num(h.backlog) + ' ' + (h.backlog_unit || '') : '—';
+    $('.oldest', el).textContent = h && h.checked_at && !h.checked_at.startsWith('0001') ? dur(h.oldest_age_seconds) : '—';
+    $('.inflight', el).textContent = p.flow ? num(p.flow.in_flight) : '—';
+    const dead = c.hist ? c.hist.dead_lettered_events : null;
+    const parked = p.flow && p.flow.given_up ? ' (+' + num(p.flow.given_up) + ' parked)' : '';
+    $('.dead', el).textContent = (dead == null ? '—' : num(dead)) + parked;
+    const canary = p.lag && p.lag.ack_to_consumed;
+    $('.canary', el).textContent = canary && canary.count ? dur(canary.p50_seconds) + ' (p50, 1 min)' : 'none in the last minute';
+    $('.lasterror', el).textContent = where.error;
+    const paused = p.state === 'paused' || p.desired_state === 'paused';
+    $('button[data-action="pause"]', el).disabled = paused;
+    $('button[data-action="resume"]', el).disabled = !paused;
+    $('button[data-action="edit"]', el).hidden = p.managed_by !== 'api';
+    $('button[data-action="doctor"]', el).hidden = !p.managed_by; // the route needs --store
+    drawCharts(c);
+    drawStages(c);
+  }
+
+  // Lag charts: the history's samples plus the status's current minute,
+  // over the history's window; a gap where a sample saw no event.
+  function drawCharts(c) {
+    const now = Date.now();
+    // The time axis is what the history holds when full: 15 minutes by
+    // default (90 samples 10 s apart).
+    const WINDOW_MS = ((c.hist && c.hist.window_seconds) || 900) * 1000;
+    const pts = ((c.hist && c.hist.points) || []).map((pt) => ({ t: Date.parse(pt.at), lag: pt.lag || {} }));
+    pts.push({ t: now, lag: c.p.lag || {} });
+    for (const box of c.el.querySelectorAll('.chart')) {
+      const seg = box.dataset.segment;
+      const series = pts.filter((pt) => pt.t >= now - WINDOW_MS).map((pt) => ({ t: pt.t, s: pt.lag[seg] || { count: 0 } }));
+      // A log scale from 1 ms: lag spans microseconds to minutes, and a
+      // spike must not flatten the rest of the line.
+      let max = 0;
+      for (const { s } of series) if (s.count) max = Math.max(max, s.p99_seconds, s.p50_seconds);
+      const floor = 0.001;
+      const top = Math.max(max * 1.5, floor * 10);
+      const x = (t) => (300 * (t - (now - WINDOW_MS)) / WINDOW_MS).toFixed(1);
+      const y = (v) => (46 - 44 * Math.min(Math.log(Math.max(v, floor) / floor) / Math.log(top / floor), 1)).toFixed(1);
+      const line = (key) => {
+        let d = '', run = 0;
+        for (const { t, s } of series) {
+          if (!s.count) { run = 0; continue; }
+          d += (run ? ' L' : ' M') + x(t) + ' ' + y(s[key]);
+          if (!run) d += ' h2'; // a lone sample still shows
+          run++;
+        }
+        return d.trim();
+      };
+      const p50 = line('p50_seconds');
+      $('.p50', box).setAttribute('d', p50);
+      $('.p99', box).setAttribute('d', line('p99_seconds'));
+      let area = '';
+      for (const part of p50.split('M').filter(Boolean)) {
+        const xs = part.match(/[\d.]+(?= )/g) || [];
+        area += 'M' + part + ' V47 H' + xs[0] + ' Z ';
+      }
+      $('.area', box).setAttribute('d', p50.includes('L') ? area : '');
+      const cur = (c.p.lag || {})[seg];
+      $('.now', box).textContent = cur && cur.count ? dur(cur.p50_seconds) + ' / ' + dur(cur.p99_seconds) : 'no events';
+      $('.max', box).textContent = max > 0 ? 'log scale, 1 ms – ' + dur(top) : '';
+    }
+  }
+
+  function drawStages(c) {
+    const body = $('.stages tbody', c.el);
+    const stages = (c.hist && c.hist.stages) || [];
+    $('.stages-box', c.el).hidden = !stages.length;
+    body.replaceChildren(...stages.map((s) => {
+      const tr = document.createElement('tr');
+      for (const v of [s.stage, s.events.ok, s.events.dropped, s.events.dead_lettered, s.events.error]) {
+        const td = document.createElement('td');
+        td.textContent = typeof v === 'string' ? v : num(v || 0);
+        tr.append(td);
+      }
+      return tr;
+    }));
+  }
+
+  // ---- actions ---------------------------------------------------------
+  const enc = encodeURIComponent;
+
+  async function act(c, action, button) {
+    const out = $('.action-result', c.el);
+    const name = c.p.name;
+    try {
+      if (['pause', 'resume', 'restart'].includes(action)) {
+        button.disabled = true;
+        out.textContent = action + '…';
+        const r = await api('POST', `/api/v1/pipelines/${enc(name)}/${action}`);
+        out.textContent = r.status < 300 ? action + ': done' : action + ': ' + errorText(r);
+        if (r.status < 300) refresh();
+        else button.disabled = false;
+      } else if (action === 'edit') {
+        const r = await api('GET', `/api/v1/pipelines/${enc(name)}/config`);
+        if (r.status !== 200) { out.textContent = 'config: ' + errorText(r); return; }
+        c.version = r.data.version || 0;
+        const ed = $('.editor', c.el);
+        ed.elements.config.value = r.data.config;
+        $('.problems', ed).replaceChildren();
+        ed.hidden = false;
+      } else if (action === 'doctor') {
+        button.disabled = true;
+        out.textContent = 'doctor: walking the pipeline…';
+        const r = await api('GET', `/api/v1/pipelines/${enc(name)}/doctor`);
+        button.disabled = false;
+        if (r.status !== 200) { out.textContent = 'doctor: ' + errorText(r); return; }
+        out.textContent = r.data.healthy ? 'doctor: healthy' : 'doctor: first unhealthy stage ' + r.data.stage;
+        showDiagnosis(c, r.data);
+      } else if (action === 'cancel') {
+        $('.editor', c.el).hidden = true;
+      } else if (action === 'validate') {
+        const ed = $('.editor', c.el);
+        const r = await api('POST', '/api/v1/validate', ed.elements.config.value);
+        if (r.status !== 200) { showProblems(c, [{ message: errorText(r) }].concat((r.data && r.data.details) || [])); return; }
+        showProblems(c, r.data.valid ? [] : r.data.errors, r.data.valid ? 'valid' : '');
+      }
+    } catch (e) {
+      if (!(e instanceof AuthError)) out.textContent = action + ': ' + e.message;
+    }
+  }
+
+  async function apply(c) {
+    const ed = $('.editor', c.el);
+    try {
+      const headers = c.version ? { 'If-Match': '"' + c.version + '"' } : {};
+      const r = await fetch(`/api/v1/pipelines/${enc(c.p.name)}/config`, {
+        method: 'PUT', credentials: 'omit', cache: 'no-store', body: ed.elements.config.value,
+        headers: Object.assign({ Accept: 'application/json', 'Content-Type': 'application/yaml', Authorization: 'Bearer ' + token }, headers),
+      });
+      const data = await r.json().catch(() => ({}));
+      if (r.status === 401) { showLogin(data.error); return; }
+      if (r.status >= 300) { showProblems(c, [{ message: data.error || 'HTTP ' + r.status }].concat(data.details || [])); return; }
+      ed.hidden = true;
+      $('.action-result', c.el).textContent = data.changed ? 'applied: version ' + data.pipeline.version : 'unchanged';
+      refresh();
+    } catch (e) {
+      showProblems(c, [{ message: e.message }]);
+    }
+  }
+
+  // The doctor's walk, database to consumer, the first unhealthy stage
+  // marked with its suggested fix.
+  function showDiagnosis(c, d) {
+    const ol = $('.doctor', c.el);
+    ol.replaceChildren(...(d.checks || []).map((ch) => {
+      const li = document.createElement('li');
+      li.className = ch.status === 'unhealthy' ? 'unhealthy first' : ch.status === 'ok' ? 'ok' : '';
+      const st = document.createElement('span');
+      st.className = 'st';
+      st.textContent = ch.stage + ': ' + ch.status;
+      li.append(st);
+      for (const e of ch.evidence || []) li.append(Object.assign(document.createElement('span'), { className: 'evidence', textContent: e }));
+      if (ch.action) li.append(Object.assign(document.createElement('span'), { className: 'action', textContent: '→ ' + ch.action }));
+      return li;
+    }));
+    ol.hidden = false;
+  }
+
+  function showProblems(c, list, ok) {
+    const ul = $('.problems', c.el);
+    ul.classList.toggle('error', !ok);
+    const items = list.map((d) => {
+      const li = document.createElement('li');
+      li.textContent = (d.line ? 'line ' + d.line + ': ' : '') + (d.path ? d.path + ': ' : '') + d.message;
+      return li;
+    });
+    if (ok) items.push(Object.assign(document.createElement('li'), { textContent: ok }));
+    ul.replaceChildren(...items);
+  }
+
+  // ---- polling ---------------------------------------------------------
+  let busy = false, lastHistory = 0;
+
+  async function refresh(force) {
+    if (busy && !force) return;
+    busy = true;
+    try {
+      const r = await api('GET', '/api/v1/pipelines');
+      if (r.status !== 200) { banner(errorText(r)); return; }
+      signedOut = false;
+      $('#login').hidden = true;
+      $('#logout').hidden = !token;
+      banner(r.data.stale ? 'The store is unavailable: this is the last state read.' : '');
+      const list = r.data.pipelines || [];
+      if (force || Date.now() - lastHistory >= HISTORY_MS) {
+        lastHistory = Date.now();
+        await Promise.all(list.map(async (p) => {
+          const h = await api('GET', `/api/v1/pipelines/${enc(p.name)}/history`);
+          const c = cards.get(p.name);
+          if (h.status === 200) {
+            if (c) c.hist = h.data; else pending.set(p.name, h.data);
+          }
+        }));
+      }
+      render(list);
+      for (const [name, h] of pending) { const c = cards.get(name); if (c) c.hist = h; }
+      if (pending.size) { pending.clear(); for (const c of cards.values()) update(c); }
+      $('#updated').textContent = 'updated ' + new Date().toLocaleTimeString();
+      if (!rendered) {
+        rendered = true;
+        performance.mark('ferry-rendered');
+        document.body.dataset.rendered = 'true';
+      }
+    } catch (e) {
+      if (!(e instanceof AuthError)) banner('The API does not answer: ' + e.message);
+    } finally {
+      busy = false;
+    }
+  }
+  const pending = new Map();
+
+  function banner(msg) {
+    const b = $('#banner');
+    b.textContent = msg;
+    b.hidden = !msg;
+  }
+
+  refresh(true);
+  setInterval(() => { if (!signedOut) refresh(); }, REFRESH_MS);
+})();
