@@ -27,7 +27,8 @@
   async function api(method, path, body) {
     const headers = { Accept: 'application/json' };
     if (token) headers.Authorization = 'Bearer ' + token;
-    if (body !== undefined) headers['Content-Type'] = 'application/yaml';
+    if (body !== undefined && typeof body !== 'string') { body = JSON.stringify(body); headers['Content-Type'] = 'application/json'; }
+    else if (body !== undefined) headers['Content-Type'] = 'application/yaml';
     const r = await fetch(path, { method, headers, body, credentials: 'omit', cache: 'no-store' });
     let data = null;
     try { data = await r.json(); } catch (_) { /* not JSON */ }
@@ -140,6 +141,13 @@
       if (b) act(card, b.dataset.action, b);
     });
     $('.editor', el).addEventListener('submit', (ev) => { ev.preventDefault(); apply(card); });
+    const rf = $('.reset', el);
+    rf.addEventListener('submit', (ev) => { ev.preventDefault(); reset(card, true).catch(() => {}); });
+    rf.elements.to.addEventListener('change', () => {
+      rf.elements.time.hidden = rf.elements.to.value !== 'time';
+      $('button[data-action="reset-apply"]', el).hidden = true; // the dry run was for another target
+    });
+    rf.elements.time.addEventListener('input', () => { $('button[data-action="reset-apply"]', el).hidden = true; });
     return card;
   }
 
@@ -208,6 +216,8 @@
     $('button[data-action="resume"]', el).disabled = !paused;
     $('button[data-action="edit"]', el).hidden = p.managed_by !== 'api';
     $('button[data-action="doctor"]', el).hidden = !p.managed_by; // the route needs --store
+    $('button[data-action="offsets"]', el).hidden = !p.managed_by; // so do these two
+    $('button[data-action="deadletters"]', el).hidden = !p.managed_by;
     drawCharts(c);
     drawStages(c);
   }
@@ -302,6 +312,18 @@
         if (r.status !== 200) { out.textContent = 'doctor: ' + errorText(r); return; }
         out.textContent = r.data.healthy ? 'doctor: healthy' : 'doctor: first unhealthy stage ' + r.data.stage;
         showDiagnosis(c, r.data);
+      } else if (action === 'offsets') {
+        const box = $('.offsets', c.el);
+        box.hidden = !box.hidden;
+        if (!box.hidden) await showOffsets(c);
+      } else if (action === 'reset-apply') {
+        await reset(c, false);
+      } else if (action === 'deadletters') {
+        const box = $('.deadletters', c.el);
+        box.hidden = !box.hidden;
+        if (!box.hidden) await showDeadLetters(c);
+      } else if (action === 'replay') {
+        await replay(c, button);
       } else if (action === 'cancel') {
         $('.editor', c.el).hidden = true;
       } else if (action === 'validate') {
@@ -331,6 +353,97 @@
       refresh();
     } catch (e) {
       showProblems(c, [{ message: e.message }]);
+    }
+  }
+
+  // ---- offsets and dead letters (--store) -----------------------------
+  const cell = (tag, text) => Object.assign(document.createElement(tag), { textContent: text });
+  const show = (v) => (v == null ? '—' : typeof v === 'object' ? JSON.stringify(v) : String(v));
+
+  // The source's position in its own terms, as GET …/offsets gives it.
+  async function showOffsets(c) {
+    const dl = $('.position', c.el);
+    const r = await api('GET', `/api/v1/pipelines/${enc(c.p.name)}/offsets`);
+    if (r.status !== 200) {
+      dl.replaceChildren(cell('dd', 'offsets: ' + errorText(r)));
+      dl.firstChild.className = 'error';
+      return;
+    }
+    const rows = Object.entries(r.data.position || {});
+    rows.push(['newest delivered created_at', r.data.newest_delivered_created_at || 'unknown']);
+    if (r.data.note) rows.push(['note', r.data.note]);
+    dl.replaceChildren(...rows.map(([k, v]) => {
+      const d = document.createElement('div');
+      d.append(cell('dt', k), cell('dd', show(v)));
+      return d;
+    }));
+  }
+
+  // A reset is always a dry run first; its counts are shown and Apply
+  // sends the same request for real (the API refuses it with 409 unless
+  // the pipeline is paused).
+  async function reset(c, dry) {
+    const f = $('.reset', c.el), out = $('.reset-result', c.el), again = $('button[data-action="reset-apply"]', c.el);
+    let body = c.resetReq;
+    if (dry) {
+      body = { to: f.elements.to.value };
+      if (body.to === 'time') body.time = f.elements.time.value.trim();
+    }
+    again.hidden = true;
+    out.classList.remove('error');
+    out.textContent = dry ? 'dry run…' : 'resetting…';
+    try {
+      const r = await api('PATCH', `/api/v1/pipelines/${enc(c.p.name)}/offsets` + (dry ? '?dry_run=true' : ''), body);
+      if (r.status !== 200) {
+        out.classList.add('error');
+        out.textContent = (dry ? 'dry run: ' : 'reset: ') + errorText(r);
+        return;
+      }
+      const d = r.data;
+      const counts = num(d.resend_events) + ' re-sent, ' + num(d.skip_events) + ' skipped' + (d.note ? ' (' + d.note + ')' : '');
+      if (dry) {
+        c.resetReq = body;
+        out.textContent = 'dry run: ' + counts + '. Apply to do it.';
+        again.hidden = false;
+      } else {
+        c.resetReq = null;
+        out.textContent = 'reset: ' + counts + '. Resume the pipeline to deliver from there.';
+        await showOffsets(c);
+      }
+    } catch (e) {
+      if (!(e instanceof AuthError)) { out.classList.add('error'); out.textContent = 'reset: ' + e.message; }
+    }
+  }
+
+  // Events the source parked (poll): id, reason, attempts.
+  async function showDeadLetters(c) {
+    const sum = $('.dl-summary', c.el), table = $('.dl-list', c.el);
+    const r = await api('GET', `/api/v1/pipelines/${enc(c.p.name)}/dead-letters`);
+    sum.classList.toggle('error', r.status !== 200);
+    const list = (r.status === 200 && r.data.dead_letters) || [];
+    table.hidden = !list.length;
+    $('tbody', table).replaceChildren(...list.map((d) => {
+      const tr = document.createElement('tr');
+      tr.append(cell('td', show(d.outbox_id)), cell('td', d.reason || ''), cell('td', num(d.attempts)));
+      return tr;
+    }));
+    if (r.status !== 200) sum.textContent = 'dead letters: ' + errorText(r);
+    else if (r.data.note) sum.textContent = r.data.note;
+    else sum.textContent = num(r.data.total) + ' parked' + (r.data.total > list.length ? ', the oldest ' + list.length + ' shown' : '');
+  }
+
+  async function replay(c, button) {
+    const out = $('.replay-result', c.el);
+    button.disabled = true;
+    out.classList.remove('error');
+    out.textContent = 'replaying…';
+    try {
+      const r = await api('POST', `/api/v1/pipelines/${enc(c.p.name)}/dead-letters/replay`);
+      if (r.status !== 200) { out.classList.add('error'); out.textContent = 'replay: ' + errorText(r); return; }
+      out.textContent = num(r.data.replayed_events) + ' replayed';
+      await showDeadLetters(c);
+    } finally {
+      button.disabled = false;
     }
   }
 

@@ -204,6 +204,39 @@ func TestConsoleInBrowser(t *testing.T) {
 		return st == "paused"
 	})
 
+	// Offsets of the paused pipeline: its position as the API gives it, a
+	// reset to latest run dry first (its counts shown), then applied; the
+	// same on a running pipeline is refused inline (409).
+	ord := `article[data-pipeline="orders"] `
+	inBrowser(t, tab, 5*time.Second, "open orders' offsets", chromedp.Click(ord+`button[data-action="offsets"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "orders' xid8 position shown", `['id', 'xact_id', 'undelivered_events'].every(k => [...document.querySelectorAll('`+ord+`.position dt')].some(d => d.textContent === k))`)
+	inBrowser(t, tab, 5*time.Second, "dry-run a reset to latest", chromedp.Click(ord+`.reset button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "the dry run's counts", `/^dry run: [\d,]+ re-sent, [1-9][\d,]* skipped\./.test(document.querySelector('`+ord+`.reset-result').textContent) &&
+		!document.querySelector('`+ord+`button[data-action="reset-apply"]').hidden`)
+	var dry string
+	inBrowser(t, tab, 5*time.Second, "dry run text", chromedp.Text(ord+`.reset-result`, &dry, chromedp.ByQuery))
+	t.Logf("orders, paused, reset to latest: %q", dry)
+	inBrowser(t, tab, 5*time.Second, "apply the reset", chromedp.Click(ord+`button[data-action="reset-apply"]`, chromedp.ByQuery))
+	waitJS(t, tab, 30*time.Second, "the reset applied", `/^reset: [\d,]+ re-sent, [1-9][\d,]* skipped\./.test(document.querySelector('`+ord+`.reset-result').textContent)`)
+	if code, body := in.api("GET", "/api/v1/audit?pipeline=orders", "", nil); code != 200 || !strings.Contains(body, `"offsets_reset"`) {
+		t.Errorf("the reset from the page is not in the audit log: %d %s", code, body)
+	}
+	invo := `article[data-pipeline="invoices"] `
+	inBrowser(t, tab, 5*time.Second, "open invoices' offsets", chromedp.Click(invo+`button[data-action="offsets"]`, chromedp.ByQuery),
+		chromedp.Click(invo+`.reset button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "invoices' dry run", `!document.querySelector('`+invo+`button[data-action="reset-apply"]').hidden`)
+	inBrowser(t, tab, 5*time.Second, "apply on a running pipeline", chromedp.Click(invo+`button[data-action="reset-apply"]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "the 409 shown inline", `(() => { const r = document.querySelector('`+invo+`.reset-result');
+		return r.classList.contains('error') && r.textContent.includes('pause it first'); })()`)
+
+	// Dead letters: an xid8 source parks none, which the list says; Replay
+	// shows the API's refusal inline.
+	inBrowser(t, tab, 5*time.Second, "open orders' dead letters", chromedp.Click(ord+`button[data-action="deadletters"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "no dead letters for xid8", `document.querySelector('`+ord+`.dl-summary').textContent.includes('parks no events') && document.querySelector('`+ord+`.dl-list').hidden`)
+	inBrowser(t, tab, 5*time.Second, "replay", chromedp.Click(ord+`button[data-action="replay"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the replay refused inline", `(() => { const r = document.querySelector('`+ord+`.replay-result');
+		return r.classList.contains('error') && r.textContent.includes('parks no events to replay'); })()`)
+
 	// Edit config: a bad key is reported inline by Validate and by Apply,
 	// nothing changes; a good edit is applied as the next version.
 	inv := `article[data-pipeline="invoices"] `
