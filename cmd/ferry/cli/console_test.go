@@ -19,9 +19,12 @@ import (
 	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -104,9 +107,10 @@ func cardState(name string) string {
 
 // The console against a real `ferry run --store` with PostgreSQL and NATS,
 // in headless Chromium: it asks for a token, lists every pipeline grouped by
-// tenant, pauses one from its button, draws the lag charts, shows a broker
-// outage as backing off with the error, and a tenant token sees only its
-// tenant.
+// tenant, pauses one from its button, resets its offsets (dry run first),
+// lists a poll pipeline's dead letters and replays them, draws the lag
+// charts, shows a broker outage as backing off with the error, and a tenant
+// token sees only its tenant.
 func TestConsoleInBrowser(t *testing.T) {
 	tab := browser(t)
 	dsn := testenv.Postgres(t)
@@ -136,6 +140,56 @@ func TestConsoleInBrowser(t *testing.T) {
 			name, tenant, dsn, name, nats.URL(), subject, name)
 		if code, body := in.api("PUT", "/api/v1/pipelines/"+name+"/config", y, nil); code != 201 {
 			t.Fatalf("create %s: %d %s", name, code, body)
+		}
+	}
+	// A poll pipeline whose stream refuses messages over 512 bytes: with
+	// max_attempts 1 its three big events are parked as dead letters.
+	dlSubject := "ferry.consoledl." + testenv.Name("c")
+	dlStream := strings.ToUpper(testenv.Name("consoledl"))
+	dlColl := testenv.CollectStream(t, nats.URL(), dlStream, 0, dlSubject)
+	setMaxMsgSize := func(n int32) {
+		t.Helper()
+		nc, err := natsgo.Connect(nats.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		st, err := js.Stream(c, dlStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		cfg.MaxMsgSize = n
+		if _, err := js.UpdateStream(c, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMaxMsgSize(512)
+	pollDDL, _ := poll.Schema("outbox_refunds")
+	if _, err := pool.Exec(ctx, pollDDL); err != nil {
+		t.Fatal(err)
+	}
+	y := fmt.Sprintf("name: refunds\ntenant: team-c\nsource: {type: poll, dsn: %q, table: outbox_refunds, poll_interval: 20ms, max_attempts: 1}\nsink: {type: nats, url: %q, subject: %s}\n",
+		dsn, nats.URL(), dlSubject)
+	if code, body := in.api("PUT", "/api/v1/pipelines/refunds/config", y, nil); code != 201 {
+		t.Fatalf("create refunds: %d %s", code, body)
+	}
+	var big []string
+	for i := range 4 {
+		pad := 2000
+		if i == 0 {
+			pad = 0
+		}
+		var id int64
+		if err := pool.QueryRow(ctx, `INSERT INTO outbox_refunds (aggregate_type, aggregate_id, type, payload)
+			VALUES ('refund', $1, 'T', jsonb_build_object('pad', repeat('x', $2))) RETURNING id`, fmt.Sprintf("r%d", i), pad).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if pad > 0 {
+			big = append(big, fmt.Sprint(id))
 		}
 	}
 	var tok struct{ Token string }
@@ -194,7 +248,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	inBrowser(t, tab, 20*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(`article[data-pipeline="billing"]`))
 	waitJS(t, tab, 10*time.Second, "rendered", `document.body.dataset.rendered === 'true'`)
 	inBrowser(t, tab, 5*time.Second, "render time", chromedp.Evaluate(`performance.getEntriesByName('ferry-rendered')[0].startTime`, &renderMS))
-	t.Logf("console render time (navigation start → pipelines drawn, %d pipelines): %.0f ms", len(pipes), renderMS)
+	t.Logf("console render time (navigation start → pipelines drawn, %d pipelines): %.0f ms", len(pipes)+1, renderMS)
 
 	// Pause from the button.
 	inBrowser(t, tab, 10*time.Second, "click pause", chromedp.Click(`article[data-pipeline="orders"] button[data-action="pause"]`))
@@ -236,6 +290,31 @@ func TestConsoleInBrowser(t *testing.T) {
 	inBrowser(t, tab, 5*time.Second, "replay", chromedp.Click(ord+`button[data-action="replay"]`, chromedp.ByQuery))
 	waitJS(t, tab, 10*time.Second, "the replay refused inline", `(() => { const r = document.querySelector('`+ord+`.replay-result');
 		return r.classList.contains('error') && r.textContent.includes('parks no events to replay'); })()`)
+
+	// Poll's parked events listed with id, reason and attempts; once the
+	// stream takes them, Replay delivers them.
+	ref := `article[data-pipeline="refunds"] `
+	testenv.Eventually(t, 30*time.Second, "refunds' 3 dead letters", func() bool {
+		var dl struct{ Total int }
+		code, _ := in.api("GET", "/api/v1/pipelines/refunds/dead-letters", "", &dl)
+		return code == 200 && dl.Total == 3
+	})
+	inBrowser(t, tab, 5*time.Second, "open refunds' dead letters", chromedp.Click(ref+`button[data-action="deadletters"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the 3 dead letters listed", `(() => {
+		const rows = [...document.querySelectorAll('`+ref+`.dl-list tbody tr')].map(tr => [...tr.children].map(td => td.textContent));
+		return document.querySelector('`+ref+`.dl-summary').textContent === '3 parked' &&
+			rows.map(r => r[0]).join() === '`+strings.Join(big, ",")+`' &&
+			rows.every(r => r[1].includes('maximum') && r[2] === '1');
+	})()`)
+	setMaxMsgSize(-1)
+	inBrowser(t, tab, 5*time.Second, "replay", chromedp.Click(ref+`button[data-action="replay"]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "3 replayed, none left", `document.querySelector('`+ref+`.replay-result').textContent === '3 replayed' &&
+		document.querySelector('`+ref+`.dl-summary').textContent === '0 parked'`)
+	dlColl.WaitFor(t, 30*time.Second, "the small event and the 3 replayed", func(m []testenv.Received) bool { return len(m) >= 4 })
+	// Done with it: one pipeline fewer for the outage below.
+	if code, body := in.api("DELETE", "/api/v1/pipelines/refunds", "", nil); code >= 300 {
+		t.Fatalf("delete refunds: %d %s", code, body)
+	}
 
 	// Edit config: a bad key is reported inline by Validate and by Apply,
 	// nothing changes; a good edit is applied as the next version.
