@@ -107,6 +107,13 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, q.offsets).Scan(&exists); err != nil {
 			return err
 		}
+		// The target first, before the lock below gives this transaction an
+		// id: "latest" waits for every transaction older than the newest
+		// row, and would wait for itself while writers keep committing.
+		to, err := q.target(ctx, tx, r)
+		if err != nil {
+			return err
+		}
 		var cur Position
 		if exists {
 			// Lock the cursor row: two resets at once serialise.
@@ -117,10 +124,6 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 			if cur, err = q.cursor(ctx, tx.Conn(), pipeline); err != nil {
 				return err
 			}
-		}
-		to, err := q.target(ctx, tx, r)
-		if err != nil {
-			return err
 		}
 		res.From, res.To = cur.fields(), to.fields()
 		lo, hi := cur, to

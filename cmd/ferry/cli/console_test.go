@@ -262,6 +262,16 @@ func TestConsoleInBrowser(t *testing.T) {
 	// reset to latest run dry first (its counts shown), then applied; the
 	// same on a running pipeline is refused inline (409).
 	ord := `article[data-pipeline="orders"] `
+	// The writers keep adding rows, so something waits once it stopped.
+	testenv.Eventually(t, 15*time.Second, "orders' rows waiting past its cursor", func() bool {
+		var off struct {
+			Position struct {
+				Undelivered int64 `json:"undelivered_events"`
+			} `json:"position"`
+		}
+		code, _ := in.api("GET", "/api/v1/pipelines/orders/offsets", "", &off)
+		return code == 200 && off.Position.Undelivered > 0
+	})
 	inBrowser(t, tab, 5*time.Second, "open orders' offsets", chromedp.Click(ord+`button[data-action="offsets"]`, chromedp.ByQuery))
 	waitJS(t, tab, 10*time.Second, "orders' xid8 position shown", `['id', 'xact_id', 'undelivered_events'].every(k => [...document.querySelectorAll('`+ord+`.position dt')].some(d => d.textContent === k))`)
 	inBrowser(t, tab, 5*time.Second, "dry-run a reset to latest", chromedp.Click(ord+`.reset button[type=submit]`, chromedp.ByQuery))
@@ -276,7 +286,17 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the reset from the page is not in the audit log: %d %s", code, body)
 	}
 	invo := `article[data-pipeline="invoices"] `
+	// A bad time is the API's 422, shown inline.
 	inBrowser(t, tab, 5*time.Second, "open invoices' offsets", chromedp.Click(invo+`button[data-action="offsets"]`, chromedp.ByQuery),
+		chromedp.SetValue(invo+`.reset select`, "time", chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelector('`+invo+`.reset select').dispatchEvent(new Event('change')) || true`, nil),
+		chromedp.SendKeys(invo+`.reset input[name=time]`, "yesterday", chromedp.ByQuery),
+		chromedp.Click(invo+`.reset button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "the bad time refused inline", `(() => { const r = document.querySelector('`+invo+`.reset-result');
+		return r.classList.contains('error') && r.textContent.includes('"yesterday" is not an RFC 3339 time'); })()`)
+	inBrowser(t, tab, 5*time.Second, "dry-run invoices to latest",
+		chromedp.SetValue(invo+`.reset select`, "latest", chromedp.ByQuery),
+		chromedp.Evaluate(`document.querySelector('`+invo+`.reset select').dispatchEvent(new Event('change')) || true`, nil),
 		chromedp.Click(invo+`.reset button[type=submit]`, chromedp.ByQuery))
 	waitJS(t, tab, 15*time.Second, "invoices' dry run", `!document.querySelector('`+invo+`button[data-action="reset-apply"]').hidden`)
 	inBrowser(t, tab, 5*time.Second, "apply on a running pipeline", chromedp.Click(invo+`button[data-action="reset-apply"]`, chromedp.ByQuery))
