@@ -374,6 +374,20 @@ func (c *api) listPipelines(w http.ResponseWriter, r *http.Request, p principal)
 	writeJSON(w, http.StatusOK, body)
 }
 
+// findWritable is find for a change: the caller's scope must also allow
+// writing the pipeline's tenant.
+func (c *api) findWritable(w http.ResponseWriter, r *http.Request, p principal) (PipelineView, bool) {
+	v, _, ok := c.find(w, r, p)
+	if !ok {
+		return v, false
+	}
+	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
+		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
+		return v, false
+	}
+	return v, true
+}
+
 // find returns one pipeline's view, checking the caller may see it.
 func (c *api) find(w http.ResponseWriter, r *http.Request, p principal) (PipelineView, bool, bool) {
 	name := r.PathValue("name")
@@ -701,12 +715,8 @@ func (c *api) desiredState(state string) func(http.ResponseWriter, *http.Request
 }
 
 func (c *api) restart(w http.ResponseWriter, r *http.Request, p principal) {
-	v, _, ok := c.find(w, r, p)
+	v, ok := c.findWritable(w, r, p)
 	if !ok {
-		return
-	}
-	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
-		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
 		return
 	}
 	if err := c.o.Supervisor.Restart(v.Name); err != nil {

@@ -200,12 +200,8 @@ type ResetView struct {
 }
 
 func (c *api) resetOffsets(w http.ResponseWriter, r *http.Request, p principal) {
-	v, _, ok := c.find(w, r, p)
+	v, ok := c.findWritable(w, r, p)
 	if !ok {
-		return
-	}
-	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
-		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
 		return
 	}
 	dry, prob := boolQuery(r, "dry_run")
@@ -351,12 +347,8 @@ type ReplayView struct {
 }
 
 func (c *api) replayDeadLetters(w http.ResponseWriter, r *http.Request, p principal) {
-	v, _, ok := c.find(w, r, p)
+	v, ok := c.findWritable(w, r, p)
 	if !ok {
-		return
-	}
-	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
-		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
 		return
 	}
 	f, prob := deadLetterFilter(r)
@@ -442,12 +434,8 @@ type BackfillView struct {
 }
 
 func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
-	v, _, ok := c.find(w, r, p)
+	v, ok := c.findWritable(w, r, p)
 	if !ok {
-		return
-	}
-	if !p.actor.Scope.CanWriteTenant(v.Tenant) {
-		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not change pipeline %s", p.actor.Scope, v.Name)})
 		return
 	}
 	dry, prob := boolQuery(r, "dry_run")
