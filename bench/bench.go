@@ -1,4 +1,4 @@
-// Package bench is `ferry bench`: end-to-end measurements of Ferry against
+// Package bench is `ferry-bench` (cmd/ferry-bench): end-to-end measurements of Ferry against
 // real PostgreSQL and brokers, each reported as a ratio to baselines
 // measured in the same run, on the same machine and data — never as an
 // absolute number a noisy machine cannot reproduce.

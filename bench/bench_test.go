@@ -21,7 +21,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestQuick runs `ferry bench --quick` — every scenario, tiny sizes, xid8
+// TestQuick runs `ferry-bench --quick` — every scenario, tiny sizes, xid8
 // into NATS — and checks that the report holds every measurement and that
 // every event reached the broker. It asserts nothing about speed: that is
 // what the report is for.

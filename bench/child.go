@@ -31,7 +31,7 @@ import (
 
 // ChildEnv is the environment variable that makes a process a bench child.
 // A binary that may be spawned as one calls ChildMain when it is set: the
-// ferry command does (`ferry bench --child`), and so does the bench
+// ferry-bench command does (`ferry-bench --child`), and so does the bench
 // package's TestMain.
 const ChildEnv = "FERRY_BENCH_CHILD"
 
@@ -336,7 +336,7 @@ func spawn(j job) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, "bench", "--child")
+	cmd := exec.Command(exe, "--child")
 	cmd.Env = append(os.Environ(), ChildEnv+"=1")
 	// The child dies with the bench, whatever happens to it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

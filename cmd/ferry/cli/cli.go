@@ -48,7 +48,6 @@ func commands() []command {
 		{"schema", "print the outbox DDL for a source", schemaCmd},
 		{"migrate", "print the Ferry pipeline for a Debezium outbox connector's configuration", migrateCmd},
 		{"demo", "run an end-to-end demo on embedded PostgreSQL and NATS", demoCmd},
-		{"bench", "measure drain rate, latency, memory and idle cost against watermill-sql and the broker ceiling", benchCmd},
 		{"version", "print the version", versionCmd},
 	}
 }
@@ -66,6 +65,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		if c.name == args[0] {
 			return c.run(args[1:], stdout, stderr)
 		}
+	}
+	if args[0] == "bench" {
+		// The bench is a lab binary of its own, so ferry links none of it.
+		fmt.Fprintln(stderr, "ferry: bench is the separate ferry-bench command (make bench builds and runs bin/ferry-bench)")
+		return 2
 	}
 	fmt.Fprintf(stderr, "ferry: unknown command %q\n\n", args[0])
 	usage(stderr)

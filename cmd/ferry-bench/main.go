@@ -1,8 +1,23 @@
-package cli
+// Command ferry-bench measures Ferry end to end — drain rate, commit→ack
+// latency, peak RSS and idle cost of each source × sink — against a
+// watermill-sql pipeline and the bare broker client measured in the same
+// run (package bench; docs/performance.md). It is a lab binary, apart from
+// the shipped ferry command so that ferry links none of the bench's
+// baselines, data generators or in-process brokers.
+//
+// Each system under test runs in a child process of this same executable
+// (ferry-bench --child, or FERRY_BENCH_CHILD=1): the child links Ferry's
+// pipelines, sources and sinks and runs them in-process, so no separate
+// ferry binary has to be built or found.
+//
+// Package main may import bench and the product packages; nothing may
+// import it.
+package main
 
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,13 +29,22 @@ import (
 	"github.com/ferryhq/ferry/bench"
 )
 
-func benchCmd(args []string, stdout, stderr io.Writer) int {
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+// run is the command; it returns the exit code: 0 done, 1 a measurement
+// failed, 2 bad flags.
+func run(args []string, stdout, stderr io.Writer) int {
 	// The bench runs each system under test as a child of this binary.
 	if (len(args) > 0 && args[0] == "--child") || os.Getenv(bench.ChildEnv) == "1" {
 		return bench.ChildMain(os.Stdin, stdout, stderr)
 	}
 	def := bench.DefaultOptions()
-	fs := newFlags("bench", "[--quick] [--scenarios LIST] [--sources LIST] [--sinks LIST] [--json] [--markdown FILE]", stderr)
+	fs := flag.NewFlagSet("ferry-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: ferry-bench [--quick] [--scenarios LIST] [--sources LIST] [--sinks LIST] [--json] [--markdown FILE]\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: drain, steady, backlog-memory, idle")
 	sources := fs.String("sources", strings.Join(def.Sources, ","), "sources: xid8, poll, wal")
 	sinks := fs.String("sinks", strings.Join(def.Sinks, ","), "sinks: nats, kafka (kfake in-process unless $KAFKA_BROKERS), rabbitmq ($AMQP_URL)")
@@ -37,14 +61,18 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 	maxInFlight := fs.Int("max-in-flight", 0, "pipelines' limits.max_in_flight (0: Ferry's default)")
 	window := fs.Int("ceiling-window", 0, "ceiling: async publishes awaiting their ack (0: 1000)")
 	verify := fs.Bool("verify", def.Verify, "read every drained and steady event back from the broker (off: compare counts)")
-	var set paths
+	var set sets
 	fs.Var(&set, "set", "override Ferry configuration, e.g. xid8.batch_size=2000, limits.max_in_flight=2000, nats.format=cloudevents or tracing.enabled=true (repeatable)")
 	profile := fs.String("profile", "", "write a CPU profile of every measurement into this directory (go tool pprof)")
 	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a table")
 	markdown := fs.String("markdown", "", "also write the table and targets as Markdown to this file")
-	if code, ok := parse(fs, args); !ok {
-		return code
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
 	}
+
 	o := def
 	o.Scenarios, o.Sources, o.Sinks, o.Systems = split(*scenarios), split(*sources), split(*sinks), split(*systems)
 	o.Events, o.Rate, o.Duration, o.Writers = *events, *rate, *duration, *writers
@@ -60,13 +88,13 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 		o.Quick()
 	}
 	o.Progress = stderr
-	o.Command = "ferry bench " + strings.Join(args, " ")
+	o.Command = "ferry-bench " + strings.Join(args, " ")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	rep, runErr := bench.Run(ctx, o)
 	if rep == nil {
-		fmt.Fprintln(stderr, "ferry bench:", runErr)
+		fmt.Fprintln(stderr, "ferry-bench:", runErr)
 		return 1
 	}
 	if *jsonOut {
@@ -90,11 +118,17 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if runErr != nil {
-		fmt.Fprintln(stderr, "ferry bench:", runErr)
+		fmt.Fprintln(stderr, "ferry-bench:", runErr)
 		return 1
 	}
 	return 0
 }
+
+// sets collects repeated --set flags.
+type sets []string
+
+func (p *sets) String() string     { return strings.Join(*p, ",") }
+func (p *sets) Set(v string) error { *p = append(*p, v); return nil }
 
 func split(s string) []string {
 	var out []string
