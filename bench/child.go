@@ -322,12 +322,11 @@ func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6
 
 // proc is a running child, seen from the parent.
 type proc struct {
-	cmd     *exec.Cmd
-	stdin   io.WriteCloser
-	lines   chan childMsg
-	stderr  *tailBuffer
-	exited  chan struct{}
-	waitErr error
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan childMsg
+	stderr *tailBuffer
+	exited chan struct{}
 }
 
 // spawn starts a child running j.
