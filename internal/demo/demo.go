@@ -249,8 +249,6 @@ func prepareDatabase(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-var statuses = []string{"placed", "paid", "packed", "shipped", "delivered"}
-
 // write is one service session: each transaction updates an order and writes
 // its event to the outbox, atomically. Sessions own disjoint orders, so an
 // order's commit order is its version order; every tenth transaction lingers
