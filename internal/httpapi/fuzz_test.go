@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/store"
 
 	_ "github.com/ferryhq/ferry/sinks/nats"
@@ -42,7 +43,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		text, prob := readPipelineBody(httptest.NewRecorder(), req)
 		if prob == nil {
-			var spec any
+			var spec *pipelines.Spec
 			text, spec, prob = c.preparePipeline(text, "orders", scope)
 			if prob == nil {
 				if spec == nil {
