@@ -9,6 +9,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 )
@@ -46,36 +47,42 @@ func parseDir(root, dir string, out map[string]string) error {
 		return err
 	}
 	importPath := Module + "/" + filepath.ToSlash(rel)
-	fset := token.NewFileSet()
-	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
 	}
-	for _, pkg := range pkgs {
-		for _, f := range pkg.Files {
-			ast.Inspect(f, func(n ast.Node) bool {
-				ts, ok := n.(*ast.TypeSpec)
-				if !ok {
-					return true
-				}
-				st, ok := ts.Type.(*ast.StructType)
-				if !ok {
-					return true
-				}
-				for _, field := range st.Fields.List {
-					doc := field.Doc.Text()
-					if doc == "" {
-						doc = field.Comment.Text()
-					}
-					for _, name := range field.Names {
-						if doc != "" {
-							out[importPath+"."+ts.Name.Name+"."+name.Name] = strings.Join(strings.Fields(doc), " ")
-						}
-					}
-				}
-				return true
-			})
+	fset := token.NewFileSet()
+	for _, e := range entries {
+		file := e.Name()
+		if e.IsDir() || !strings.HasSuffix(file, ".go") || strings.HasSuffix(file, "_test.go") {
+			continue
 		}
+		f, err := parser.ParseFile(fset, filepath.Join(dir, file), nil, parser.ParseComments)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				return true
+			}
+			for _, field := range st.Fields.List {
+				doc := field.Doc.Text()
+				if doc == "" {
+					doc = field.Comment.Text()
+				}
+				for _, name := range field.Names {
+					if doc != "" {
+						out[importPath+"."+ts.Name.Name+"."+name.Name] = strings.Join(strings.Fields(doc), " ")
+					}
+				}
+			}
+			return true
+		})
 	}
 	return nil
 }
