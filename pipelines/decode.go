@@ -10,15 +10,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"gopkg.in/yaml.v3"
 )
 
-var (
-	nodeType     = reflect.TypeOf(yaml.Node{})
-	durationType = reflect.TypeOf(time.Duration(0))
-)
+var nodeType = reflect.TypeOf(yaml.Node{})
 
 // decode checks n for keys out's type does not have, then decodes n over out
 // (whose current values are the defaults). Problems are recorded, not returned.
