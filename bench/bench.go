@@ -1,7 +1,7 @@
-// Package bench is `ferry-bench` (cmd/ferry-bench): end-to-end measurements of Ferry against
-// real PostgreSQL and brokers, each reported as a ratio to baselines
-// measured in the same run, on the same machine and data — never as an
-// absolute number a noisy machine cannot reproduce.
+// Package bench is `ferry-bench` (cmd/ferry-bench): end-to-end
+// measurements of Ferry against real PostgreSQL and brokers, each reported
+// as a ratio to baselines measured in the same run, on the same machine and
+// data — never as an absolute number a noisy machine cannot reproduce.
 //
 // Scenarios, for each chosen source × sink:
 //
@@ -19,6 +19,11 @@
 // Ferry sink) and the ceiling (the broker client alone, maximum
 // pipelining, no database). Every system under test runs in a child
 // process, so CPU time and peak RSS are its own (see child.go).
+//
+// It is lab code: it imports the product packages it measures and the embedded
+// servers (internal/pgcluster, internal/natsserver), never chaos or a test
+// harness, and no product package may import it (internal/layout's test
+// checks).
 package bench
 
 import (

@@ -16,4 +16,8 @@
 // (source, sink, fault, count[, outage]); FERRY_CHAOS_LOGS=DIR keeps each
 // Ferry process's log, FERRY_CHAOS_LOG_LEVEL=info makes it say more, and
 // FERRY_CHAOS_TRACE=1 logs each recovery's first event.
+//
+// It is lab code, run by go test: it may import product packages and the test
+// harnesses, and no product package may import it (internal/layout's test
+// checks).
 package chaos

@@ -9,6 +9,10 @@
 //	)
 //
 //	func main() { os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr)) }
+//
+// Package main imports only cmd/ferry/cli. The binary must link no lab package
+// (bench, chaos, plugins/plugintest, the test harnesses); internal/layout's
+// test checks it.
 package main
 
 import (

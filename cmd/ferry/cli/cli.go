@@ -1,7 +1,11 @@
-// Package cli is the ferry command line: run, validate, schema, demo,
-// version. It is thin — each command parses flags and calls the packages
-// that do the work — and importable, so a custom ferry binary is main.go
-// plus blank imports of extra components.
+// Package cli is the ferry command line: run, validate, pipelines, tokens,
+// lag, doctor, schema, migrate, demo, version. It is thin — each command
+// parses flags and calls the packages that do the work — and importable, so
+// a custom ferry binary is main.go plus blank imports of extra components.
+//
+// It may import any product package but no lab package (bench, chaos,
+// plugins/plugintest, the test harnesses), so the ferry binary links none of
+// them; internal/layout's test checks it.
 package cli
 
 import (
