@@ -3,7 +3,8 @@
 // elsewhere) and the bounded lag history its charts draw. The page reads and
 // acts through the /api/v1 JSON API with the caller's bearer token, so it
 // sees and may do exactly what the token allows. It must not import
-// internal/httpapi (which mounts it) or anything that talks to a database.
+// internal/httpapi (which mounts it), anything that talks to a database, or
+// a lab package.
 package console
 
 import (

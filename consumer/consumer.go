@@ -21,7 +21,8 @@
 // header, so message.UUID is the event id.
 //
 // The package owns the inbox and applied-version tables and nothing else. It
-// must not import any other Ferry package: consumers import it alone.
+// must not import any other Ferry package: consumers import it alone
+// (internal/layout's test checks it).
 package consumer
 
 import (

@@ -2,6 +2,9 @@
 // the Prometheus alert rules parse, and every metric they reference is one
 // Ferry exports — checked against a live scrape of pipelines with every
 // source, a canary and traffic.
+//
+// It is a test only: it may import product packages and the test harnesses,
+// and nothing imports it.
 package deploy_test
 
 import (

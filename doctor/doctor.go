@@ -3,6 +3,9 @@
 // walks the path an event takes, stopping at the first stage that is
 // unhealthy: the relay, the source position, the broker, the consumers. Each
 // finding carries its evidence and the next thing to do.
+//
+// It asks each stage through the plugins interfaces and ownership; it must not
+// import the CLI, the HTTP API, a concrete source or sink, or a lab package.
 package doctor
 
 import (

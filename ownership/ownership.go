@@ -8,6 +8,9 @@
 // table on a coordination database, so each can compute its fair share
 // (pipelines ÷ live instances, rounded up) and hand back the excess: adding
 // an instance moves work onto it.
+//
+// It must not import pipelines (which imports it), a component or a lab
+// package: of Ferry it needs only internal/pgddl.
 package ownership
 
 import (

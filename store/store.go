@@ -8,7 +8,9 @@
 // ${VAR} references, which each instance resolves from its own
 // environment. Tokens are kept as SHA-256 hashes only.
 //
-// It is imported by the CLI and the HTTP API; it must not import either.
+// It is imported by the CLI and the HTTP API; it must not import either,
+// nor a source, a sink or a lab package: of Ferry it needs only pipelines
+// (to check a pipeline's YAML) and internal/redact.
 package store
 
 import (

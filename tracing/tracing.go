@@ -7,8 +7,8 @@
 //
 // Off by default; a pipeline without tracing holds a nil *Publisher, whose
 // methods return at once. The package depends on the OpenTelemetry API and
-// SDK and on plugins' metadata keys; it must not import a source, a sink or
-// the pipelines package.
+// SDK and on plugins' metadata keys; it must not import a source, a sink,
+// the pipelines package (which imports it) or a lab package.
 package tracing
 
 import (
