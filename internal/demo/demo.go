@@ -4,6 +4,10 @@
 // sessions commit order events — some holding their transaction open so ids
 // commit out of order — and reads the stream back, checking that every event
 // arrived and each order's events arrived in commit order.
+//
+// It ships in the ferry binary: it may import the pipelines and components the
+// demo runs and the embedded servers (internal/pgcluster,
+// internal/natsserver), but no lab package.
 package demo
 
 import (

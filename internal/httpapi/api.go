@@ -4,6 +4,9 @@
 // once a token is configured. With `--store` it
 // serves the control plane instead (control.go): pipelines, tenants, tokens
 // and the audit log, every /api/v1 route behind a scoped token.
+//
+// It reaches components only through plugins and pipelines: it must not import
+// the CLI, a concrete source, sink or transform, or a lab package.
 package httpapi
 
 import (

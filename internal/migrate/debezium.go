@@ -3,7 +3,7 @@
 // SMT, as Kafka Connect (JSON or properties) or Debezium Server
 // (application.properties) writes it. It owns the option mapping and its
 // explanations; it does no I/O beyond reading the given bytes and imports no
-// component package (the YAML it prints is checked by the pipeline loader).
+// other Ferry package (the YAML it prints is checked by the pipeline loader).
 package migrate
 
 import (

@@ -1,5 +1,9 @@
 // Package natsserver runs an in-process NATS server with JetStream, for `ferry
 // demo` and the tests when no $NATS_URL is given.
+//
+// It imports no other Ferry package. Of the product packages only
+// internal/demo may import it: components talk to the NATS they are configured
+// with.
 package natsserver
 
 import (

@@ -2,6 +2,10 @@
 // installed binaries: initdb in a temporary directory, a free port on
 // 127.0.0.1, wal_level=logical, removed on Stop. `ferry demo` and the tests use
 // it when no database URL is given.
+//
+// It imports no other Ferry package. Of the product packages only
+// internal/demo may import it: components talk to the database they are
+// configured with.
 package pgcluster
 
 import (

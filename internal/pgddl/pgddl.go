@@ -1,6 +1,8 @@
 // Package pgddl runs the little DDL Ferry does itself (its cursor and
 // heartbeat tables) safely when several pipelines or instances start at
 // once.
+//
+// It imports no other Ferry package: ownership and the sources import it.
 package pgddl
 
 import (

@@ -4,7 +4,8 @@
 // text from their doc comments, extracted at build time (go generate) into
 // fields.json, which a test keeps equal to the source.
 //
-// It depends on plugins only; it must not import the components.
+// It depends on plugins only; it must not import the components, nor its
+// build-time extract tool.
 package plugindoc
 
 import (

@@ -1,6 +1,8 @@
 // Package redact keeps secrets out of logs, errors and `validate` output:
 // passwords in URLs (postgres://u:secret@h) and key/value DSNs
 // (password=secret), and tokens in NATS URLs (nats://token@h).
+//
+// It imports no other Ferry package, so any package may import it.
 package redact
 
 import (

@@ -1,6 +1,9 @@
 // Package tlsconf is the `tls:` block every sink shares: the CAs that verify
 // the broker, an optional client certificate for mutual TLS, and the name to
 // verify.
+//
+// It imports only plugins (for its problem list): the sinks import it, and it
+// must not import a sink.
 package tlsconf
 
 import (

@@ -1,7 +1,7 @@
 // Package extract reads the doc comment of every struct field in Ferry's
 // component packages from their source, for internal/plugindoc's
 // generated table. It is a build-time tool: product code must not import
-// it.
+// it, and it imports no other Ferry package.
 package extract
 
 import (

@@ -1,5 +1,7 @@
 // Command gen writes internal/plugindoc/fields.json, the doc comment of
 // every component config field: `go generate ./internal/plugindoc`.
+//
+// It imports only internal/plugindoc/extract; nothing imports it.
 package main
 
 import (
