@@ -6,7 +6,7 @@
 // The three sinks call one Encoder so an event has the same attributes on
 // every broker; only where the attributes go differs (Protocol). The
 // package reads the metadata keys sources set (plugins.Meta*) and must not
-// import a sink, a source or the pipelines package.
+// import a sink, a source, the pipelines package or a lab package.
 //
 // CloudEvents mapping:
 //

@@ -13,6 +13,9 @@
 // Batching: Sarama's producer keeps one request in flight per broker and puts
 // every record that arrives meanwhile into the next one, so the concurrent
 // publishes of a pipeline's in-flight window share produce requests.
+//
+// A sink imports plugins, sinks/format and the internal helpers (redact,
+// tlsconf), never another sink, a source, pipelines or a lab package.
 package kafka
 
 import (

@@ -17,6 +17,9 @@
 // the relay's CPU per event; the message format is the same (Watermill's
 // uuid header, Nats-Msg-Id), so a Watermill NATS subscriber reads Ferry's
 // messages as before.
+//
+// A sink imports plugins, sinks/format and the internal helpers (redact,
+// tlsconf), never another sink, a source, pipelines or a lab package.
 package nats
 
 import (

@@ -20,6 +20,9 @@
 // unroutable message still counts as published. The sink uses Watermill's
 // AMQP marshaler, so a Watermill AMQP subscriber reads Ferry's messages as
 // they were published.
+//
+// A sink imports plugins, sinks/format and the internal helpers (redact,
+// tlsconf), never another sink, a source, pipelines or a lab package.
 package rabbitmq
 
 import (

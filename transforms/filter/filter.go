@@ -1,6 +1,9 @@
 // Package filter keeps or drops events by an expression over the event,
 // written in expr-lang (github.com/expr-lang/expr) and compiled once at
 // start. A dropped event is acked: the source moves past it.
+//
+// A transform imports plugins only, never pipelines, a source, a sink, another
+// transform or a lab package.
 package filter
 
 import (

@@ -3,6 +3,9 @@
 // sent_at (publish time) — plus its identity (event id, aggregate, type,
 // pipeline, tenant), with configurable names and prefix, and passes the
 // row's own headers (traceparent…) through.
+//
+// A transform imports plugins only, never pipelines, a source, a sink, another
+// transform or a lab package.
 package headers
 
 import (

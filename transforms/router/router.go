@@ -3,6 +3,9 @@
 // fields as headers or in an envelope — what Debezium's Outbox Event Router
 // does, for every Ferry sink (Kafka topic and key, RabbitMQ routing key,
 // NATS subject).
+//
+// A transform imports plugins only, never pipelines, a source, a sink, another
+// transform or a lab package.
 package router
 
 import (
