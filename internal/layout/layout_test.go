@@ -20,7 +20,7 @@ const module = "github.com/ferryhq/ferry"
 // labs are the packages no product package may import, directly or
 // through another package: the bench, the fault-injection suite, the
 // public conformance suites, the test harnesses (under internal/ today,
-// moving to lab/) and anything else under lab/.
+// moving to a lab folder) and anything else in one.
 var labs = []string{
 	"bench",
 	"chaos",
@@ -30,6 +30,7 @@ var labs = []string{
 	"internal/sourcetest",
 	"internal/sinktest",
 	"lab",
+	"internal/lab",
 }
 
 // products are the packages that ship: the ferry command and what it
