@@ -395,10 +395,10 @@ func checkSource(h *plugins.Health, o Options) Check {
 	if slot, ok := h.Details["slot"].(string); ok {
 		return checkSlot(c, slot, h.Details)
 	}
-	if h.XminHorizonAge > 0 {
-		c.Evidence = append(c.Evidence, fmt.Sprintf("oldest running transaction %s old (limit %s)", h.XminHorizonAge.Round(time.Second), o.MaxTransactionAge))
+	if h.XminHorizonAge() > 0 {
+		c.Evidence = append(c.Evidence, fmt.Sprintf("oldest running transaction %s old (limit %s)", h.XminHorizonAge().Round(time.Second), o.MaxTransactionAge))
 	}
-	if tx, ok := h.Details["oldest_transaction"].(map[string]any); ok && h.XminHorizonAge > o.MaxTransactionAge {
+	if tx, ok := h.Details["oldest_transaction"].(map[string]any); ok && h.XminHorizonAge() > o.MaxTransactionAge {
 		c.Status = Unhealthy
 		c.Evidence = append(c.Evidence, fmt.Sprintf("pid %v (user %v, application %q, database %v) in state %q, transaction started %v, last query: %v",
 			tx["pid"], tx["user"], tx["application"], tx["database"], tx["state"], tx["xact_start"], tx["query"]))

@@ -161,73 +161,6 @@ type TransformFunc func(msg *message.Message) ([]*message.Message, error)
 // Process calls f(msg).
 func (f TransformFunc) Process(msg *message.Message) ([]*message.Message, error) { return f(msg) }
 
-// Starter is implemented by components that need to connect or start
-// background work before messages flow (a sink, a canary generator).
-type Starter interface {
-	Start(ctx context.Context) error
-}
-
-// Reader is implemented by sinks that can read back what is published to a
-// topic: the canary checker uses it to see canaries arrive. Read delivers
-// messages published from now on to handle, one at a time, until ctx ends
-// or it fails.
-type Reader interface {
-	Read(ctx context.Context, topic string, handle func(*message.Message)) error
-}
-
-// Pinger is implemented by sinks that can check the broker is reachable
-// without publishing (ferry doctor). Ping is called after Start.
-type Pinger interface {
-	Ping(ctx context.Context) error
-}
-
-// GroupLag is how far one consumer group is behind on one topic.
-type GroupLag struct {
-	Group string `json:"group"`
-	Topic string `json:"topic"`
-	Lag   int64  `json:"lag"` // messages not yet consumed, summed over partitions
-}
-
-// ConsumerLagger is implemented by sinks that can tell how far the
-// consumers named in their config are behind (Kafka consumer groups).
-type ConsumerLagger interface {
-	ConsumerLag(ctx context.Context) ([]GroupLag, error)
-}
-
-// Staller is implemented by components that can tell a stalled pipeline from
-// a quiet one (the canary): Stalled reports whether the pipeline is stalled,
-// and why.
-type Staller interface {
-	Stalled() (bool, string)
-}
-
-// LastStage is implemented by transform configs whose transform must be the
-// last of its pipeline (the headers transform renames the fields other
-// transforms read); the loader enforces it.
-type LastStage interface {
-	LastStage()
-}
-
-// Shareable is implemented by source configs whose pipeline may run on
-// several instances at once (`ownership: shared`): the poll source, whose
-// SKIP LOCKED claims make that safe.
-type Shareable interface {
-	Shareable() bool
-}
-
-// OutboxTable describes the outbox table a pipeline reads, for components
-// that write to it (the canary generator). Column names are as mapped in the
-// source's `columns`.
-type OutboxTable struct {
-	DSN, Table                                string
-	AggregateType, AggregateID, Type, Payload string
-}
-
-// OutboxSource is implemented by source configs that read an outbox table.
-type OutboxSource interface {
-	OutboxTable() OutboxTable
-}
-
 // Reporter lets a component tell the supervisor how it is doing; the
 // pipeline's state and last error follow. Safe for concurrent use.
 type Reporter interface {
@@ -250,49 +183,6 @@ func (NopReporter) Failing(error, time.Duration)     {}
 func (NopReporter) Recovered()                       {}
 func (NopReporter) Fatal(error)                      {}
 func (NopReporter) ObserveLag(string, time.Duration) {}
-
-// Health is a source's view of what it has not delivered yet, refreshed on
-// a slow timer (never per read).
-type Health struct {
-	// Backlog is what is not delivered: unpublished rows (poll), rows past
-	// the cursor (xid8), unconfirmed WAL bytes (wal).
-	Backlog     int64  `json:"backlog"`
-	BacklogUnit string `json:"backlog_unit"` // "events" or "bytes"
-	// OldestAge is the age of the oldest undelivered event, on the database
-	// clock; oldest_age_seconds in JSON (health_json.go).
-	OldestAge time.Duration `json:"-"`
-	// XminHorizonAge is the age of the oldest running transaction — what
-	// holds an xid8 cursor back; xmin_horizon_age_seconds in JSON.
-	XminHorizonAge time.Duration `json:"-"`
-	// Details are source-specific facts (a replication slot's state…).
-	Details map[string]any `json:"details,omitempty"`
-	// CheckedAt is when this was measured; zero if never.
-	CheckedAt time.Time `json:"checked_at"`
-}
-
-// HealthReporter is implemented by sources that measure their backlog.
-type HealthReporter interface {
-	Health() Health
-}
-
-// Flow is a source's in-flight window, as counters.
-type Flow struct {
-	InFlight     int    `json:"in_flight"`    // events held (read, not yet recorded)
-	Acked        uint64 `json:"acked"`        // since start
-	Redeliveries uint64 `json:"redeliveries"` // nacked events sent again, since start
-	GivenUp      uint64 `json:"given_up"`     // nacked events given up (parked), since start
-}
-
-// FlowReporter is implemented by sources with an in-flight window.
-type FlowReporter interface {
-	Flow() Flow
-}
-
-// Prober is implemented by sources that can measure their health once,
-// without running (ferry doctor): connect, query, disconnect.
-type Prober interface {
-	Probe(ctx context.Context) (Health, error)
-}
 
 // Env is what a factory gets besides its own config: the pipeline it belongs
 // to and the process-wide facilities it may use.
