@@ -3,6 +3,12 @@
 // walks the path an event takes, stopping at the first stage that is
 // unhealthy: the relay, the source position, the broker, the consumers. Each
 // finding carries its evidence and the next thing to do.
+//
+// It owns the diagnosis only: pipelines builds the components, and what a
+// stage can be asked (Prober, Pinger, ConsumerLagger, a source's Details)
+// comes from the plugins capabilities. It must not import any component
+// (sources/, transforms/, sinks/), the CLI or the HTTP API; it reads a
+// running Ferry over its HTTP API, as any client would.
 package doctor
 
 import (

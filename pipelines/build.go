@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"time"
@@ -239,11 +240,12 @@ func (p *Pipeline) Stalled() (bool, string) {
 	return false, ""
 }
 
-// Close closes the source, the transforms that are closers, and the sink.
+// Close closes the source, the transforms that are closers (io.Closer, a
+// capability), and the sink.
 func (p *Pipeline) Close() error {
 	errs := []error{p.Source.Close()}
 	for _, st := range p.Stages {
-		if c, ok := st.Transform.(interface{ Close() error }); ok {
+		if c, ok := st.Transform.(io.Closer); ok {
 			errs = append(errs, c.Close())
 		}
 	}
