@@ -39,6 +39,9 @@ import (
 //     and `ferry doctor` looks for the relay's session on its database.
 //     Without it a canary with `generate` fails to start and doctor needs
 //     --url to judge the relay.
+//   - a MetricsInterval field (time.Duration) on the config struct, read by
+//     name: how often the supervisor measures a pipeline that does not run
+//     here. Without it, every 15s.
 //   - OffsetKeeper, DeadLetterKeeper, Backfiller, Purger: the offsets,
 //     dead-letter, backfill and delete-with-purge API routes (offsets.go,
 //     Purger below). Without them those routes answer that the source cannot.
@@ -55,6 +58,10 @@ import (
 // On a transform config:
 //
 //   - LastStage: the loader rejects the transform anywhere but last.
+//
+// On any config struct, a string field tagged `ferry:"template"` keeps its
+// ${…} for the component: the loader does not read it as an environment
+// variable.
 //
 // On a built sink (Start and Close are part of Sink):
 //
