@@ -140,9 +140,5 @@ func buildSink(kind, cfgYAML string, c *child) (plugins.Sink, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("sink config: %w", err)
 	}
-	s, err := f.Build(cfg, plugins.Env{Pipeline: "bench-baseline", Logger: c.log.With("system", SystemWatermill), MaxInFlight: 1})
-	if err != nil {
-		return nil, err
-	}
-	return s.(plugins.Sink), nil
+	return f.BuildSink(cfg, plugins.Env{Pipeline: "bench-baseline", Logger: c.log.With("system", SystemWatermill), MaxInFlight: 1})
 }

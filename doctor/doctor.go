@@ -4,8 +4,11 @@
 // unhealthy: the relay, the source position, the broker, the consumers. Each
 // finding carries its evidence and the next thing to do.
 //
-// It asks each stage through the plugins interfaces and ownership; it must not
-// import the CLI, the HTTP API, a concrete source or sink, or a lab package.
+// It owns the diagnosis only: pipelines builds the components, and what a
+// stage can be asked (Prober, Pinger, ConsumerLagger, a source's Details)
+// comes from the plugins capabilities. It must not import any component
+// (sources/, transforms/, sinks/), the CLI, the HTTP API or a lab package; it reads a
+// running Ferry over its HTTP API, as any client would.
 package doctor
 
 import (
@@ -398,10 +401,10 @@ func checkSource(h *plugins.Health, o Options) Check {
 	if slot, ok := h.Details["slot"].(string); ok {
 		return checkSlot(c, slot, h.Details)
 	}
-	if h.XminHorizonAge > 0 {
-		c.Evidence = append(c.Evidence, fmt.Sprintf("oldest running transaction %s old (limit %s)", h.XminHorizonAge.Round(time.Second), o.MaxTransactionAge))
+	if h.XminHorizonAge() > 0 {
+		c.Evidence = append(c.Evidence, fmt.Sprintf("oldest running transaction %s old (limit %s)", h.XminHorizonAge().Round(time.Second), o.MaxTransactionAge))
 	}
-	if tx, ok := h.Details["oldest_transaction"].(map[string]any); ok && h.XminHorizonAge > o.MaxTransactionAge {
+	if tx, ok := h.Details["oldest_transaction"].(map[string]any); ok && h.XminHorizonAge() > o.MaxTransactionAge {
 		c.Status = Unhealthy
 		c.Evidence = append(c.Evidence, fmt.Sprintf("pid %v (user %v, application %q, database %v) in state %q, transaction started %v, last query: %v",
 			tx["pid"], tx["user"], tx["application"], tx["database"], tx["state"], tx["xact_start"], tx["query"]))

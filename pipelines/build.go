@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"time"
@@ -76,28 +77,28 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 	}
 	p := &Pipeline{Spec: spec, Log: env.Logger, report: env.Report}
 
-	snk, err := spec.Sink.Factory.Build(spec.Sink.Config, env)
+	snk, err := spec.Sink.Factory.BuildSink(spec.Sink.Config, env)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline %s: build sink: %w", spec.Name, err)
 	}
-	p.Sink = snk.(plugins.Sink)
+	p.Sink = snk
 	p.Publisher = p.Sink
 	if p.tracer, err = tracing.New(spec.Tracing, spec.Sink.Type, p.Sink, env); err != nil {
 		return nil, fmt.Errorf("pipeline %s: tracing: %w", spec.Name, err)
 	}
 	env.Tracer = p.tracer.Tracer()
 	env.Sink = p.Sink
-	src, err := spec.Source.Factory.Build(spec.Source.Config, env)
+	src, err := spec.Source.Factory.BuildSource(spec.Source.Config, env)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline %s: build source: %w", spec.Name, err)
 	}
-	p.Source = src.(plugins.Source)
+	p.Source = src
 	for i, t := range spec.Transforms {
-		tr, err := t.Factory.Build(t.Config, env)
+		tr, err := t.Factory.BuildTransform(t.Config, env)
 		if err != nil {
 			return nil, fmt.Errorf("pipeline %s: build %s: %w", spec.Name, t.Path, err)
 		}
-		p.Stages = append(p.Stages, Stage{Name: fmt.Sprintf("%d:%s", i, t.Type), Transform: tr.(plugins.Transform)})
+		p.Stages = append(p.Stages, Stage{Name: fmt.Sprintf("%d:%s", i, t.Type), Transform: tr})
 	}
 	return p, nil
 }
@@ -239,11 +240,12 @@ func (p *Pipeline) Stalled() (bool, string) {
 	return false, ""
 }
 
-// Close closes the source, the transforms that are closers, and the sink.
+// Close closes the source, the transforms that are closers (io.Closer, a
+// capability), and the sink.
 func (p *Pipeline) Close() error {
 	errs := []error{p.Source.Close()}
 	for _, st := range p.Stages {
-		if c, ok := st.Transform.(interface{ Close() error }); ok {
+		if c, ok := st.Transform.(io.Closer); ok {
 			errs = append(errs, c.Close())
 		}
 	}

@@ -28,14 +28,13 @@ type Ownership struct {
 }
 
 // exclusive reports whether e runs only while this instance owns it: with
-// ownership on, for every pipeline not marked shared whose source has a
-// database to hold the lock on.
+// ownership on, for every pipeline not marked shared whose source offers an
+// ownership lock (plugins.HA.LockDSN).
 func (s *Supervisor) exclusive(e *entry) bool {
 	if s.opts.Ownership == nil || e.spec.Ownership == OwnershipShared {
 		return false
 	}
-	_, lockable := e.spec.Source.Config.(plugins.OutboxSource)
-	return lockable
+	return plugins.SourceHA(e.spec.Source.Config).Exclusive()
 }
 
 func (s *Supervisor) owns(e *entry) bool {
@@ -256,9 +255,8 @@ func (s *Supervisor) findOwners(ctx context.Context, o *Ownership, es []*entry) 
 		if fresh || ctx.Err() != nil {
 			continue
 		}
-		src := e.spec.Source.Config.(plugins.OutboxSource)
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		holder, held, err := ownership.Holder(lctx, src.OutboxTable().DSN, ownership.LockKey(e.spec.Name))
+		holder, held, err := ownership.Holder(lctx, plugins.SourceHA(e.spec.Source.Config).LockDSN, ownership.LockKey(e.spec.Name))
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -297,9 +295,9 @@ func (s *Supervisor) setStandby(e *entry, holder string) {
 // reached puts e in backing_off with the error until a later round gets
 // through.
 func (s *Supervisor) takeOver(ctx context.Context, o *Ownership, e *entry) bool {
-	src := e.spec.Source.Config.(plugins.OutboxSource) // exclusive() checked it
+	lockDSN := plugins.SourceHA(e.spec.Source.Config).LockDSN // exclusive() checked it is set
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	l, holder, err := ownership.TryLock(lctx, src.OutboxTable().DSN, o.Instance, ownership.LockKey(e.spec.Name))
+	l, holder, err := ownership.TryLock(lctx, lockDSN, o.Instance, ownership.LockKey(e.spec.Name))
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {

@@ -113,11 +113,10 @@ func probeOnce(ctx context.Context, p *Pipeline) (plugins.Health, error) {
 		t := o.OutboxTable()
 		env.Outbox = &t
 	}
-	built, err := spec.Source.Factory.Build(spec.Source.Config, env)
+	src, err := spec.Source.Factory.BuildSource(spec.Source.Config, env)
 	if err != nil {
 		return plugins.Health{}, err
 	}
-	src := built.(plugins.Source)
 	defer src.Close()
 	pr, ok := src.(plugins.Prober)
 	if !ok {

@@ -344,12 +344,16 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 		}
 	}
 	spec.Sink, _ = d.component(reg, plugins.KindSink, &doc.Sink, "sink", true)
+	ha := plugins.SourceHA(spec.Source.Config)
 	switch doc.Ownership {
 	case "", OwnershipExclusive:
 		spec.Ownership = OwnershipExclusive
+		if doc.Ownership != "" && spec.Source.Config != nil && !ha.Exclusive() {
+			d.fail("ownership", "exclusive needs a source that holds an ownership lock on its database (plugins.HASource); %s holds none, so with high availability it runs on every instance: remove ownership", spec.Source.Type)
+		}
 	case OwnershipShared:
 		spec.Ownership = OwnershipShared
-		if sh, ok := spec.Source.Config.(plugins.Shareable); spec.Source.Config != nil && (!ok || !sh.Shareable()) {
+		if spec.Source.Config != nil && !ha.Shared {
 			d.fail("ownership", "shared needs a source that many instances can read at once (poll); %s keeps one position", spec.Source.Type)
 		}
 	default:

@@ -241,3 +241,52 @@ type templateConfig struct {
 }
 
 func (*templateConfig) Validate() error { return nil }
+
+// plainSourceConfig is a plugin source's config with no HA capability.
+type plainSourceConfig struct {
+	DSN string `yaml:"dsn"`
+}
+
+func (*plainSourceConfig) Validate() error { return nil }
+
+// High availability is a capability a source declares (plugins.HASource):
+// `ownership:` on a source without it is an error naming why, while the
+// built-in sources accept what they support.
+func TestOwnershipNeedsTheHACapability(t *testing.T) {
+	r := plugins.NewRegistry()
+	xid8.Register(r)
+	natssink.Register(r)
+	plugins.RegisterSource(r, "plain", func() *plainSourceConfig { return &plainSourceConfig{} },
+		func(*plainSourceConfig, plugins.Env) (plugins.Source, error) { return nil, nil })
+	doc := func(source, ownership string) string {
+		y := "name: orders\nsource: {type: " + source + ", dsn: \"postgres://h/d\"}\nsink: {type: nats, subject: s}\n"
+		if ownership != "" {
+			y += "ownership: " + ownership + "\n"
+		}
+		return y
+	}
+	for _, tc := range []struct {
+		source, ownership string
+		want              string // the error, "" when it loads
+	}{
+		{"plain", "", ""},
+		{"plain", "exclusive", "t.yaml:4: ownership: exclusive needs a source that holds an ownership lock on its database (plugins.HASource); plain holds none, so with high availability it runs on every instance: remove ownership"},
+		{"plain", "shared", "t.yaml:4: ownership: shared needs a source that many instances can read at once (poll); plain keeps one position"},
+		{"xid8", "", ""},
+		{"xid8", "exclusive", ""},
+		{"xid8", "shared", "t.yaml:4: ownership: shared needs a source that many instances can read at once (poll); xid8 keeps one position"},
+	} {
+		specs, err := pipelines.Loader{Registry: r}.LoadBytes("t.yaml", []byte(doc(tc.source, tc.ownership)))
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != tc.want {
+			t.Errorf("%s with ownership %q:\ngot  %q\nwant %q", tc.source, tc.ownership, got, tc.want)
+			continue
+		}
+		if err == nil && specs[0].Ownership != pipelines.OwnershipExclusive {
+			t.Errorf("%s with ownership %q: loaded as %q", tc.source, tc.ownership, specs[0].Ownership)
+		}
+	}
+}

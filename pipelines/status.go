@@ -260,7 +260,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if h := st.Health; h != nil && !h.CheckedAt.IsZero() {
 			ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(h.Backlog), st.Name, st.Tenant, h.BacklogUnit)
 			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, h.OldestAge.Seconds(), st.Name, st.Tenant)
-			ch <- prometheus.MustNewConstMetric(c.horizon, prometheus.GaugeValue, h.XminHorizonAge.Seconds(), st.Name, st.Tenant)
+			ch <- prometheus.MustNewConstMetric(c.horizon, prometheus.GaugeValue, h.XminHorizonAge().Seconds(), st.Name, st.Tenant)
 		}
 		if f := st.Flow; f != nil {
 			ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(f.InFlight), st.Name, st.Tenant)

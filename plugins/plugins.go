@@ -1,75 +1,13 @@
-// Package plugins is Ferry's extension API: the component interfaces a source,
-// transform or sink implements, the registry that maps the `type:` names written
-// in pipeline YAML to factories, and the metadata keys every component agrees on.
-//
-// A component is a package with a typed Config (yaml tags, defaults, Validate),
-// a constructor that does no I/O, and a Register function that adds its factory
-// to a Registry. Ferry's own components and custom ones use the same API.
 package plugins
 
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
-)
-
-// Metadata keys that sources set on every message and later stages read.
-// Values are strings; times are RFC 3339 with microseconds (see FormatTime).
-const (
-	// MetaAggregateType is the outbox row's aggregate type, e.g. "order".
-	MetaAggregateType = "aggregate_type"
-	// MetaAggregateID is the outbox row's aggregate id. Ferry never has two
-	// messages of one aggregate (type and id) in flight at once.
-	MetaAggregateID = "aggregate_id"
-	// MetaEventType is the outbox row's event type, e.g. "OrderPlaced".
-	MetaEventType = "event_type"
-	// MetaCreatedAt is when the row was written, on the database clock.
-	MetaCreatedAt = "created_at"
-	// MetaReadAt is when the relay read the row, on the relay clock.
-	MetaReadAt = "read_at"
-	// MetaPosition is the row's position in its source: "xact_id/id" for xid8.
-	MetaPosition = "position"
-	// MetaOutboxID is the outbox row's primary key.
-	MetaOutboxID = "outbox_id"
-	// MetaTopic, when set by a transform, is where the sink publishes the message
-	// (Kafka topic, RabbitMQ routing key, NATS subject).
-	MetaTopic = "ferry_topic"
-	// MetaKey, when set by a transform, is the message key for brokers that
-	// partition by key (Kafka). Sinks fall back to MetaAggregateID.
-	MetaKey = "ferry_key"
-	// MetaFinal, set to "true" by a transform, sends the message straight to
-	// the sink: later transforms are skipped (canary rows use it, so no
-	// business routing can touch them).
-	MetaFinal = "ferry_final"
-	// MetaSentAtHeader names a header the pipeline sets to the publish time
-	// (FormatTime) just before the sink publishes; the headers transform asks
-	// for it.
-	MetaSentAtHeader = "ferry_sent_at_header"
-	// MetaDeadLetter is set to "true" on an event bound for the pipeline's
-	// dead-letter topic: sinks publish it as the source read it, in no
-	// format (an event no CloudEvent can hold must still reach it).
-	MetaDeadLetter = "ferry_dead_letter"
-	// MetaError is set on a message the pipeline failed to deliver, after its
-	// retries, just before it is nacked: the source may record why.
-	MetaError = "ferry_error"
-	// MetaErrorPermanent is set with MetaError when the failure was
-	// permanent (see Permanent) — one only the dead-letter topic can fix —
-	// and holds its reason. Without it the failure was transient (a broker
-	// outage, a timeout) and redelivery may succeed.
-	MetaErrorPermanent = "ferry_error_permanent"
-	// MetaDBReadAt is the database clock when the row was read, in Unix
-	// nanoseconds (clock_timestamp() returned with the rows), so commit→read
-	// is measured on one clock.
-	MetaDBReadAt = "ferry_db_read_at"
-	// MetaCommitAt is the event's commit time on the database clock, in Unix
-	// nanoseconds, when the source knows it (wal). Without it, created_at
-	// stands in for the commit.
-	MetaCommitAt = "ferry_commit_at"
 )
 
 // Lag segments, as measured by Ferry and named in metrics and `ferry lag`.
@@ -83,41 +21,6 @@ const (
 // Segments lists the lag segments in pipeline order.
 var Segments = []string{SegmentCommitToRead, SegmentReadToAck, SegmentCommitToAck, SegmentAckToConsumed}
 
-// InternalPrefix marks metadata that steers Ferry and is never sent to the
-// broker as a header.
-const InternalPrefix = "ferry_"
-
-// IsInternal reports whether a metadata key is Ferry-internal: sinks skip it
-// when they turn metadata into headers.
-func IsInternal(key string) bool { return strings.HasPrefix(key, InternalPrefix) }
-
-// ColumnKey is the metadata key under which a source carries an extra
-// outbox column (source `columns.extra`): internal, so not a header unless a
-// transform places it.
-func ColumnKey(column string) string { return InternalPrefix + "col_" + column }
-
-// OriginalKey is where a transform that renames a source's field (the
-// headers transform) keeps its value: internal, so never a header, but
-// later stages — a sink's format, the partitioning key — still find it.
-func OriginalKey(key string) string { return InternalPrefix + "src_" + key }
-
-// Field is the source's field key of md: md[key], else the value a
-// renaming transform kept under OriginalKey(key).
-func Field(md message.Metadata, key string) string {
-	if v, ok := md[key]; ok {
-		return v
-	}
-	return md[OriginalKey(key)]
-}
-
-// Key is the message's partitioning key: MetaKey, else the aggregate id.
-func Key(msg *message.Message) string {
-	if k := msg.Metadata.Get(MetaKey); k != "" {
-		return k
-	}
-	return Field(msg.Metadata, MetaAggregateID)
-}
-
 // Source reads committed outbox rows and emits them as Watermill messages.
 //
 // Subscribe is called once by the router; it must not block on I/O: connection
@@ -130,6 +33,9 @@ func Key(msg *message.Message) string {
 // progress past it. Nack means it did not; the source redelivers it after a
 // backoff and holds back later messages of the same aggregate meanwhile.
 // Close is safe to call twice and without Subscribe.
+//
+// Every message keeps the source contract: the metadata keys listed in the
+// package documentation, which CheckSourceMetadata checks.
 type Source interface {
 	message.Subscriber
 }
@@ -161,73 +67,6 @@ type TransformFunc func(msg *message.Message) ([]*message.Message, error)
 // Process calls f(msg).
 func (f TransformFunc) Process(msg *message.Message) ([]*message.Message, error) { return f(msg) }
 
-// Starter is implemented by components that need to connect or start
-// background work before messages flow (a sink, a canary generator).
-type Starter interface {
-	Start(ctx context.Context) error
-}
-
-// Reader is implemented by sinks that can read back what is published to a
-// topic: the canary checker uses it to see canaries arrive. Read delivers
-// messages published from now on to handle, one at a time, until ctx ends
-// or it fails.
-type Reader interface {
-	Read(ctx context.Context, topic string, handle func(*message.Message)) error
-}
-
-// Pinger is implemented by sinks that can check the broker is reachable
-// without publishing (ferry doctor). Ping is called after Start.
-type Pinger interface {
-	Ping(ctx context.Context) error
-}
-
-// GroupLag is how far one consumer group is behind on one topic.
-type GroupLag struct {
-	Group string `json:"group"`
-	Topic string `json:"topic"`
-	Lag   int64  `json:"lag"` // messages not yet consumed, summed over partitions
-}
-
-// ConsumerLagger is implemented by sinks that can tell how far the
-// consumers named in their config are behind (Kafka consumer groups).
-type ConsumerLagger interface {
-	ConsumerLag(ctx context.Context) ([]GroupLag, error)
-}
-
-// Staller is implemented by components that can tell a stalled pipeline from
-// a quiet one (the canary): Stalled reports whether the pipeline is stalled,
-// and why.
-type Staller interface {
-	Stalled() (bool, string)
-}
-
-// LastStage is implemented by transform configs whose transform must be the
-// last of its pipeline (the headers transform renames the fields other
-// transforms read); the loader enforces it.
-type LastStage interface {
-	LastStage()
-}
-
-// Shareable is implemented by source configs whose pipeline may run on
-// several instances at once (`ownership: shared`): the poll source, whose
-// SKIP LOCKED claims make that safe.
-type Shareable interface {
-	Shareable() bool
-}
-
-// OutboxTable describes the outbox table a pipeline reads, for components
-// that write to it (the canary generator). Column names are as mapped in the
-// source's `columns`.
-type OutboxTable struct {
-	DSN, Table                                string
-	AggregateType, AggregateID, Type, Payload string
-}
-
-// OutboxSource is implemented by source configs that read an outbox table.
-type OutboxSource interface {
-	OutboxTable() OutboxTable
-}
-
 // Reporter lets a component tell the supervisor how it is doing; the
 // pipeline's state and last error follow. Safe for concurrent use.
 type Reporter interface {
@@ -250,49 +89,6 @@ func (NopReporter) Failing(error, time.Duration)     {}
 func (NopReporter) Recovered()                       {}
 func (NopReporter) Fatal(error)                      {}
 func (NopReporter) ObserveLag(string, time.Duration) {}
-
-// Health is a source's view of what it has not delivered yet, refreshed on
-// a slow timer (never per read).
-type Health struct {
-	// Backlog is what is not delivered: unpublished rows (poll), rows past
-	// the cursor (xid8), unconfirmed WAL bytes (wal).
-	Backlog     int64  `json:"backlog"`
-	BacklogUnit string `json:"backlog_unit"` // "events" or "bytes"
-	// OldestAge is the age of the oldest undelivered event, on the database
-	// clock; oldest_age_seconds in JSON (health_json.go).
-	OldestAge time.Duration `json:"-"`
-	// XminHorizonAge is the age of the oldest running transaction — what
-	// holds an xid8 cursor back; xmin_horizon_age_seconds in JSON.
-	XminHorizonAge time.Duration `json:"-"`
-	// Details are source-specific facts (a replication slot's state…).
-	Details map[string]any `json:"details,omitempty"`
-	// CheckedAt is when this was measured; zero if never.
-	CheckedAt time.Time `json:"checked_at"`
-}
-
-// HealthReporter is implemented by sources that measure their backlog.
-type HealthReporter interface {
-	Health() Health
-}
-
-// Flow is a source's in-flight window, as counters.
-type Flow struct {
-	InFlight     int    `json:"in_flight"`    // events held (read, not yet recorded)
-	Acked        uint64 `json:"acked"`        // since start
-	Redeliveries uint64 `json:"redeliveries"` // nacked events sent again, since start
-	GivenUp      uint64 `json:"given_up"`     // nacked events given up (parked), since start
-}
-
-// FlowReporter is implemented by sources with an in-flight window.
-type FlowReporter interface {
-	Flow() Flow
-}
-
-// Prober is implemented by sources that can measure their health once,
-// without running (ferry doctor): connect, query, disconnect.
-type Prober interface {
-	Probe(ctx context.Context) (Health, error)
-}
 
 // Env is what a factory gets besides its own config: the pipeline it belongs
 // to and the process-wide facilities it may use.

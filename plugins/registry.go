@@ -19,19 +19,95 @@ const (
 
 // Factory makes one kind of component. NewConfig returns a config filled with
 // defaults; the loader decodes the user's YAML over it and calls Validate
-// before New is ever called.
+// before the component is ever built. Factories are made by RegisterSource,
+// RegisterTransform and RegisterSink, which fix the kind and the config type
+// the constructor accepts.
+//
+// Building is typed: BuildSource, BuildTransform and BuildSink return the
+// component as its interface. Asking a factory for another kind than its
+// own, or passing a config that is not the factory's (one of another
+// component), is an error, never a panic.
 type Factory struct {
 	Kind Kind
 	// Name is what users write as `type:` in YAML.
 	Name string
 	// NewConfig returns a fresh config holding the defaults.
 	NewConfig func() Config
-	// build makes the component; it must not do I/O.
-	build func(cfg Config, env Env) (any, error)
+
+	// Exactly one constructor is set, the one of Kind; none does I/O.
+	source    func(cfg Config, env Env) (Source, error)
+	transform func(cfg Config, env Env) (Transform, error)
+	sink      func(cfg Config, env Env) (Sink, error)
 }
 
-// Build makes the component from a config returned by NewConfig.
-func (f Factory) Build(cfg Config, env Env) (any, error) { return f.build(cfg, env) }
+// BuildSource makes the source from a config returned by NewConfig.
+func (f Factory) BuildSource(cfg Config, env Env) (Source, error) {
+	if f.source == nil {
+		return nil, f.wrongKind(KindSource)
+	}
+	return f.source(cfg, env)
+}
+
+// BuildTransform makes the transform from a config returned by NewConfig.
+func (f Factory) BuildTransform(cfg Config, env Env) (Transform, error) {
+	if f.transform == nil {
+		return nil, f.wrongKind(KindTransform)
+	}
+	return f.transform(cfg, env)
+}
+
+// BuildSink makes the sink from a config returned by NewConfig.
+func (f Factory) BuildSink(cfg Config, env Env) (Sink, error) {
+	if f.sink == nil {
+		return nil, f.wrongKind(KindSink)
+	}
+	return f.sink(cfg, env)
+}
+
+func (f Factory) wrongKind(want Kind) error {
+	return fmt.Errorf("plugins: %s %q cannot build a %s", f.Kind, f.Name, want)
+}
+
+// wellFormed reports whether f has a config and exactly the constructor of
+// its kind.
+func (f Factory) wellFormed() bool {
+	if f.NewConfig == nil || f.constructors() != 1 {
+		return false
+	}
+	switch f.Kind {
+	case KindSource:
+		return f.source != nil
+	case KindTransform:
+		return f.transform != nil
+	case KindSink:
+		return f.sink != nil
+	}
+	return false
+}
+
+// constructors counts the constructors f has.
+func (f Factory) constructors() int {
+	n := 0
+	for _, set := range []bool{f.source != nil, f.transform != nil, f.sink != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
+// typed adapts a constructor of config type C to any Config: a config of
+// another type (another component's) is an error naming both types.
+func typed[C Config, T any](kind Kind, name string, build func(C, Env) (T, error)) func(Config, Env) (T, error) {
+	return func(cfg Config, env Env) (T, error) {
+		c, ok := cfg.(C)
+		if !ok {
+			var zero T
+			return zero, fmt.Errorf("plugins: %s %q wants a %T config, got %T", kind, name, *new(C), cfg)
+		}
+		return build(c, env)
+	}
+}
 
 // Registry maps component names to factories. It is safe for concurrent use.
 // Default is the registry `ferry` binaries use; tests and embedders can make
@@ -58,8 +134,8 @@ func (r *Registry) Register(f Factory) {
 	if !validName.MatchString(f.Name) {
 		panic(fmt.Sprintf("plugins: %s name %q must be lowercase letters, digits and _", f.Kind, f.Name))
 	}
-	if f.NewConfig == nil || f.build == nil {
-		panic(fmt.Sprintf("plugins: %s %q has no config or constructor", f.Kind, f.Name))
+	if !f.wellFormed() {
+		panic(fmt.Sprintf("plugins: %s %q needs a config and one constructor (use RegisterSource, RegisterTransform or RegisterSink)", f.Kind, f.Name))
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -98,17 +174,17 @@ func (r *Registry) Names(kind Kind) []string {
 // type, normally a pointer to its Config struct.
 func RegisterSource[C Config](r *Registry, name string, defaults func() C, build func(C, Env) (Source, error)) {
 	r.Register(Factory{Kind: KindSource, Name: name, NewConfig: func() Config { return defaults() },
-		build: func(c Config, env Env) (any, error) { return build(c.(C), env) }})
+		source: typed(KindSource, name, build)})
 }
 
 // RegisterTransform adds a transform factory to r.
 func RegisterTransform[C Config](r *Registry, name string, defaults func() C, build func(C, Env) (Transform, error)) {
 	r.Register(Factory{Kind: KindTransform, Name: name, NewConfig: func() Config { return defaults() },
-		build: func(c Config, env Env) (any, error) { return build(c.(C), env) }})
+		transform: typed(KindTransform, name, build)})
 }
 
 // RegisterSink adds a sink factory to r.
 func RegisterSink[C Config](r *Registry, name string, defaults func() C, build func(C, Env) (Sink, error)) {
 	r.Register(Factory{Kind: KindSink, Name: name, NewConfig: func() Config { return defaults() },
-		build: func(c Config, env Env) (any, error) { return build(c.(C), env) }})
+		sink: typed(KindSink, name, build)})
 }

@@ -173,8 +173,8 @@ func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	o, ok := spec.Source.Config.(plugins.OutboxSource)
-	if !ok {
+	ha := plugins.SourceHA(spec.Source.Config)
+	if !ha.Exclusive() {
 		return func() {}, nil
 	}
 	if st, err := c.o.Supervisor.Status(v.Name); err == nil && st.State == pipelines.StatePaused {
@@ -184,7 +184,7 @@ func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines
 	}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	lock, err := waitForOwnership(lctx, o.OutboxTable().DSN, v.Name)
+	lock, err := waitForOwnership(lctx, ha.LockDSN, v.Name)
 	if err != nil {
 		return nil, &problem{code: http.StatusConflict, msg: redact.String(err.Error()) + "; retry once it stopped"}
 	}

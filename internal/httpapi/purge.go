@@ -34,8 +34,8 @@ func (c *api) purge(name, config string) (string, []string) {
 	if _, err := c.o.Control.Converger.Converge(ctx); err != nil {
 		return purgeWarning + "; nothing was purged: " + redact.String(err.Error()), []string{}
 	}
-	if o, ok := specs[0].Source.Config.(plugins.OutboxSource); ok {
-		lock, err := waitForOwnership(ctx, o.OutboxTable().DSN, name)
+	if ha := plugins.SourceHA(specs[0].Source.Config); ha.Exclusive() {
+		lock, err := waitForOwnership(ctx, ha.LockDSN, name)
 		if err != nil {
 			return purgeWarning + "; nothing was purged: " + redact.String(err.Error()), []string{}
 		}

@@ -141,11 +141,10 @@ func BuildSink(t testing.TB, h Harness, sinkYAML string) plugins.Sink {
 	if err != nil {
 		t.Fatalf("load sink config:\n%s\n%v", doc, err)
 	}
-	s, err := specs[0].Sink.Factory.Build(specs[0].Sink.Config, plugins.Env{Pipeline: "sinktest", Logger: Logger(), MaxInFlight: 1000})
+	sink, err := specs[0].Sink.Factory.BuildSink(specs[0].Sink.Config, plugins.Env{Pipeline: "sinktest", Logger: Logger(), MaxInFlight: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink := s.(plugins.Sink)
 	t.Cleanup(func() { sink.Close() })
 	return sink
 }

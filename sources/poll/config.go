@@ -166,9 +166,9 @@ func (c *Config) channel() string {
 // generator) where it is.
 func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }
 
-// Shareable: SKIP LOCKED claims let the pipeline run on every instance at
-// once (ownership: shared).
-func (*Config) Shareable() bool { return true }
+// HA: the ownership lock lives on the source database, and SKIP LOCKED
+// claims let the pipeline run on every instance at once (ownership: shared).
+func (c *Config) HA() plugins.HA { return plugins.HA{LockDSN: c.DSN, Shared: true} }
 
 var _ plugins.OutboxSource = (*Config)(nil)
-var _ plugins.Shareable = (*Config)(nil)
+var _ plugins.HASource = (*Config)(nil)

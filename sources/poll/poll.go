@@ -834,7 +834,7 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool) (plugins.Healt
 	h := plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
 		Details: map[string]any{"dead_lettered": parked}, CheckedAt: time.Now()}
 	if hz, ok, err := outbox.OldestTransaction(ctx, pool); err == nil && ok {
-		h.XminHorizonAge = hz.Age
+		h.Details[plugins.DetailXminHorizonAge] = hz.Age
 	}
 	return h, nil
 }

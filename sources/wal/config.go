@@ -121,6 +121,15 @@ func (c *Config) Validate() error {
 // generator) which table and columns this source reads.
 func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }
 
+// HA: the ownership lock lives on the source database; a replication slot
+// streams to one instance at a time.
+func (c *Config) HA() plugins.HA { return plugins.HA{LockDSN: c.DSN} }
+
+var (
+	_ plugins.OutboxSource = (*Config)(nil)
+	_ plugins.HASource     = (*Config)(nil)
+)
+
 // DefaultName is the default slot and publication name of a pipeline:
 // "ferry_<pipeline>" with "-" replaced by "_" (slot names allow neither "-"
 // nor upper case).

@@ -137,6 +137,15 @@ const rawMetadata = "metadata"
 // OutboxTable describes the table (for components that write to it).
 func (c *Config) OutboxTable() plugins.OutboxTable { return c.xid8().OutboxTable() }
 
+// HA is the xid8 source's: one instance at a time, locked on the source
+// database.
+func (c *Config) HA() plugins.HA { return c.xid8().HA() }
+
+var (
+	_ plugins.OutboxSource = (*Config)(nil)
+	_ plugins.HASource     = (*Config)(nil)
+)
+
 // envelope is what Watermill's forwarder publisher stores (components/
 // forwarder's messageEnvelope, which is unexported; its JSON is the
 // contract, tested against the forwarder's own publisher).

@@ -122,4 +122,11 @@ func (c *Config) channel() string {
 // generator) where it is.
 func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }
 
-var _ plugins.OutboxSource = (*Config)(nil)
+// HA: the ownership lock lives on the source database; one cursor means
+// one instance at a time.
+func (c *Config) HA() plugins.HA { return plugins.HA{LockDSN: c.DSN} }
+
+var (
+	_ plugins.OutboxSource = (*Config)(nil)
+	_ plugins.HASource     = (*Config)(nil)
+)

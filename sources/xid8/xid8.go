@@ -544,7 +544,7 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool, pos Position) 
 		return plugins.Health{}, err
 	}
 	if ok {
-		h.XminHorizonAge = hz.Age
+		h.Details[plugins.DetailXminHorizonAge] = hz.Age
 		h.Details["oldest_transaction"] = hz.Details()
 	}
 	return h, nil

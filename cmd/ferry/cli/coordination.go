@@ -24,7 +24,7 @@ func coordinationDSN(explicit, store string, specs []*pipelines.Spec) (dsn, from
 	}
 	var first *pipelines.Spec
 	for _, sp := range specs {
-		if _, lockable := sp.Source.Config.(plugins.OutboxSource); !lockable || sp.Ownership == pipelines.OwnershipShared {
+		if !plugins.SourceHA(sp.Source.Config).Exclusive() || sp.Ownership == pipelines.OwnershipShared {
 			continue
 		}
 		if first == nil || strings.Compare(sp.Name, first.Name) < 0 {
@@ -42,6 +42,6 @@ func coordinationDSN(explicit, store string, specs []*pipelines.Spec) (dsn, from
 		}
 		return "", "", false
 	}
-	return first.Source.Config.(plugins.OutboxSource).OutboxTable().DSN,
+	return plugins.SourceHA(first.Source.Config).LockDSN,
 		"the source database of pipeline " + first.Name + " (first by name; set --coordination-dsn to choose)", true
 }

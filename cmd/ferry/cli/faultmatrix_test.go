@@ -383,7 +383,7 @@ func TestFaultMatrix(t *testing.T) {
 		var last pipelines.Status
 		testenv.Eventually(t, 30*time.Second, "held's backlog shown", func() bool {
 			last, _ = m.sup.Status("held")
-			return last.Health != nil && last.Health.Backlog >= 1 && last.Health.XminHorizonAge > time.Second
+			return last.Health != nil && last.Health.Backlog >= 1 && last.Health.XminHorizonAge() > time.Second
 		})
 		t.Logf("held: %s, health %+v", last.State, *last.Health)
 		s := m.look("held")

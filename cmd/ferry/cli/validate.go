@@ -12,12 +12,6 @@ import (
 	"github.com/ferryhq/ferry/plugins"
 )
 
-// schemaChecker is a source that can check its table against the live
-// database without starting (the PostgreSQL sources).
-type schemaChecker interface {
-	CheckSchema(ctx context.Context) error
-}
-
 func validateCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("validate", "[--connect] -c PATH [-c PATH…]", stderr)
 	var files paths
@@ -59,14 +53,12 @@ func validateCmd(args []string, stdout, stderr io.Writer) int {
 // checkLive builds the pipeline's source (no I/O) and runs its schema check.
 func checkLive(s *pipelines.Spec, timeout time.Duration) []error {
 	env := plugins.Env{Pipeline: s.Name, Tenant: s.Tenant, Logger: slog.New(slog.DiscardHandler)}
-	src, err := s.Source.Factory.Build(s.Source.Config, env)
+	src, err := s.Source.Factory.BuildSource(s.Source.Config, env)
 	if err != nil {
 		return []error{err}
 	}
-	if c, ok := src.(interface{ Close() error }); ok {
-		defer c.Close()
-	}
-	sc, ok := src.(schemaChecker)
+	defer src.Close()
+	sc, ok := src.(plugins.SchemaChecker)
 	if !ok {
 		return nil
 	}

@@ -66,8 +66,8 @@ sink: {type: nats, subject: customers}
 		panic(err)
 	}
 	t := specs[0].Transforms[0]
-	tr, _ := t.Factory.Build(t.Config, plugins.Env{})
-	out, _ := tr.(plugins.Transform).Process(message.NewMessage("ev-1",
+	tr, _ := t.Factory.BuildTransform(t.Config, plugins.Env{})
+	out, _ := tr.Process(message.NewMessage("ev-1",
 		[]byte(`{"customer":{"email":"ann@example.com","name":"Ann"}}`)))
 	fmt.Println(specs[0].Describe())
 	fmt.Println(string(out[0].Payload))

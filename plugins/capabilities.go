@@ -1,0 +1,205 @@
+package plugins
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// # Capabilities
+//
+// Source, Transform and Sink are all a component must implement. Beyond
+// them, a component may offer capabilities: optional interfaces Ferry looks
+// for with a type assertion on the built component or on its config. Each
+// is listed here with who calls it and what happens without it; this is the
+// complete list.
+//
+// On a built source:
+//
+//   - HealthReporter: the supervisor reads Health for `ferry status`/`ferry
+//     lag`, /api/v1/pipelines and the ferry_source_* gauges. Without it no
+//     backlog is shown while the pipeline runs.
+//   - FlowReporter: the supervisor reads Flow for the in-flight gauges and to
+//     tell a recovered pipeline (events acked again). Without it no in-flight
+//     window is shown and recovery waits for a delivered event.
+//   - Prober: `ferry doctor` and the supervisor (for a pipeline not running
+//     here) measure Health once. Without it doctor skips the backlog stage
+//     and a stopped pipeline shows no backlog.
+//   - SchemaChecker: `ferry validate --connect` checks the table. Without it
+//     validate checks the configuration only.
+//
+// On a source config (usable while the pipeline does not run):
+//
+//   - HASource: high availability. Its LockDSN lets one instance own the
+//     pipeline (`ownership: exclusive`, the default); its Shared lets every
+//     instance run it (`ownership: shared`). Without it `ownership:` in the
+//     YAML is an error, and with HA on the pipeline runs on every instance
+//     with no lock: the source itself must make that safe.
+//   - OutboxSource: the canary generator writes to the table (Env.Outbox),
+//     and `ferry doctor` looks for the relay's session on its database.
+//     Without it a canary with `generate` fails to start and doctor needs
+//     --url to judge the relay.
+//   - a MetricsInterval field (time.Duration) on the config struct, read by
+//     name: how often the supervisor measures a pipeline that does not run
+//     here. Without it, every 15s.
+//   - OffsetKeeper, DeadLetterKeeper, Backfiller, Purger: the offsets,
+//     dead-letter, backfill and delete-with-purge API routes (offsets.go,
+//     Purger below). Without them those routes answer that the source cannot.
+//
+// On a built transform:
+//
+//   - Starter: the pipeline calls Start before messages flow (the canary
+//     starts its generator and checker); io.Closer: Close when it stops.
+//     Without them the transform is a pure function of its input.
+//   - Staller: the supervisor asks whether the pipeline is stalled (the
+//     canary); true shows the pipeline as `stalled`. Without it a quiet
+//     pipeline is never called stalled.
+//
+// On a transform config:
+//
+//   - LastStage: the loader rejects the transform anywhere but last.
+//
+// On any config struct, a string field tagged `ferry:"template"` keeps its
+// ${…} for the component: the loader does not read it as an environment
+// variable.
+//
+// On a built sink (Start and Close are part of Sink):
+//
+//   - Reader: the canary checker reads canaries back. Without it a canary
+//     with `check: true` fails to start.
+//   - Pinger: `ferry doctor` checks the broker answers. Without it doctor
+//     only checks that Start connects.
+//   - ConsumerLagger: `ferry doctor` reports the lag of the consumers named
+//     in the sink's config. Without it doctor skips the consumer stage.
+
+// HealthReporter is implemented by sources that measure their backlog.
+// Health is called from any goroutine, often; it returns the last
+// measurement and must not do I/O.
+type HealthReporter interface {
+	Health() Health
+}
+
+// FlowReporter is implemented by sources with an in-flight window. Flow is
+// called from any goroutine and must not block.
+type FlowReporter interface {
+	Flow() Flow
+}
+
+// Prober is implemented by sources that can measure their health once,
+// without running: connect, query, disconnect. It is called on a source
+// that was built but never subscribed, and must leave nothing behind.
+type Prober interface {
+	Probe(ctx context.Context) (Health, error)
+}
+
+// SchemaChecker is implemented by sources that can check their table
+// against the live database without starting, as a start would (`ferry
+// validate --connect`). It creates nothing; the error joins every problem.
+type SchemaChecker interface {
+	CheckSchema(ctx context.Context) error
+}
+
+// HA is what a source offers high availability (several instances running
+// the same pipelines, `ferry run` with HA on).
+type HA struct {
+	// LockDSN is the PostgreSQL database holding the pipeline's ownership
+	// lock (a session advisory lock, package ownership): the instance that
+	// holds it runs the pipeline, the others stand by. Empty means the
+	// source cannot be owned by one instance (`ownership: exclusive` is an
+	// error).
+	LockDSN string
+	// Shared reports whether every instance may run the pipeline at once
+	// (`ownership: shared`): the source's reads must never hand one event
+	// to two instances (the poll source's SKIP LOCKED claims).
+	Shared bool
+}
+
+// Exclusive reports whether the source can be owned by one instance.
+func (h HA) Exclusive() bool { return h.LockDSN != "" }
+
+// HASource is implemented by source configs that take part in high
+// availability.
+type HASource interface {
+	HA() HA
+}
+
+// SourceHA is cfg's HA, the zero HA (neither exclusive nor shared) when cfg
+// is not an HASource.
+func SourceHA(cfg Config) HA {
+	if h, ok := cfg.(HASource); ok {
+		return h.HA()
+	}
+	return HA{}
+}
+
+// OutboxTable describes the outbox table a pipeline reads, for components
+// that write to it (the canary generator). Column names are as mapped in the
+// source's `columns`.
+type OutboxTable struct {
+	DSN, Table                                string
+	AggregateType, AggregateID, Type, Payload string
+}
+
+// OutboxSource is implemented by source configs that read an outbox table.
+type OutboxSource interface {
+	OutboxTable() OutboxTable
+}
+
+// Purger is implemented by source configs that leave state behind on the
+// source database after their pipeline is gone (a replication slot, a
+// cursor row). Purge drops it for the named pipeline, which must be
+// stopped everywhere: a slot still in use is waited for until ctx ends.
+// It returns what it dropped, in words.
+type Purger interface {
+	Purge(ctx context.Context, pipeline string) ([]string, error)
+}
+
+// Starter is implemented by transforms that need to connect or start
+// background work before messages flow (the canary). The pipeline calls
+// Start once, after the sink started; a failed Start may be retried.
+type Starter interface {
+	Start(ctx context.Context) error
+}
+
+// Staller is implemented by transforms that can tell a stalled pipeline
+// from a quiet one (the canary): Stalled reports whether the pipeline is
+// stalled, and why. It is called from the supervisor's goroutine and must
+// not block.
+type Staller interface {
+	Stalled() (bool, string)
+}
+
+// LastStage is implemented by transform configs whose transform must be the
+// last of its pipeline (the headers transform renames the fields other
+// transforms read); the loader enforces it.
+type LastStage interface {
+	LastStage()
+}
+
+// Reader is implemented by sinks that can read back what is published to a
+// topic: the canary checker uses it to see canaries arrive. Read delivers
+// messages published from now on to handle, one at a time, until ctx ends
+// or it fails. It is called after Start.
+type Reader interface {
+	Read(ctx context.Context, topic string, handle func(*message.Message)) error
+}
+
+// Pinger is implemented by sinks that can check the broker is reachable
+// without publishing (ferry doctor). Ping is called after Start.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// GroupLag is how far one consumer group is behind on one topic.
+type GroupLag struct {
+	Group string `json:"group"`
+	Topic string `json:"topic"`
+	Lag   int64  `json:"lag"` // messages not yet consumed, summed over partitions
+}
+
+// ConsumerLagger is implemented by sinks that can tell how far the
+// consumers named in their config are behind (Kafka consumer groups). It is
+// called after Start.
+type ConsumerLagger interface {
+	ConsumerLag(ctx context.Context) ([]GroupLag, error)
+}
