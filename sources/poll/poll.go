@@ -10,6 +10,11 @@
 // takes a row while an earlier unpublished row of its aggregate is held
 // elsewhere (see claimSQL). Id order is commit order when the aggregate's
 // writers serialise before inserting (the aggregate_version trigger does).
+//
+// It owns the claim, mark, renew and park statements and the workers that
+// run them; the lifecycle, pool, LISTEN, retention and health loop are
+// sources/internal/pgsource's. It must not import another source, a sink, a
+// transform or pipelines.
 package poll
 
 import (
@@ -745,15 +750,11 @@ func (s *Source) Health() plugins.Health { return s.health.Load() }
 
 // Flow sums the workers' windows.
 func (s *Source) Flow() plugins.Flow {
-	var f plugins.Flow
-	for _, w := range s.workers {
-		st := w.win.Stats()
-		f.InFlight += st.Held
-		f.Acked += st.Acked
-		f.Redeliveries += st.Redeliveries
-		f.GivenUp += st.GivenUp
+	stats := make([]window.Stats, len(s.workers))
+	for i, w := range s.workers {
+		stats[i] = w.win.Stats()
 	}
-	return f
+	return pgsource.Flow(stats...)
 }
 
 // Probe measures the backlog once, without running (ferry doctor).

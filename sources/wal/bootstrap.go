@@ -67,7 +67,7 @@ type promotion struct {
 // slot creation waits.
 const snapshotPollInterval = 200 * time.Millisecond
 
-// bootSlotName is the temporary slot's name: s.slot with a suffix.
+// bootSlotName is the temporary slot's name: the configured slot with a suffix.
 func bootSlotName(slot string) string {
 	const suffix = "_init"
 	if len(slot)+len(suffix) > 63 {

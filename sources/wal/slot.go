@@ -186,7 +186,7 @@ func (st slotState) lostReason() string {
 	return "the server invalidated it (restart_lsn is NULL)"
 }
 
-// slotState reads the slot through to_jsonb, so that columns newer servers
+// state reads the slot through to_jsonb, so that columns newer servers
 // added (conflicting, invalidation_reason) are read when they exist.
 func (m *slotManager) state(ctx context.Context, name string) (slotState, error) {
 	var raw []byte
@@ -238,7 +238,7 @@ func (m *slotManager) state(ctx context.Context, name string) (slotState, error)
 	return st, nil
 }
 
-// checkSlot fails the pipeline when the slot is not one this source can
+// check fails the pipeline when the slot is not one this source can
 // stream: someone else's slot must not be consumed (that would steal its
 // changes) nor dropped.
 func (m *slotManager) check(st slotState) error {
@@ -258,7 +258,7 @@ func (m *slotManager) check(st slotState) error {
 	return nil
 }
 
-// slotLost applies on_slot_lost: fail (the default) stops the pipeline with
+// lost applies on_slot_lost: fail (the default) stops the pipeline with
 // an error that says what was lost and what to do; recreate drops the slot,
 // says loudly that events may have been missed, and starts over.
 //
@@ -402,7 +402,7 @@ func (m *slotManager) copyTo(ctx context.Context, temporary string) error {
 	return err
 }
 
-// dropSlot drops the slot after a graceful stop (drop_slot_on_stop). The
+// drop drops the slot after a graceful stop (drop_slot_on_stop). The
 // walsender releases the slot a moment after the connection closes, hence
 // the retries.
 func (m *slotManager) drop() {

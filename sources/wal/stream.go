@@ -407,7 +407,7 @@ func (st *streamSession) admitHeld(ctx context.Context) error {
 }
 
 // admit adds one event to the window. While the window is full it does not
-// read the socket, but it keeps the server informed: see streamer.
+// read the socket, but it keeps the server informed: see streamSession.
 func (st *streamSession) admit(ctx context.Context, key string, pos Position, msg *message.Message) error {
 	s := st.s
 	if s.win.Room() <= 0 {

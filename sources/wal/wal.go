@@ -180,10 +180,7 @@ func (s *Source) Err() error {
 func (s *Source) Window() window.Stats { return s.stream.win.Stats() }
 
 // Flow is the in-flight window's counters.
-func (s *Source) Flow() plugins.Flow {
-	st := s.stream.win.Stats()
-	return plugins.Flow{InFlight: st.Held, Acked: st.Acked, Redeliveries: st.Redeliveries, GivenUp: st.GivenUp}
-}
+func (s *Source) Flow() plugins.Flow { return pgsource.Flow(s.stream.win.Stats()) }
 
 // Health is the last measurement of the slot: the backlog is the WAL not
 // confirmed yet, in bytes; Details hold the slot's state.

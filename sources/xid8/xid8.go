@@ -9,6 +9,11 @@
 // reading only those rows, in xact_id order, makes the cursor safe. The price:
 // an open transaction (even one that never touches the outbox) holds the
 // cursor back until it ends.
+//
+// It owns the visibility-bounded read and the cursor in the offsets table;
+// the lifecycle, pool, LISTEN, retention and health loop are
+// sources/internal/pgsource's. It must not import another source, a sink, a
+// transform or pipelines.
 package xid8
 
 import (
@@ -442,10 +447,7 @@ func (s *Source) committedCursor() Position {
 }
 
 // Flow is the in-flight window's counters.
-func (s *Source) Flow() plugins.Flow {
-	st := s.win.Stats()
-	return plugins.Flow{InFlight: st.Held, Acked: st.Acked, Redeliveries: st.Redeliveries, GivenUp: st.GivenUp}
-}
+func (s *Source) Flow() plugins.Flow { return pgsource.Flow(s.win.Stats()) }
 
 // Probe measures the backlog past the stored cursor once, without running
 // (ferry doctor). It creates nothing: a pipeline that never ran has its

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/window"
 )
 
 // Lifecycle is a source's Subscribe and Close: the source's work runs in one
@@ -133,4 +134,17 @@ func WatchHealth(ctx context.Context, every time.Duration, log *slog.Logger, wha
 		case <-t.C:
 		}
 	}
+}
+
+// Flow sums the counters of a source's windows (one per poll worker, one for
+// xid8 and wal) for plugins.FlowReporter.
+func Flow(windows ...window.Stats) plugins.Flow {
+	var f plugins.Flow
+	for _, st := range windows {
+		f.InFlight += st.Held
+		f.Acked += st.Acked
+		f.Redeliveries += st.Redeliveries
+		f.GivenUp += st.GivenUp
+	}
+	return f
 }
