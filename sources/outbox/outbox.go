@@ -1,6 +1,12 @@
 // Package outbox is what every source knows about the outbox table: its
-// columns (renamable in YAML), how a row is read, and how a row becomes a
-// Watermill message with a stable event id and Ferry's metadata.
+// name and columns (renamable in YAML), how a row is read and decoded, how a
+// row becomes a Watermill message with a stable event id and Ferry's
+// metadata, the start-up schema check, and the DDL `ferry schema` prints.
+//
+// It is a model, not a runtime: it opens no connection of its own except in
+// CheckLive, and holds no source lifecycle, pool, retry or LISTEN code (that
+// is sources/internal/pgsource). It may import plugins; it must not import a
+// source, a sink, a transform, pipelines or sources/internal.
 package outbox
 
 import (

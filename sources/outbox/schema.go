@@ -77,3 +77,14 @@ func IndexName(table, suffix string) string {
 	}
 	return pgx.Identifier{n}.Sanitize()
 }
+
+// NotifyChannel is the default notification channel of an outbox table,
+// the one `ferry schema` puts in the notify trigger.
+func NotifyChannel(table string) string {
+	_, name, _ := ParseTable(table)
+	ch := "ferry_" + name
+	if len(ch) > 63 {
+		ch = ch[:63]
+	}
+	return ch
+}

@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/plugins"
-	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 )
 
 // Claim modes.
@@ -25,12 +25,7 @@ const (
 
 // Config is the `source:` section of a poll pipeline.
 type Config struct {
-	// DSN is the PostgreSQL connection string (URL or key=value). Required.
-	DSN string `yaml:"dsn"`
-	// Table is the outbox table, "name" or "schema.name". Default "outbox".
-	Table string `yaml:"table"`
-	// Columns renames the outbox columns.
-	Columns outbox.Columns `yaml:"columns"`
+	pgsource.Outbox `yaml:",inline"`
 	// Claim is lease or transaction. Default lease.
 	Claim string `yaml:"claim"`
 	// Lease is how long a claim holds a row before another worker may take
@@ -44,20 +39,8 @@ type Config struct {
 	Workers int `yaml:"workers"`
 	// WorkerID prefixes claimed_by (followed by pipeline, worker number and a
 	// random run id); default the host name and process id.
-	WorkerID string `yaml:"worker_id"`
-	// PollInterval is how often the table is polled when no notification
-	// arrives. Default 100ms.
-	PollInterval time.Duration `yaml:"poll_interval"`
-	// Listen subscribes to NotifyChannel so a commit wakes the workers at
-	// once (needs the trigger from `ferry schema poll`). Default true.
-	Listen bool `yaml:"listen"`
-	// NotifyChannel is the LISTEN channel. Default "ferry_<table>".
-	NotifyChannel string `yaml:"notify_channel"`
-	// IdlePollInterval is how often a quiet table is polled while
-	// notifications arrive (LISTEN is up): a commit wakes the source at
-	// once, so idle pipelines cost next to nothing. Never shorter than
-	// poll_interval. Default 5s.
-	IdlePollInterval time.Duration `yaml:"idle_poll_interval"`
+	WorkerID         string `yaml:"worker_id"`
+	pgsource.Polling `yaml:",inline"`
 	// OnDelivered is mark (set published_at) or delete. Default mark.
 	OnDelivered string `yaml:"on_delivered"`
 	// MaxAttempts parks a row (dead-letters it) at a permanent delivery
@@ -67,48 +50,30 @@ type Config struct {
 	MaxAttempts int `yaml:"max_attempts"`
 	// MarkInterval is how often acked rows are marked, in one statement per
 	// worker. Default 100ms.
-	MarkInterval time.Duration `yaml:"mark_interval"`
-	// Retention, when set, deletes rows published longer than
-	// retention.after ago.
-	Retention *outbox.Retention `yaml:"retention"`
-	// MetricsInterval is how often backlog and oldest-age gauges are
-	// refreshed. Default 15s.
-	MetricsInterval time.Duration `yaml:"metrics_interval"`
-	// QueryTimeout bounds each statement, and connecting. A connection that
-	// died without an error (a partition, a NAT that forgot it) otherwise
-	// holds a query for ever; past the timeout the connection is dropped
-	// and the source carries on with a new one. Default 30s.
-	QueryTimeout time.Duration `yaml:"query_timeout"`
+	MarkInterval    time.Duration `yaml:"mark_interval"`
+	pgsource.Upkeep `yaml:",inline"`
 }
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
 	return &Config{
-		Table:            "outbox",
-		Columns:          outbox.DefaultColumns(),
-		Claim:            ClaimLease,
-		Lease:            30 * time.Second,
-		BatchSize:        500,
-		Workers:          1,
-		PollInterval:     100 * time.Millisecond,
-		Listen:           true,
-		IdlePollInterval: 5 * time.Second,
-		OnDelivered:      DeliveredMark,
-		MaxAttempts:      10,
-		MarkInterval:     100 * time.Millisecond,
-		MetricsInterval:  15 * time.Second,
-		QueryTimeout:     30 * time.Second,
+		Outbox:       pgsource.DefaultOutbox(),
+		Claim:        ClaimLease,
+		Lease:        30 * time.Second,
+		BatchSize:    500,
+		Workers:      1,
+		Polling:      pgsource.DefaultPolling(),
+		OnDelivered:  DeliveredMark,
+		MaxAttempts:  10,
+		MarkInterval: 100 * time.Millisecond,
+		Upkeep:       pgsource.DefaultUpkeep(),
 	}
 }
 
 // Validate reports every problem, named by YAML key.
 func (c *Config) Validate() error {
 	var p plugins.Problems
-	outbox.CheckDSN(&p, c.DSN)
-	if _, _, err := outbox.ParseTable(c.Table); err != nil {
-		p.Add("table", "%v", err)
-	}
-	p.Nest("columns", c.Columns.Validate())
+	c.Outbox.Validate(&p)
 	if c.Claim != ClaimLease && c.Claim != ClaimTransaction {
 		p.Add("claim", "must be lease or transaction, got %q", c.Claim)
 	}
@@ -124,15 +89,7 @@ func (c *Config) Validate() error {
 	if len(c.WorkerID) > 200 {
 		p.Add("worker_id", "must be at most 200 bytes")
 	}
-	if c.PollInterval < time.Millisecond {
-		p.Add("poll_interval", "must be at least 1ms, got %s", c.PollInterval)
-	}
-	if c.IdlePollInterval < time.Millisecond {
-		p.Add("idle_poll_interval", "must be at least 1ms, got %s", c.IdlePollInterval)
-	}
-	if len(c.NotifyChannel) > 63 {
-		p.Add("notify_channel", "must be at most 63 bytes")
-	}
+	c.Polling.Validate(&p)
 	if c.OnDelivered != DeliveredMark && c.OnDelivered != DeliveredDelete {
 		p.Add("on_delivered", "must be mark or delete, got %q", c.OnDelivered)
 	}
@@ -142,29 +99,9 @@ func (c *Config) Validate() error {
 	if c.MarkInterval < time.Millisecond {
 		p.Add("mark_interval", "must be at least 1ms, got %s", c.MarkInterval)
 	}
-	if c.MetricsInterval < time.Second {
-		p.Add("metrics_interval", "must be at least 1s, got %s", c.MetricsInterval)
-	}
-	if c.QueryTimeout < time.Second {
-		p.Add("query_timeout", "must be at least 1s, got %s", c.QueryTimeout)
-	}
-	if c.Retention != nil {
-		c.Retention.Defaults()
-		p.Nest("retention", c.Retention.Validate())
-	}
+	c.Upkeep.Validate(&p)
 	return p.Err()
 }
-
-func (c *Config) channel() string {
-	if c.NotifyChannel != "" {
-		return c.NotifyChannel
-	}
-	return outbox.NotifyChannel(c.Table)
-}
-
-// OutboxTable tells components that write to the outbox (the canary
-// generator) where it is.
-func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }
 
 // HA: the ownership lock lives on the source database, and SKIP LOCKED
 // claims let the pipeline run on every instance at once (ownership: shared).

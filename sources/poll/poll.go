@@ -10,6 +10,11 @@
 // takes a row while an earlier unpublished row of its aggregate is held
 // elsewhere (see claimSQL). Id order is commit order when the aggregate's
 // writers serialise before inserting (the aggregate_version trigger does).
+//
+// It owns the claim, mark, renew and park statements and the workers that
+// run them; the lifecycle, pool, LISTEN, retention and health loop are
+// sources/internal/pgsource's. It must not import another source, a sink, a
+// transform or pipelines.
 package poll
 
 import (
@@ -34,7 +39,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/internal/retry"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/window"
 )
@@ -66,22 +73,16 @@ type Source struct {
 	out     chan *message.Message
 	workers []*worker
 
-	mu         sync.Mutex
-	subscribed bool
-	closing    chan struct{}
-	closeOnce  sync.Once
-	done       chan struct{}
+	life *pgsource.Lifecycle
 
 	pool    *pgxpool.Pool
 	table   outbox.Table
 	sql     statements
 	parked  prometheus.Gauge
-	batches *outbox.BatchMetrics
+	batches *pgsource.BatchMetrics
 
 	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
-
-	healthMu sync.Mutex
-	health   plugins.Health
+	health    pgsource.LastHealth
 }
 
 // worker is one claim loop with its own window: per-aggregate order holds
@@ -106,19 +107,13 @@ type statements struct {
 
 // New returns a source; it does no I/O until Subscribe.
 func New(cfg *Config, env plugins.Env) *Source {
-	if env.Logger == nil {
-		env.Logger = slog.Default()
-	}
-	if env.Report == nil {
-		env.Report = plugins.NopReporter{}
-	}
+	env = pgsource.Env(env)
 	s := &Source{
-		cfg:     cfg,
-		env:     env,
-		log:     env.Logger.With("source", Name),
-		out:     make(chan *message.Message),
-		closing: make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:  cfg,
+		env:  env,
+		log:  env.Logger.With("source", Name),
+		out:  make(chan *message.Message),
+		life: pgsource.NewLifecycle(Name),
 	}
 	prefix := cfg.WorkerID
 	if prefix == "" {
@@ -143,13 +138,9 @@ func New(cfg *Config, env plugins.Env) *Source {
 // Subscribe starts the workers; topic is ignored. It never fails on I/O: an
 // unreachable database is retried with backoff.
 func (s *Source) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.subscribed {
-		return nil, errors.New("poll source: already subscribed")
+	if err := s.life.Start(ctx, s.run); err != nil {
+		return nil, err
 	}
-	s.subscribed = true
-	go s.run(ctx)
 	return s.out, nil
 }
 
@@ -157,28 +148,12 @@ func (s *Source) Subscribe(ctx context.Context, _ string) (<-chan *message.Messa
 // messages, marks what was delivered, releases the leases of the rest and
 // closes the message channel. Idempotent.
 func (s *Source) Close() error {
-	s.closeOnce.Do(func() { close(s.closing) })
-	s.mu.Lock()
-	subscribed := s.subscribed
-	s.mu.Unlock()
-	if subscribed {
-		<-s.done
-	}
+	s.life.Close(nil)
 	return nil
 }
 
-func (s *Source) run(ctx context.Context) {
-	defer close(s.done)
-	claimCtx, stopClaiming := context.WithCancel(context.Background())
-	defer stopClaiming()
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-s.closing:
-		case <-claimCtx.Done():
-		}
-		stopClaiming()
-	}()
+// run claims until claimCtx ends (the pipeline stops or Close), then drains.
+func (s *Source) run(claimCtx context.Context) {
 
 	var forwarders sync.WaitGroup
 	for _, w := range s.workers {
@@ -197,16 +172,16 @@ func (s *Source) run(ctx context.Context) {
 		forwarders.Wait()
 		close(s.out)
 		for _, w := range s.workers {
-			outbox.WaitIdle(s.log, outbox.DrainTimeout(s.env), w.win.Idle)
+			pgsource.WaitIdle(s.log, pgsource.DrainTimeout(s.env), w.win.Idle)
 		}
 	}()
 
-	pool, ok := outbox.Retry(claimCtx, s.log, s.env.Report, "poll source cannot start", s.open)
+	pool, ok := pgsource.Retry(claimCtx, s.log, s.env.Report, "poll source cannot start", s.open)
 	if !ok {
 		return
 	}
 	s.pool = pool
-	defer outbox.ClosePool(pool)
+	defer pgsource.ClosePool(pool)
 
 	var loops sync.WaitGroup
 	spawn := func(f func()) {
@@ -215,9 +190,9 @@ func (s *Source) run(ctx context.Context) {
 	}
 	if s.cfg.Listen {
 		spawn(func() {
-			outbox.Listen(claimCtx, pool, s.cfg.channel(), s.log, func() {
+			pgsource.Listen(claimCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() {
 				for _, w := range s.workers {
-					outbox.Signal(w.wake)
+					pgsource.Signal(w.wake)
 				}
 			}, s.listening.Store)
 		})
@@ -225,7 +200,7 @@ func (s *Source) run(ctx context.Context) {
 	spawn(func() { s.healthLoop(claimCtx) })
 	if r := s.cfg.Retention; r != nil {
 		spawn(func() {
-			outbox.RunRetention(claimCtx, r, s.env.Metrics, s.log, func(ctx context.Context) (int64, error) {
+			pgsource.RunRetention(claimCtx, r, s.env.Metrics, s.log, func(ctx context.Context) (int64, error) {
 				ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 				defer cancel()
 				tag, err := pool.Exec(ctx, s.sql.retention, r.After.Seconds(), r.Batch)
@@ -245,7 +220,7 @@ func (s *Source) run(ctx context.Context) {
 	// Shutdown: let dispatched messages finish, mark what was delivered and
 	// hand back the leases of what was not, so another worker need not wait
 	// for them to expire.
-	drainCtx, cancel := context.WithTimeout(context.Background(), outbox.DrainTimeout(s.env))
+	drainCtx, cancel := context.WithTimeout(context.Background(), pgsource.DrainTimeout(s.env))
 	defer cancel()
 	for _, w := range s.workers {
 		if err := w.win.Drain(drainCtx); err != nil {
@@ -261,27 +236,13 @@ func (s *Source) run(ctx context.Context) {
 }
 
 func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(s.cfg.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("source.dsn: %w", err)
-	}
 	// Per worker one each for claims (and the open transaction in
 	// transaction mode), marks and renewals — a renewal that queues behind
 	// slow claims lets leases lapse, and the rows go out twice; plus the
 	// health query and LISTEN. Under a lower limits.max_connections the
 	// workers share: statements queue for a connection.
-	pc.MaxConns = outbox.Connections(3*s.cfg.Workers+2, s.env.MaxConnections)
-	pc.MaxConnIdleTime = outbox.ConnIdleTime
-	pc.ConnConfig.ConnectTimeout = s.cfg.QueryTimeout
-	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	pool, err := pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 3*s.cfg.Workers+2, s.cfg.QueryTimeout, s.prepare)
 	if err != nil {
-		return nil, err
-	}
-	prepCtx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	if err := s.prepare(prepCtx, pool); err != nil {
-		pool.Close()
 		return nil, err
 	}
 	s.registerGauges()
@@ -290,13 +251,7 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
-	var t outbox.Table
-	err := pool.QueryRow(ctx, `SELECT current_database(), n.nspname, c.relname
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`,
-		outbox.Quote(s.cfg.Table)).Scan(&t.Database, &t.Schema, &t.Name)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("outbox table %s does not exist (create it with `ferry schema poll --table %s`)", s.cfg.Table, s.cfg.Table)
-	}
+	t, err := pgsource.ResolveTable(ctx, pool, s.cfg.Table, Name)
 	if err != nil {
 		return err
 	}
@@ -347,7 +302,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 // batch is followed at once by the next; otherwise it waits for the poll
 // interval or a notification.
 func (w *worker) claimLoop(ctx context.Context) {
-	bo := outbox.Backoff()
+	bo := retry.Backoff()
 	failing := false
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -476,7 +431,7 @@ func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error)
 		}
 	}
 	if ctx.Err() != nil {
-		drainCtx, cancel := context.WithTimeout(context.Background(), outbox.DrainTimeout(w.s.env))
+		drainCtx, cancel := context.WithTimeout(context.Background(), pgsource.DrainTimeout(w.s.env))
 		_ = w.win.Drain(drainCtx)
 		cancel()
 	}
@@ -569,7 +524,7 @@ func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) (
 
 func (w *worker) admit(ctx context.Context, rows []outbox.Row) error {
 	if len(rows) > 0 {
-		outbox.Signal(w.admitted) // wake the mark loop
+		pgsource.Signal(w.admitted) // wake the mark loop
 	}
 	readAt := time.Now()
 	for i := range rows {
@@ -782,7 +737,7 @@ func (s *Source) registerGauges() {
 	}
 	// Backlog and oldest age are exported for every source by the
 	// supervisor, from Health.
-	s.batches = outbox.NewBatchMetrics(s.env.Metrics, s.log).Traced(s.env, Name)
+	s.batches = pgsource.NewBatchMetrics(s.env.Metrics, s.log).Traced(s.env, Name)
 	s.parked = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_source_dead_lettered_events",
 		Help: "Rows parked after max_attempts failed deliveries (poll)."})
 	if err := s.env.Metrics.Register(s.parked); err != nil {
@@ -791,23 +746,15 @@ func (s *Source) registerGauges() {
 }
 
 // Health is the last backlog measurement.
-func (s *Source) Health() plugins.Health {
-	s.healthMu.Lock()
-	defer s.healthMu.Unlock()
-	return s.health
-}
+func (s *Source) Health() plugins.Health { return s.health.Load() }
 
 // Flow sums the workers' windows.
 func (s *Source) Flow() plugins.Flow {
-	var f plugins.Flow
-	for _, w := range s.workers {
-		st := w.win.Stats()
-		f.InFlight += st.Held
-		f.Acked += st.Acked
-		f.Redeliveries += st.Redeliveries
-		f.GivenUp += st.GivenUp
+	stats := make([]window.Stats, len(s.workers))
+	for i, w := range s.workers {
+		stats[i] = w.win.Stats()
 	}
-	return f
+	return pgsource.Flow(stats...)
 }
 
 // Probe measures the backlog once, without running (ferry doctor).
@@ -833,7 +780,7 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool) (plugins.Healt
 	}
 	h := plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
 		Details: map[string]any{"dead_lettered": parked}, CheckedAt: time.Now()}
-	if hz, ok, err := outbox.OldestTransaction(ctx, pool); err == nil && ok {
+	if hz, ok, err := pgsource.OldestTransaction(ctx, pool); err == nil && ok {
 		h.Details[plugins.DetailXminHorizonAge] = hz.Age
 	}
 	return h, nil
@@ -842,25 +789,17 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool) (plugins.Healt
 // healthLoop refreshes Health on a slow timer, never per poll: counting
 // unpublished rows is cheap with the partial index but not free.
 func (s *Source) healthLoop(ctx context.Context) {
-	t := time.NewTicker(s.cfg.MetricsInterval)
-	defer t.Stop()
-	for {
-		if h, err := s.measure(ctx, s.pool); err == nil {
-			s.healthMu.Lock()
-			s.health = h
-			s.healthMu.Unlock()
-			if s.parked != nil {
-				s.parked.Set(float64(h.Details["dead_lettered"].(int64)))
-			}
-		} else if ctx.Err() == nil {
-			s.log.Warn("measure backlog", "err", redact.Error(err))
+	pgsource.WatchHealth(ctx, s.cfg.MetricsInterval, s.log, "measure backlog", func(ctx context.Context) error {
+		h, err := s.measure(ctx, s.pool)
+		if err != nil {
+			return err
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		s.health.Store(h)
+		if s.parked != nil {
+			s.parked.Set(float64(h.Details["dead_lettered"].(int64)))
 		}
-	}
+		return nil
+	})
 }
 
 // What the pipeline asks a running source for: its health (doctor, the

@@ -3,6 +3,7 @@ package wal
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/sources/outbox"
@@ -43,18 +45,29 @@ import (
 // delivered.) Per-aggregate order holds across passes when each aggregate's
 // writers serialise on a lock taken before their outbox insert: a snapshot then
 // sees a prefix of each aggregate's events, in id order.
+//
+// bootstrap owns the snapshot reads (run is the entry point, readSnapshot
+// one pass); the rows it reads go into the streamer's window, and the slot
+// it creates is the slot manager's.
 type bootstrap struct {
-	// promote: the slot streamed is the temporary copy of s.slot, to be
-	// promoted once count events were acked.
-	promote bool
-	count   uint64
+	cfg    *Config
+	log    *slog.Logger
+	slots  *slotManager
+	stream *streamer
+	pool   *pgxpool.Pool // the source's, set once it is open
+}
+
+// promotion: the slot streamed is the temporary copy of the configured
+// slot, to be promoted once count events were acked.
+type promotion struct {
+	count uint64
 }
 
 // snapshotPollInterval is the pause between two passes over the table while
 // slot creation waits.
 const snapshotPollInterval = 200 * time.Millisecond
 
-// bootSlotName is the temporary slot's name: s.slot with a suffix.
+// bootSlotName is the temporary slot's name: the configured slot with a suffix.
 func bootSlotName(slot string) string {
 	const suffix = "_init"
 	if len(slot)+len(suffix) > 63 {
@@ -63,20 +76,22 @@ func bootSlotName(slot string) string {
 	return slot + suffix
 }
 
-// bootstrap runs the initial snapshot and returns the slot to stream.
-func (s *Source) bootstrap(ctx context.Context, conn *pgconn.PgConn) (string, error) {
-	name, promote := s.slot, false
-	if !s.cfg.TemporarySlot {
-		name, promote = bootSlotName(s.slot), true
+// run runs the initial snapshot on conn, the replication connection about
+// to stream, and returns the slot to stream from there.
+func (b *bootstrap) run(ctx context.Context, conn *pgconn.PgConn) (string, error) {
+	s := b.stream
+	name, promote := b.slots.slot, false
+	if !b.cfg.TemporarySlot {
+		name, promote = bootSlotName(b.slots.slot), true
 	}
 	delivered := &keySet{}
 	passCtx, stopPasses := context.WithCancel(ctx)
 	passesDone := make(chan struct{})
 	go func() {
 		defer close(passesDone)
-		s.snapshotPasses(passCtx, delivered)
+		b.readUntilConsistent(passCtx, delivered)
 	}()
-	res, err := s.createReplicationSlot(ctx, conn, name, true, "EXPORT_SNAPSHOT")
+	res, err := b.slots.createReplicationSlot(ctx, conn, name, true, "EXPORT_SNAPSHOT")
 	stopPasses()
 	<-passesDone
 	if err != nil {
@@ -90,7 +105,7 @@ func (s *Source) bootstrap(ctx context.Context, conn *pgconn.PgConn) (string, er
 	// transactions committed just after its start, which the slot streams
 	// too. Every such transaction commits before this LSN.
 	var passesEndText string
-	if err := s.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&passesEndText); err != nil {
+	if err := b.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&passesEndText); err != nil {
 		return "", fmt.Errorf("read WAL position: %w", err)
 	}
 	passesEnd, err := pglogrepl.ParseLSN(passesEndText)
@@ -100,27 +115,27 @@ func (s *Source) bootstrap(ctx context.Context, conn *pgconn.PgConn) (string, er
 	n := s.admitted
 	// The exported snapshot lives until the next command on conn, which is
 	// START_REPLICATION: read the table in it now.
-	if err := s.snapshotPass(ctx, delivered, res.SnapshotName); err != nil {
+	if err := b.readSnapshot(ctx, delivered, res.SnapshotName); err != nil {
 		return "", fmt.Errorf("read the outbox in the slot's snapshot: %w", err)
 	}
 	if delivered.len() > 0 {
 		s.skip, s.skipUntil = delivered, passesEnd
 	}
-	s.readEnd = max(s.readEnd, start)
-	s.advanceConfirmed(start)
+	s.startAt(start)
 	if promote {
-		s.boot = &bootstrap{promote: true, count: s.admitted}
+		s.promote = &promotion{count: s.admitted}
 	}
-	s.log.Info("initial snapshot read; streaming from the new slot", "rows", delivered.len(), "in_slot_snapshot", s.admitted-n,
+	b.log.Info("initial snapshot read; streaming from the new slot", "rows", delivered.len(), "in_slot_snapshot", s.admitted-n,
 		"stream_slot", name, "at", start.String())
 	return name, nil
 }
 
-// snapshotPasses reads the table until ctx ends (slot creation returned).
-func (s *Source) snapshotPasses(ctx context.Context, delivered *keySet) {
+// readUntilConsistent reads the table, pass after pass, until ctx ends
+// (slot creation returned).
+func (b *bootstrap) readUntilConsistent(ctx context.Context, delivered *keySet) {
 	for ctx.Err() == nil {
-		if err := s.snapshotPass(ctx, delivered, ""); err != nil && ctx.Err() == nil {
-			s.log.Warn("initial snapshot: read the outbox table", "err", redact.Error(err))
+		if err := b.readSnapshot(ctx, delivered, ""); err != nil && ctx.Err() == nil {
+			b.log.Warn("initial snapshot: read the outbox table", "err", redact.Error(err))
 		}
 		select {
 		case <-ctx.Done():
@@ -129,10 +144,12 @@ func (s *Source) snapshotPasses(ctx context.Context, delivered *keySet) {
 	}
 }
 
-// snapshotPass delivers the rows of one snapshot (the slot's when snapshot
-// is set) that were not delivered yet, in id order.
-func (s *Source) snapshotPass(ctx context.Context, delivered *keySet, snapshot string) error {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+// readSnapshot delivers the rows of one snapshot (the slot's when snapshot
+// is set, else a new REPEATABLE READ one) that were not delivered yet, in
+// id order, into the streamer's window.
+func (b *bootstrap) readSnapshot(ctx context.Context, delivered *keySet, snapshot string) error {
+	s := b.stream
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return err
 	}
@@ -142,12 +159,12 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *keySet, snapshot s
 			return err
 		}
 	}
-	rows, err := tx.Query(ctx, s.snapshotSQL())
+	rows, err := tx.Query(ctx, b.snapshotSQL())
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
-	c := s.cfg.Columns
+	c := b.cfg.Columns
 	for rows.Next() {
 		var v [outbox.NumFields]outbox.Text
 		extra := make([]outbox.Text, len(c.Carried()))
@@ -164,7 +181,7 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *keySet, snapshot s
 		}
 		r := c.DecodeText(s.typeMap, s.layout.OID, v, extra)
 		r.DBReadAt = readAt
-		key := s.rowKey(&r)
+		key := rowKey(&r)
 		if delivered.has(key) {
 			continue
 		}
@@ -180,8 +197,8 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *keySet, snapshot s
 // sends, so one decoder reads both (see outbox.Columns.DecodeText). The
 // order approximates insertion order: an integer id's, else created_at's,
 // else the heap's.
-func (s *Source) snapshotSQL() string {
-	c := s.cfg.Columns
+func (b *bootstrap) snapshotSQL() string {
+	c := b.cfg.Columns
 	q := func(n string) string { return "o." + pgx.Identifier{n}.Sanitize() }
 	cols := []string{"clock_timestamp()"}
 	for _, name := range c.Names() {
@@ -196,18 +213,18 @@ func (s *Source) snapshotSQL() string {
 	}
 	order := "o.ctid"
 	switch {
-	case slices.Contains([]uint32{pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID}, s.layout.OID[outbox.FieldID]):
+	case slices.Contains([]uint32{pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID}, b.stream.layout.OID[outbox.FieldID]):
 		order = q(c.ID)
 	case c.CreatedAt != "":
 		order = q(c.CreatedAt) + ", o.ctid"
 	}
-	return "SELECT " + strings.Join(cols, ", ") + " FROM " + outbox.Quote(s.cfg.Table) + " AS o ORDER BY " + order
+	return "SELECT " + strings.Join(cols, ", ") + " FROM " + outbox.Quote(b.cfg.Table) + " AS o ORDER BY " + order
 }
 
 // rowKey identifies a row across the snapshot passes and the stream: its
 // id, else its event id (Validate requires one of them with an initial
 // snapshot).
-func (s *Source) rowKey(r *outbox.Row) string {
+func rowKey(r *outbox.Row) string {
 	if r.RowID.Valid {
 		return r.RowID.String
 	}
@@ -217,7 +234,7 @@ func (s *Source) rowKey(r *outbox.Row) string {
 // admitSnapshotRow admits a row of the initial snapshot. Nothing can be
 // confirmed for these rows (they precede the slot), so their room is freed
 // as soon as they are acked: until promotion a crash re-reads them all anyway.
-func (s *Source) admitSnapshotRow(ctx context.Context, key string, msg *message.Message) error {
+func (s *streamer) admitSnapshotRow(ctx context.Context, key string, msg *message.Message) error {
 	for s.win.Room() <= 0 {
 		select {
 		case <-s.win.Progressed():

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/plugins"
-	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 )
 
 // What to do when the replication slot was invalidated or dropped.
@@ -21,13 +21,7 @@ const (
 
 // Config is the `source:` section of a wal pipeline.
 type Config struct {
-	// DSN is the PostgreSQL connection string (URL or key=value). The role
-	// needs the REPLICATION attribute. Required.
-	DSN string `yaml:"dsn"`
-	// Table is the outbox table, "name" or "schema.name". Default "outbox".
-	Table string `yaml:"table"`
-	// Columns renames the outbox columns.
-	Columns outbox.Columns `yaml:"columns"`
+	pgsource.Outbox `yaml:",inline"`
 	// Publication is the publication the slot streams; created for Table
 	// (inserts only) when missing. Default "ferry_<pipeline>" ("-" becomes "_").
 	Publication string `yaml:"publication"`
@@ -68,8 +62,7 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
 	return &Config{
-		Table:             "outbox",
-		Columns:           outbox.DefaultColumns(),
+		Outbox:            pgsource.DefaultOutbox(),
 		OnSlotLost:        OnSlotLostFail,
 		InitialSnapshot:   true,
 		HeartbeatInterval: time.Minute,
@@ -85,11 +78,7 @@ var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 // Validate reports every problem, named by YAML key.
 func (c *Config) Validate() error {
 	var p plugins.Problems
-	outbox.CheckDSN(&p, c.DSN)
-	if _, _, err := outbox.ParseTable(c.Table); err != nil {
-		p.Add("table", "%v", err)
-	}
-	p.Nest("columns", c.Columns.Validate())
+	c.Outbox.Validate(&p)
 	if c.Columns.ID == "" && c.Columns.EventID == "" && c.InitialSnapshot {
 		p.Add("columns.id", `is "" (no id column): the initial snapshot must recognise the rows the stream sends again; `+
 			"map columns.event_id, or set initial_snapshot: false")
@@ -117,9 +106,7 @@ func (c *Config) Validate() error {
 	return p.Err()
 }
 
-// OutboxTable tells components that write to the outbox (the canary
-// generator) which table and columns this source reads.
-func (c *Config) OutboxTable() plugins.OutboxTable { return c.Columns.OutboxTable(c.DSN, c.Table) }
+var _ plugins.OutboxSource = (*Config)(nil)
 
 // HA: the ownership lock lives on the source database; a replication slot
 // streams to one instance at a time.

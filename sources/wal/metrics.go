@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 )
 
 // walStatuses are the values of pg_replication_slots.wal_status.
@@ -73,61 +73,30 @@ func (m *slotMetrics) register(reg prometheus.Registerer, log *slog.Logger) {
 	}
 }
 
-// startBackground starts, once, the slot watcher and the heartbeat. They run
-// until the source stops, also while the stream reconnects.
-func (s *Source) startBackground(ctx context.Context) {
-	if s.bgStarted {
-		return
-	}
-	s.bgStarted = true
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		s.watchSlot(ctx)
-	}()
-	if s.cfg.HeartbeatInterval > 0 {
-		s.bg.Add(1)
-		go func() {
-			defer s.bg.Done()
-			s.heartbeat(ctx)
-		}()
-	}
-}
-
-// watchSlot measures the slot every MetricsInterval: the gauges, Health,
-// and warnings when the slot is about to be, or was, invalidated.
-func (s *Source) watchSlot(ctx context.Context) {
-	t := time.NewTicker(s.cfg.MetricsInterval)
-	defer t.Stop()
+// watch measures the slot every MetricsInterval, until ctx ends: the
+// gauges, Health, and warnings when the slot is about to be, or was,
+// invalidated. oldest is the commit time of the oldest transaction read and
+// not confirmed (zero for none), the oldest undelivered event's age.
+func (m *slotManager) watch(ctx context.Context, oldest func() time.Time) {
 	last := ""
-	for {
-		sh, err := readSlotHealth(ctx, s.pool, s.slot)
+	pgsource.WatchHealth(ctx, m.cfg.MetricsInterval, m.log, "measure replication slot", func(ctx context.Context) error {
+		sh, err := readSlotHealth(ctx, m.pool, m.slot)
 		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("measure replication slot", "err", redact.Error(err))
-			}
-		} else {
-			s.metrics.set(sh)
-			h := sh.health(s.oldestPending())
-			s.healthMu.Lock()
-			s.health = h
-			s.healthMu.Unlock()
-			if sh.status != last {
-				switch sh.status {
-				case "unreserved":
-					s.log.Warn("replication slot is about to be invalidated (wal_status unreserved): the server keeps no more WAL for it than max_slot_wal_keep_size allows; the pipeline must catch up")
-				case "lost":
-					s.log.Error("replication slot was invalidated (wal_status lost): events may have been missed")
-				}
-				last = sh.status
-			}
+			return err
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+		m.metrics.set(sh)
+		m.health.Store(sh.health(oldest()))
+		if sh.status != last {
+			switch sh.status {
+			case "unreserved":
+				m.log.Warn("replication slot is about to be invalidated (wal_status unreserved): the server keeps no more WAL for it than max_slot_wal_keep_size allows; the pipeline must catch up")
+			case "lost":
+				m.log.Error("replication slot was invalidated (wal_status lost): events may have been missed")
+			}
+			last = sh.status
 		}
-	}
+		return nil
+	})
 }
 
 // slotHealth is a measurement of the slot, on the database clock.
@@ -211,34 +180,4 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-// heartbeat writes a non-transactional logical decoding message to the
-// source database every HeartbeatInterval. On a database nobody writes to,
-// the server has nothing to send this slot even while other databases fill
-// the WAL, and a client that confirms only what it receives never advances
-// the slot; the heartbeat gives the stream a position in this database to
-// confirm (and shows the path from WAL to Ferry works).
-func (s *Source) heartbeat(ctx context.Context) {
-	t := time.NewTicker(s.cfg.HeartbeatInterval)
-	defer t.Stop()
-	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err := s.pool.Exec(qctx, `SELECT pg_logical_emit_message(false, 'ferry.heartbeat', $1)`, s.env.Pipeline)
-		cancel()
-		switch {
-		case err != nil && !failing && ctx.Err() == nil:
-			s.log.Warn("write heartbeat; a quiet database's slot may not advance", "err", redact.Error(err))
-			failing = true
-		case err == nil && failing:
-			s.log.Info("heartbeats written again")
-			failing = false
-		}
-	}
 }

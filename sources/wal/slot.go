@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
 )
 
@@ -31,112 +34,48 @@ type serverInfo struct {
 	messages bool
 }
 
-// session connects, checks the server and the slot, and streams until ctx
-// ends (then it drains and confirms) or something breaks.
-func (s *Source) session(ctx context.Context) error {
-	if err := s.openPool(ctx); err != nil {
-		return err
-	}
-	if err := s.checkServer(ctx); err != nil {
-		return err
-	}
-	if err := s.checkReplicationRole(ctx); err != nil {
-		return err
-	}
-	if err := s.prepareTable(ctx); err != nil {
-		return err
-	}
-	if err := s.ensurePublication(ctx); err != nil {
-		return err
-	}
-	s.startBackground(ctx)
+// slotManager owns the publication and the replication slot: the server
+// guardrails (version, wal_level, the role's REPLICATION attribute), creating,
+// checking, copying and dropping the slot, on_slot_lost, and the slot's
+// health and gauges. Its fields are owned by the run goroutine, except
+// health (its own lock) and the gauges.
+type slotManager struct {
+	cfg         *Config
+	env         plugins.Env
+	log         *slog.Logger
+	slot        string // the configured (or default) slot
+	publication string
+	pool        *pgxpool.Pool // the source's, set once it is open
 
-	st, err := s.slotState(ctx, s.slot)
-	if err != nil {
-		return fmt.Errorf("read slot %s: %w", s.slot, err)
-	}
-	if err := s.checkSlot(st); err != nil {
-		return err
-	}
-	switch {
-	case st.lost():
-		return s.slotLost(ctx, st, st.lostReason())
-	case !st.exists && s.hadSlot && !s.cfg.TemporarySlot:
-		return s.slotLost(ctx, st, "it no longer exists (dropped while Ferry was streaming it)")
-	case !st.exists && s.hadTemporary:
-		// A temporary slot ends with its connection: what committed while
-		// the connection was down is not in the new one.
-		s.log.Error("temporary slot gone after a lost connection: events committed meanwhile are not delivered (temporary_slot is for development)",
-			"slot", s.slot)
-	}
+	server       serverInfo
+	hadSlot      bool // this process streamed the (permanent) slot, so its absence means it was lost
+	hadTemporary bool // a temporary slot was streamed: a new one after a reconnect skipped what committed meanwhile
 
-	conn, err := s.connectReplication(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = conn.Close(closeCtx)
-		cancel()
-	}()
-
-	slot := s.slot
-	if st.exists {
-		s.advanceConfirmed(st.confirmedFlush)
-		s.readEnd = max(s.readEnd, st.confirmedFlush)
-	} else if slot, err = s.createSlot(ctx, conn); err != nil {
-		return err
-	}
-	args := []string{"proto_version '1'", "publication_names '" + s.publication + "'"}
-	if s.server.messages {
-		args = append(args, "messages 'true'")
-	}
-	// Starting at readEnd, not at the slot's confirmed LSN: after a dropped
-	// connection the window still holds what was read, so the server skips
-	// the transactions that committed before it instead of sending them twice.
-	if err := pglogrepl.StartReplication(ctx, conn, slot, s.readEnd, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
-		return s.startError(ctx, slot, err)
-	}
-	if slot == s.slot && !s.cfg.TemporarySlot {
-		s.hadSlot = true
-	}
-	if s.cfg.TemporarySlot {
-		s.hadTemporary = true
-	}
-	s.env.Report.Recovered()
-	s.log.Info("wal source streaming", "stream_slot", slot, "publication", s.publication,
-		"table", s.table.Schema+"."+s.table.Name, "from", s.readEnd.String())
-	return s.stream(ctx, conn, slot)
+	metrics *slotMetrics
+	health  pgsource.LastHealth
 }
 
-func (s *Source) openPool(ctx context.Context) error {
-	if s.pool != nil {
-		return nil
+func newSlotManager(cfg *Config, env plugins.Env, log *slog.Logger, slot, publication string) *slotManager {
+	return &slotManager{cfg: cfg, env: env, log: log, slot: slot, publication: publication, metrics: newSlotMetrics(slot)}
+}
+
+// streaming records that slot is being streamed: from now on its absence
+// means it was lost.
+func (m *slotManager) streaming(slot string) {
+	if slot == m.slot && !m.cfg.TemporarySlot {
+		m.hadSlot = true
 	}
-	pc, err := pgxpool.ParseConfig(s.cfg.DSN)
-	if err != nil {
-		return fatalf("source.dsn: %w", err)
+	if m.cfg.TemporarySlot {
+		m.hadTemporary = true
 	}
-	pc.MaxConns = 3 // snapshot reader, heartbeat, slot gauges
-	if c := s.env.MaxConnections; c > 1 && c-1 < int(pc.MaxConns) {
-		// limits.max_connections counts the replication connection too.
-		pc.MaxConns = int32(c - 1)
-	}
-	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return err
-	}
-	s.pool = pool
-	return nil
 }
 
 // checkServer is the start-up guardrail for settings only an administrator
 // can change: wal_level and the server version fail the pipeline; an
 // unlimited max_slot_wal_keep_size is logged as a warning.
-func (s *Source) checkServer(ctx context.Context) error {
+func (m *slotManager) checkServer(ctx context.Context) error {
 	var walLevel, version, db string
-	if err := s.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num'), current_database()`).
+	if err := m.pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num'), current_database()`).
 		Scan(&walLevel, &version, &db); err != nil {
 		return fmt.Errorf("read server settings: %w", err)
 	}
@@ -148,12 +87,12 @@ func (s *Source) checkServer(ctx context.Context) error {
 		return fatalf("wal_level is %q on the source database server; the wal source needs wal_level = logical: "+
 			"run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL (or use the xid8 source)", walLevel)
 	}
-	first := s.server.version == 0
-	s.server = serverInfo{version: v, database: db, messages: v >= 140000}
+	first := m.server.version == 0
+	m.server = serverInfo{version: v, database: db, messages: v >= 140000}
 	if first {
 		var keep string
-		if err := s.pool.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err == nil && keep == "-1" {
-			s.log.Warn("max_slot_wal_keep_size is -1 (unlimited): if this pipeline stalls, its slot retains WAL until the disk fills; " +
+		if err := m.pool.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err == nil && keep == "-1" {
+			m.log.Warn("max_slot_wal_keep_size is -1 (unlimited): if this pipeline stalls, its slot retains WAL until the disk fills; " +
 				"set a limit you can afford and watch ferry_wal_slot_retained_wal_bytes")
 		}
 	}
@@ -164,12 +103,12 @@ func (s *Source) checkServer(ctx context.Context) error {
 // The catalog answers for plain PostgreSQL; managed services grant the right
 // through roles of their own (rds_replication), so a "no" is confirmed by
 // opening a replication connection, whose refusal is authoritative.
-func (s *Source) checkReplicationRole(ctx context.Context) error {
+func (m *slotManager) checkReplicationRole(ctx context.Context) error {
 	var ok bool
-	if err := s.pool.QueryRow(ctx, `SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user`).Scan(&ok); err != nil || ok {
+	if err := m.pool.QueryRow(ctx, `SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user`).Scan(&ok); err != nil || ok {
 		return nil // a failed check is no verdict: the replication connection will tell
 	}
-	conn, err := s.connectReplication(ctx)
+	conn, err := connectReplication(ctx, m.cfg.DSN, m.env.Pipeline)
 	if err != nil {
 		return err
 	}
@@ -178,52 +117,31 @@ func (s *Source) checkReplicationRole(ctx context.Context) error {
 	return conn.Close(closeCtx)
 }
 
-// prepareTable resolves the outbox table (for event ids and for matching
-// RELATION messages) and checks the configured columns exist.
-func (s *Source) prepareTable(ctx context.Context) error {
-	var t outbox.Table
-	err := s.pool.QueryRow(ctx, `SELECT current_database(), n.nspname, c.relname
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`,
-		outbox.Quote(s.cfg.Table)).Scan(&t.Database, &t.Schema, &t.Name)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("outbox table %s does not exist (create it with `ferry schema wal --table %s`)", s.cfg.Table, s.cfg.Table)
-	}
-	if err != nil {
-		return err
-	}
-	layout, err := outbox.CheckTable(ctx, s.pool, s.cfg.Table, s.cfg.Columns, outbox.Need{Source: Name})
-	if err != nil {
-		return err
-	}
-	s.table, s.layout = t, layout
-	return nil
-}
-
 // ensurePublication creates the publication for the outbox table when it
 // is missing. Inserts only: updates, deletes and truncates of the outbox
 // (the "insert then delete" pattern) never reach Ferry. An existing
 // publication is used as it is, but must publish the table's inserts.
-func (s *Source) ensurePublication(ctx context.Context) error {
+func (m *slotManager) ensurePublication(ctx context.Context, table outbox.Table) error {
 	var pubInsert, hasTable bool
-	err := s.pool.QueryRow(ctx, `SELECT p.pubinsert, EXISTS (SELECT 1 FROM pg_publication_tables t
+	err := m.pool.QueryRow(ctx, `SELECT p.pubinsert, EXISTS (SELECT 1 FROM pg_publication_tables t
 			WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3)
-		FROM pg_publication p WHERE p.pubname = $1`, s.publication, s.table.Schema, s.table.Name).Scan(&pubInsert, &hasTable)
-	quoted := pgx.Identifier{s.publication}.Sanitize()
-	table := pgx.Identifier{s.table.Schema, s.table.Name}.Sanitize()
+		FROM pg_publication p WHERE p.pubname = $1`, m.publication, table.Schema, table.Name).Scan(&pubInsert, &hasTable)
+	quoted := pgx.Identifier{m.publication}.Sanitize()
+	quotedTable := pgx.Identifier{table.Schema, table.Name}.Sanitize()
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		if _, err := s.pool.Exec(ctx, PublicationSQL(s.publication, s.table.Schema+"."+s.table.Name)); err != nil {
+		if _, err := m.pool.Exec(ctx, PublicationSQL(m.publication, table.Schema+"."+table.Name)); err != nil {
 			return fmt.Errorf("create publication %s (the role must own %s, or create it yourself: %s): %w",
-				s.publication, table, PublicationSQL(s.publication, s.table.Schema+"."+s.table.Name), err)
+				m.publication, quotedTable, PublicationSQL(m.publication, table.Schema+"."+table.Name), err)
 		}
-		s.log.Info("created publication", "publication", s.publication, "table", table)
+		m.log.Info("created publication", "publication", m.publication, "table", quotedTable)
 		return nil
 	case err != nil:
-		return fmt.Errorf("read publication %s: %w", s.publication, err)
+		return fmt.Errorf("read publication %s: %w", m.publication, err)
 	case !pubInsert:
-		return fmt.Errorf("publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", s.publication, quoted)
+		return fmt.Errorf("publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", m.publication, quoted)
 	case !hasTable:
-		return fmt.Errorf("publication %s does not include %s: ALTER PUBLICATION %s ADD TABLE %s", s.publication, table, quoted, table)
+		return fmt.Errorf("publication %s does not include %s: ALTER PUBLICATION %s ADD TABLE %s", m.publication, quotedTable, quoted, quotedTable)
 	}
 	return nil
 }
@@ -268,11 +186,11 @@ func (st slotState) lostReason() string {
 	return "the server invalidated it (restart_lsn is NULL)"
 }
 
-// slotState reads the slot through to_jsonb, so that columns newer servers
+// state reads the slot through to_jsonb, so that columns newer servers
 // added (conflicting, invalidation_reason) are read when they exist.
-func (s *Source) slotState(ctx context.Context, name string) (slotState, error) {
+func (m *slotManager) state(ctx context.Context, name string) (slotState, error) {
 	var raw []byte
-	err := s.pool.QueryRow(ctx, `SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1`, name).Scan(&raw)
+	err := m.pool.QueryRow(ctx, `SELECT to_jsonb(s) FROM pg_replication_slots s WHERE slot_name = $1`, name).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return slotState{}, nil
 	}
@@ -320,65 +238,68 @@ func (s *Source) slotState(ctx context.Context, name string) (slotState, error) 
 	return st, nil
 }
 
-// checkSlot fails the pipeline when the slot is not one this source can
+// check fails the pipeline when the slot is not one this source can
 // stream: someone else's slot must not be consumed (that would steal its
 // changes) nor dropped.
-func (s *Source) checkSlot(st slotState) error {
+func (m *slotManager) check(st slotState) error {
 	if !st.exists {
 		return nil
 	}
 	switch {
 	case st.slotType != "logical":
-		return fatalf("replication slot %s is a %s slot; the wal source needs a logical slot with plugin pgoutput: set source.slot to another name", s.slot, st.slotType)
+		return fatalf("replication slot %s is a %s slot; the wal source needs a logical slot with plugin pgoutput: set source.slot to another name", m.slot, st.slotType)
 	case st.plugin != "pgoutput":
-		return fatalf("replication slot %s uses plugin %q; the wal source needs pgoutput: set source.slot to another name (do not drop a slot another consumer uses)", s.slot, st.plugin)
-	case st.database != s.server.database:
-		return fatalf("replication slot %s belongs to database %q, not %q: set source.slot to another name", s.slot, st.database, s.server.database)
+		return fatalf("replication slot %s uses plugin %q; the wal source needs pgoutput: set source.slot to another name (do not drop a slot another consumer uses)", m.slot, st.plugin)
+	case st.database != m.server.database:
+		return fatalf("replication slot %s belongs to database %q, not %q: set source.slot to another name", m.slot, st.database, m.server.database)
 	case st.active && !st.lost():
-		return fmt.Errorf("replication slot %s is in use by server process %d (is another Ferry running pipeline %s?)", s.slot, st.activePID, s.env.Pipeline)
+		return fmt.Errorf("replication slot %s is in use by server process %d (is another Ferry running pipeline %s?)", m.slot, st.activePID, m.env.Pipeline)
 	}
 	return nil
 }
 
-// slotLost applies on_slot_lost: fail (the default) stops the pipeline with
+// lost applies on_slot_lost: fail (the default) stops the pipeline with
 // an error that says what was lost and what to do; recreate drops the slot,
 // says loudly that events may have been missed, and starts over.
-func (s *Source) slotLost(ctx context.Context, st slotState, why string) error {
+//
+// confirmed is the LSN the source last confirmed, for the message when the
+// server no longer says.
+func (m *slotManager) lost(ctx context.Context, st slotState, why string, confirmed pglogrepl.LSN) error {
 	since := "its last confirmed position"
 	if st.confirmedFlush != 0 {
 		since = "LSN " + st.confirmedFlush.String()
-	} else if c := s.ConfirmedLSN(); c != 0 {
+	} else if c := confirmed; c != 0 {
 		since = "LSN " + c.String()
 	}
-	msg := fmt.Sprintf("replication slot %s was lost: %s. Outbox events committed after %s may have been missed and will not be delivered by this slot", s.slot, why, since)
-	if s.cfg.OnSlotLost != OnSlotLostRecreate {
+	msg := fmt.Sprintf("replication slot %s was lost: %s. Outbox events committed after %s may have been missed and will not be delivered by this slot", m.slot, why, since)
+	if m.cfg.OnSlotLost != OnSlotLostRecreate {
 		return fatalf("%s. Ferry does not recreate the slot on its own. To recover: find the events committed since then "+
 			"(rows still in the outbox table, or your service's own records) and re-publish what consumers missed; "+
 			"then drop the slot (SELECT pg_drop_replication_slot('%s')) and restart Ferry, which creates a new slot "+
 			"(with initial_snapshot it re-sends the rows still in the outbox table), or set source.on_slot_lost: recreate. "+
-			"To avoid a repeat, raise max_slot_wal_keep_size or fix what stalled the pipeline", msg, s.slot)
+			"To avoid a repeat, raise max_slot_wal_keep_size or fix what stalled the pipeline", msg, m.slot)
 	}
-	s.log.Error("REPLICATION SLOT LOST; RECREATING IT (on_slot_lost: recreate). EVENTS MAY HAVE BEEN MISSED", "err", msg)
+	m.log.Error("REPLICATION SLOT LOST; RECREATING IT (on_slot_lost: recreate). EVENTS MAY HAVE BEEN MISSED", "err", msg)
 	if st.exists {
-		if _, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.slot); err != nil {
-			return fmt.Errorf("drop lost slot %s: %w", s.slot, err)
+		if _, err := m.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, m.slot); err != nil {
+			return fmt.Errorf("drop lost slot %s: %w", m.slot, err)
 		}
 	}
-	s.hadSlot = false
+	m.hadSlot = false
 	return errSwitchSlot
 }
 
 // startError explains a failed START_REPLICATION.
-func (s *Source) startError(ctx context.Context, slot string, err error) error {
+func (m *slotManager) startError(ctx context.Context, slot string, err error, confirmed pglogrepl.LSN) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
 		case pgErr.Code == "55000" && strings.Contains(pgErr.Message+pgErr.Detail, "invalidated"):
-			st, _ := s.slotState(ctx, slot)
-			st.exists = st.exists || slot == s.slot
-			return s.slotLost(ctx, st, "the server invalidated it ("+pgErr.Message+" "+pgErr.Detail+")")
-		case pgErr.Code == "42704" && slot == s.slot && s.hadSlot:
-			return s.slotLost(ctx, slotState{}, "it no longer exists (dropped while Ferry was streaming it)")
+			st, _ := m.state(ctx, slot)
+			st.exists = st.exists || slot == m.slot
+			return m.lost(ctx, st, "the server invalidated it ("+pgErr.Message+" "+pgErr.Detail+")", confirmed)
+		case pgErr.Code == "42704" && slot == m.slot && m.hadSlot:
+			return m.lost(ctx, slotState{}, "it no longer exists (dropped while Ferry was streaming it)", confirmed)
 		}
 	}
 	return fmt.Errorf("start replication on slot %s: %w", slot, err)
@@ -387,13 +308,13 @@ func (s *Source) startError(ctx context.Context, slot string, err error) error {
 // connectReplication opens a walsender connection (replication=database).
 // DateStyle ISO makes timestamps in the text tuples parseable whatever the
 // server's default.
-func (s *Source) connectReplication(ctx context.Context) (*pgconn.PgConn, error) {
-	cfg, err := pgconn.ParseConfig(s.cfg.DSN)
+func connectReplication(ctx context.Context, dsn, pipeline string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return nil, fatalf("source.dsn: %w", err)
 	}
 	cfg.RuntimeParams["replication"] = "database"
-	cfg.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
+	cfg.RuntimeParams["application_name"] = "ferry:" + pipeline
 	cfg.RuntimeParams["DateStyle"] = "ISO"
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -407,34 +328,29 @@ func (s *Source) connectReplication(ctx context.Context) (*pgconn.PgConn, error)
 	return conn, nil
 }
 
-// createSlot creates the slot this session streams. Without an initial
-// snapshot it is the configured slot itself; with one, see bootstrap.go.
-// It returns the name of the slot to stream.
-func (s *Source) createSlot(ctx context.Context, conn *pgconn.PgConn) (string, error) {
-	if s.cfg.InitialSnapshot {
-		return s.bootstrap(ctx, conn)
-	}
-	res, err := s.createReplicationSlot(ctx, conn, s.slot, s.cfg.TemporarySlot, "NOEXPORT_SNAPSHOT")
+// create creates the configured slot without an initial snapshot (with
+// one, see bootstrap) and returns its consistent point: the stream starts
+// there.
+func (m *slotManager) create(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, error) {
+	res, err := m.createReplicationSlot(ctx, conn, m.slot, m.cfg.TemporarySlot, "NOEXPORT_SNAPSHOT")
 	if err != nil {
-		return "", err
+		return 0, err
 	}
 	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {
-		return "", fmt.Errorf("create slot %s: consistent point %q: %w", s.slot, res.ConsistentPoint, err)
+		return 0, fmt.Errorf("create slot %s: consistent point %q: %w", m.slot, res.ConsistentPoint, err)
 	}
-	s.readEnd = max(s.readEnd, lsn)
-	s.advanceConfirmed(lsn)
-	s.log.Info("created replication slot; events committed from now on are delivered", "at", lsn.String(), "temporary", s.cfg.TemporarySlot)
-	return s.slot, nil
+	m.log.Info("created replication slot; events committed from now on are delivered", "at", lsn.String(), "temporary", m.cfg.TemporarySlot)
+	return lsn, nil
 }
 
 // createReplicationSlot runs CREATE_REPLICATION_SLOT. The server returns only
 // once no transaction that was running when it started is still open, so a
 // long transaction delays it; the source says which one while it waits.
-func (s *Source) createReplicationSlot(ctx context.Context, conn *pgconn.PgConn, name string, temporary bool, snapshot string) (pglogrepl.CreateReplicationSlotResult, error) {
+func (m *slotManager) createReplicationSlot(ctx context.Context, conn *pgconn.PgConn, name string, temporary bool, snapshot string) (pglogrepl.CreateReplicationSlotResult, error) {
 	waitCtx, stopWaiting := context.WithCancel(ctx)
 	defer stopWaiting()
-	go s.reportSlotCreationWait(waitCtx, name)
+	go m.reportSlotCreationWait(waitCtx, name)
 	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Temporary: temporary, SnapshotAction: snapshot})
 	if err != nil {
@@ -449,7 +365,7 @@ func (s *Source) createReplicationSlot(ctx context.Context, conn *pgconn.PgConn,
 
 // reportSlotCreationWait logs the oldest open transactions while slot
 // creation waits for them.
-func (s *Source) reportSlotCreationWait(ctx context.Context, slot string) {
+func (m *slotManager) reportSlotCreationWait(ctx context.Context, slot string) {
 	t := time.NewTimer(5 * time.Second)
 	defer t.Stop()
 	for {
@@ -458,7 +374,7 @@ func (s *Source) reportSlotCreationWait(ctx context.Context, slot string) {
 			return
 		case <-t.C:
 		}
-		rows, err := s.pool.Query(ctx, `SELECT pid, coalesce(datname, ''), coalesce(usename, ''), now() - xact_start, coalesce(left(query, 80), '')
+		rows, err := m.pool.Query(ctx, `SELECT pid, coalesce(datname, ''), coalesce(usename, ''), now() - xact_start, coalesce(left(query, 80), '')
 			FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid() AND backend_type = 'client backend'
 			ORDER BY xact_start LIMIT 3`)
 		if err == nil {
@@ -472,41 +388,38 @@ func (s *Source) reportSlotCreationWait(ctx context.Context, slot string) {
 				}
 			}
 			rows.Close()
-			s.log.Warn("creating the replication slot waits for transactions that were open when it started; events are not streamed until they end",
+			m.log.Warn("creating the replication slot waits for transactions that were open when it started; events are not streamed until they end",
 				"creating", slot, "oldest_open_transactions", strings.Join(open, "; "))
 		}
 		t.Reset(30 * time.Second)
 	}
 }
 
-// advanceConfirmed raises the confirmed LSN (it never goes back).
-func (s *Source) advanceConfirmed(lsn pglogrepl.LSN) {
-	for {
-		cur := s.confirmed.Load()
-		if uint64(lsn) <= cur || s.confirmed.CompareAndSwap(cur, uint64(lsn)) {
-			return
-		}
-	}
+// copyTo creates the permanent slot as a copy of temporary, which keeps
+// its confirmed position (the initial snapshot's promotion).
+func (m *slotManager) copyTo(ctx context.Context, temporary string) error {
+	_, err := m.pool.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2, false)`, temporary, m.slot)
+	return err
 }
 
-// dropSlot drops the slot after a graceful stop (drop_slot_on_stop). The
+// drop drops the slot after a graceful stop (drop_slot_on_stop). The
 // walsender releases the slot a moment after the connection closes, hence
 // the retries.
-func (s *Source) dropSlot() {
-	if s.pool == nil || s.cfg.TemporarySlot {
+func (m *slotManager) drop() {
+	if m.pool == nil || m.cfg.TemporarySlot {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for {
-		_, err := s.pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, s.slot)
+		_, err := m.pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, m.slot)
 		if err == nil {
-			s.log.Warn("dropped the replication slot (drop_slot_on_stop): events committed until the next start will not be delivered")
+			m.log.Warn("dropped the replication slot (drop_slot_on_stop): events committed until the next start will not be delivered")
 			return
 		}
 		select {
 		case <-ctx.Done():
-			s.log.Error("drop replication slot at stop", "err", redact.Error(err))
+			m.log.Error("drop replication slot at stop", "err", redact.Error(err))
 			return
 		case <-time.After(100 * time.Millisecond):
 		}

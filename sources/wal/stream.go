@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -14,13 +17,141 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/sources/window"
 )
 
-// streamer is one START_REPLICATION session. A single goroutine owns the
+// streamer owns what is read from the slot, across sessions: the window of
+// events in flight, how far the stream was read, and which LSN may be
+// confirmed to the server. Its fields are owned by the run goroutine (and,
+// during the initial snapshot, by the snapshot reader while the run
+// goroutine waits for it), except confirmed (atomic) and pending (its own
+// lock), which the slot watcher and the API read.
+type streamer struct {
+	cfg   *Config
+	env   plugins.Env
+	log   *slog.Logger
+	slots *slotManager  // to promote the initial snapshot's slot
+	pool  *pgxpool.Pool // the source's, set once it is open (heartbeats)
+	win   *window.Window[Position]
+	// recordAt is how many acked-but-unconfirmed events make the source send
+	// a status update at once instead of at the next tick.
+	recordAt int
+
+	table   outbox.Table
+	layout  outbox.Layout // the mapped columns' types, from the start-up check
+	typeMap *pgtype.Map
+
+	admitted  uint64        // messages admitted since creation; window Marks count the same way
+	readEnd   pglogrepl.LSN // every transaction that committed before it was read and admitted
+	tail      confirmPoint  // an LSN confirmable once the first tail.count admitted messages are acked
+	promote   *promotion    // the initial snapshot's slot, until its rows are acked and it is promoted
+	skip      *keySet       // ids the initial snapshot delivered that the stream may send again
+	skipUntil pglogrepl.LSN // ... in transactions committed up to here
+
+	confirmed atomic.Uint64 // the LSN last confirmed to the server
+	pending   pendingTxs
+}
+
+func newStreamer(cfg *Config, env plugins.Env, log *slog.Logger, slots *slotManager) *streamer {
+	return &streamer{cfg: cfg, env: env, log: log, slots: slots,
+		win:      window.New[Position](window.Config{MaxInFlight: env.MaxInFlight}),
+		recordAt: max(1, env.MaxInFlight/2), typeMap: pgtype.NewMap()}
+}
+
+// confirmPoint is an LSN that may be confirmed once the first count admitted
+// messages were acked: a commit or keepalive seen between transactions.
+type confirmPoint struct {
+	count uint64
+	lsn   pglogrepl.LSN
+}
+
+// startAt is where a slot's stream begins: its confirmed position, or a new
+// slot's consistent point. Both go forward only.
+func (s *streamer) startAt(lsn pglogrepl.LSN) {
+	s.advanceConfirmed(lsn)
+	s.readEnd = max(s.readEnd, lsn)
+}
+
+// confirmedLSN is the LSN last confirmed to the server.
+func (s *streamer) confirmedLSN() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) }
+
+// advanceConfirmed raises the confirmed LSN (it never goes back).
+func (s *streamer) advanceConfirmed(lsn pglogrepl.LSN) {
+	for {
+		cur := s.confirmed.Load()
+		if uint64(lsn) <= cur || s.confirmed.CompareAndSwap(cur, uint64(lsn)) {
+			return
+		}
+	}
+}
+
+// pendingTxs holds the commit LSN and time of each transaction whose events
+// were read and not confirmed yet, oldest first (at most one per event in
+// the window): the oldest undelivered event's age is measured from it. Safe
+// for concurrent use.
+type pendingTxs struct {
+	mu  sync.Mutex
+	txs []pendingTx
+}
+
+type pendingTx struct {
+	commitLSN  pglogrepl.LSN
+	commitTime time.Time
+}
+
+// note records a transaction whose first event was read.
+func (p *pendingTxs) note(commit pglogrepl.LSN, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.txs); n > 0 && p.txs[n-1].commitLSN >= commit {
+		return // read again after a reconnect
+	}
+	p.txs = append(p.txs, pendingTx{commit, at})
+}
+
+// confirmedTo drops the transactions the slot was confirmed past.
+func (p *pendingTxs) confirmedTo(confirmed pglogrepl.LSN) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := 0
+	for i < len(p.txs) && p.txs[i].commitLSN < confirmed {
+		i++
+	}
+	if i > 0 {
+		p.txs = append(p.txs[:0], p.txs[i:]...)
+	}
+}
+
+// oldest is the commit time of the oldest transaction read and not
+// confirmed, or zero.
+func (p *pendingTxs) oldest() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.txs) == 0 {
+		return time.Time{}
+	}
+	return p.txs[0].commitTime
+}
+
+// start sends START_REPLICATION for slot on conn.
+func (s *streamer) start(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	args := []string{"proto_version '1'", "publication_names '" + s.slots.publication + "'"}
+	if s.slots.server.messages {
+		args = append(args, "messages 'true'")
+	}
+	// Starting at readEnd, not at the slot's confirmed LSN: after a dropped
+	// connection the window still holds what was read, so the server skips
+	// the transactions that committed before it instead of sending them twice.
+	return pglogrepl.StartReplication(ctx, conn, slot, s.readEnd, pglogrepl.StartReplicationOptions{PluginArgs: args})
+}
+
+// streamSession is one START_REPLICATION session. A single goroutine owns the
 // connection: it reads, admits, and sends every status update, because a
 // pgconn.PgConn is not safe for concurrent use.
 //
@@ -30,8 +161,8 @@ import (
 // acked prefix moves. The server's wal_sender_timeout counts from the last
 // message it received from us, and a walsender blocked on a full socket still
 // reads our replies, so the connection survives a stall of any length.
-type streamer struct {
-	s          *Source
+type streamSession struct {
+	s          *streamer
 	conn       *pgconn.PgConn
 	slot       string
 	relations  map[uint32]*relation
@@ -77,8 +208,10 @@ type heldEvent struct {
 	msg *message.Message
 }
 
-func (s *Source) stream(ctx context.Context, conn *pgconn.PgConn, slot string) error {
-	st := &streamer{s: s, conn: conn, slot: slot, relations: map[uint32]*relation{},
+// run streams slot on conn (started) until ctx ends — then it drains and
+// confirms — or the session breaks.
+func (s *streamer) run(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	st := &streamSession{s: s, conn: conn, slot: slot, relations: map[uint32]*relation{},
 		nextStatus: time.Now().Add(s.cfg.StatusInterval), heard: time.Now()}
 	netConn := conn.Conn()
 	// A cancelled ctx interrupts a blocking read through its deadline; the
@@ -96,8 +229,8 @@ func (s *Source) stream(ctx context.Context, conn *pgconn.PgConn, slot string) e
 				return err
 			}
 		}
-		if !st.inTx && s.boot != nil && s.boot.promote {
-			if _, mark, _ := s.win.Prefix(); uint64(mark) >= s.boot.count {
+		if !st.inTx && s.promote != nil {
+			if _, mark, _ := s.win.Prefix(); uint64(mark) >= s.promote.count {
 				if err := st.promote(ctx); err != nil {
 					return err
 				}
@@ -146,7 +279,7 @@ func isTimeout(err error) bool {
 	return pgconn.Timeout(err) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-func (st *streamer) handle(ctx context.Context, data []byte) error {
+func (st *streamSession) handle(ctx context.Context, data []byte) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -180,7 +313,7 @@ func (st *streamer) handle(ctx context.Context, data []byte) error {
 	return nil
 }
 
-func (st *streamer) decode(ctx context.Context, walData []byte) error {
+func (st *streamSession) decode(ctx context.Context, walData []byte) error {
 	s := st.s
 	m, err := pglogrepl.Parse(walData)
 	if err != nil {
@@ -226,7 +359,7 @@ func (st *streamer) decode(ctx context.Context, walData []byte) error {
 	return nil
 }
 
-func (st *streamer) insert(ctx context.Context, rel *relation, tuple *pglogrepl.TupleData) error {
+func (st *streamSession) insert(ctx context.Context, rel *relation, tuple *pglogrepl.TupleData) error {
 	s := st.s
 	row := s.decodeRow(rel, tuple)
 	if s.skip != nil {
@@ -234,7 +367,7 @@ func (st *streamer) insert(ctx context.Context, rel *relation, tuple *pglogrepl.
 		// after the slot's start: they are streamed again; skip them.
 		if st.commitLSN > s.skipUntil {
 			s.skip = nil
-		} else if s.skip.has(s.rowKey(&row)) {
+		} else if s.skip.has(rowKey(&row)) {
 			return nil
 		}
 	}
@@ -245,7 +378,7 @@ func (st *streamer) insert(ctx context.Context, rel *relation, tuple *pglogrepl.
 		row.RowID = pgtype.Text{String: positionText(st.commitLSN, st.ordinal), Valid: true}
 	}
 	if st.ordinal == 1 {
-		s.notePending(st.commitLSN, st.commitTime)
+		s.pending.note(st.commitLSN, st.commitTime)
 	}
 	row.DBReadAt = st.serverTime
 	if row.CreatedAt.IsZero() {
@@ -267,15 +400,15 @@ func (st *streamer) insert(ctx context.Context, rel *relation, tuple *pglogrepl.
 	return nil
 }
 
-func (st *streamer) admitHeld(ctx context.Context) error {
+func (st *streamSession) admitHeld(ctx context.Context) error {
 	h := st.held
 	st.held = nil
 	return st.admit(ctx, h.key, h.pos, h.msg)
 }
 
 // admit adds one event to the window. While the window is full it does not
-// read the socket, but it keeps the server informed: see streamer.
-func (st *streamer) admit(ctx context.Context, key string, pos Position, msg *message.Message) error {
+// read the socket, but it keeps the server informed: see streamSession.
+func (st *streamSession) admit(ctx context.Context, key string, pos Position, msg *message.Message) error {
 	s := st.s
 	if s.win.Room() <= 0 {
 		// The socket is not read while waiting: silence meanwhile says
@@ -310,10 +443,10 @@ func (st *streamer) admit(ctx context.Context, key string, pos Position, msg *me
 // the last commit, heartbeat or keepalive position read between transactions.
 // Write is what was read, flush and apply what was delivered: the server
 // keeps WAL from the flush position and a restart resumes there.
-func (st *streamer) sendStatus() error {
+func (st *streamSession) sendStatus() error {
 	s := st.s
 	pos, mark, ok := s.win.Prefix()
-	confirm := s.ConfirmedLSN()
+	confirm := s.confirmedLSN()
 	if ok && pos.Confirm > confirm {
 		confirm = pos.Confirm
 	}
@@ -336,7 +469,7 @@ func (st *streamer) sendStatus() error {
 		st.asked = now
 	}
 	s.advanceConfirmed(confirm)
-	s.confirmedPending(confirm)
+	s.pending.confirmedTo(confirm)
 	// Confirmed to the server: these events will not be sent again after a
 	// crash, except inside a transaction not yet complete, which the slot
 	// can only re-send whole (the unconfirmed tail).
@@ -348,14 +481,14 @@ func (st *streamer) sendStatus() error {
 // finish ends the session on shutdown: it lets dispatched events finish (up
 // to the drain timeout), confirms what was acked and ends the stream so the
 // server has processed the confirmation before the connection closes.
-func (st *streamer) finish() error {
+func (st *streamSession) finish() error {
 	s := st.s
 	s.log.Info("wal source stopping: waiting for in-flight events, then confirming what was delivered",
-		"in_flight", s.win.Stats().Dispatched, "drain_timeout", outbox.DrainTimeout(s.env))
+		"in_flight", s.win.Stats().Dispatched, "drain_timeout", pgsource.DrainTimeout(s.env))
 	// Drain in status-interval steps: a drain timeout longer than the
 	// server's wal_sender_timeout must not cost the connection (and with it
 	// the final confirmation).
-	deadline := time.Now().Add(outbox.DrainTimeout(s.env))
+	deadline := time.Now().Add(pgsource.DrainTimeout(s.env))
 	for {
 		step := st.nextStatus
 		if deadline.Before(step) {
@@ -384,7 +517,7 @@ func (st *streamer) finish() error {
 	if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), st.conn); err != nil {
 		s.log.Debug("end replication stream", "err", redact.Error(err))
 	}
-	s.log.Info("wal source stopped", "confirmed", s.ConfirmedLSN().String())
+	s.log.Info("wal source stopped", "confirmed", s.confirmedLSN().String())
 	return nil
 }
 
@@ -393,19 +526,19 @@ func (st *streamer) finish() error {
 // temporary slot was confirmed. Until now a crash dropped the temporary slot
 // and the next start read the snapshot again; from now on the permanent slot
 // holds the position.
-func (st *streamer) promote(ctx context.Context) error {
+func (st *streamSession) promote(ctx context.Context) error {
 	s := st.s
 	if err := st.sendStatus(); err != nil {
 		return err
 	}
-	if _, err := s.pool.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2, false)`, st.slot, s.slot); err != nil {
+	if err := s.slots.copyTo(ctx, st.slot); err != nil {
 		// Keep streaming the temporary slot and try again at the next status
 		// update rather than lose it (and re-read the snapshot).
 		s.log.Warn("create the permanent replication slot; will retry", "err", redact.Error(err))
 		return nil
 	}
-	s.boot = nil
-	s.log.Info("created replication slot from the initial snapshot's slot", "confirmed", s.ConfirmedLSN().String())
+	s.promote = nil
+	s.log.Info("created replication slot from the initial snapshot's slot", "confirmed", s.confirmedLSN().String())
 	return errSwitchSlot
 }
 
@@ -417,7 +550,7 @@ type relation struct {
 	extra  []int                    // column index of each columns.extra entry
 }
 
-func (s *Source) mapRelation(m *pglogrepl.RelationMessage) (*relation, error) {
+func (s *streamer) mapRelation(m *pglogrepl.RelationMessage) (*relation, error) {
 	rel := &relation{outbox: m.Namespace == s.table.Schema && m.RelationName == s.table.Name}
 	if !rel.outbox {
 		return rel, nil
@@ -460,7 +593,7 @@ func missingColumn(m *pglogrepl.RelationMessage, name string) error {
 // row undecodable (a dead letter), never a stream error: an error here
 // would end the session, and the slot would send the same row again and
 // again.
-func (s *Source) decodeRow(rel *relation, tuple *pglogrepl.TupleData) outbox.Row {
+func (s *streamer) decodeRow(rel *relation, tuple *pglogrepl.TupleData) outbox.Row {
 	text := func(i int) outbox.Text {
 		if i < 0 || tuple == nil || i >= len(tuple.Columns) || tuple.Columns[i].DataType != pglogrepl.TupleDataTypeText {
 			return outbox.Text{}
@@ -476,4 +609,34 @@ func (s *Source) decodeRow(rel *relation, tuple *pglogrepl.TupleData) outbox.Row
 		extra = append(extra, text(ci))
 	}
 	return s.cfg.Columns.DecodeText(s.typeMap, rel.oid, v, extra)
+}
+
+// heartbeat writes a non-transactional logical decoding message to the
+// source database every HeartbeatInterval. On a database nobody writes to,
+// the server has nothing to send this slot even while other databases fill
+// the WAL, and a client that confirms only what it receives never advances
+// the slot; the heartbeat gives the stream a position in this database to
+// confirm (and shows the path from WAL to Ferry works).
+func (s *streamer) heartbeat(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := s.pool.Exec(qctx, `SELECT pg_logical_emit_message(false, 'ferry.heartbeat', $1)`, s.env.Pipeline)
+		cancel()
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			s.log.Warn("write heartbeat; a quiet database's slot may not advance", "err", redact.Error(err))
+			failing = true
+		case err == nil && failing:
+			s.log.Info("heartbeats written again")
+			failing = false
+		}
+	}
 }

@@ -10,6 +10,21 @@
 // events. This source confirms on a timer and from keepalives (an idle slot
 // advances too), exports the slot's health as gauges, and stops loudly when
 // the slot was lost instead of silently starting over.
+//
+// The source is three parts, each with its own state and lock, composed by
+// a thin Source that runs the sessions:
+//   - slotManager (slot.go, metrics.go): the publication and the replication
+//     slot — the server guardrails, creating, checking, copying and dropping
+//     the slot, what to do when it was lost, and its health and gauges;
+//   - streamer (stream.go): what is read from the slot — the replication
+//     connection, decoding pgoutput, the window, keepalives and heartbeats,
+//     and which LSN may be confirmed;
+//   - bootstrap (bootstrap.go): the initial snapshot of a new slot, entered
+//     through (*bootstrap).run.
+//
+// It imports plugins, sources/outbox (rows and the schema check),
+// sources/window and sources/internal/pgsource; it must not import another
+// source, a sink, a transform or pipelines.
 package wal
 
 import (
@@ -19,16 +34,16 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/internal/retry"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/window"
 )
@@ -78,101 +93,55 @@ type Position struct {
 	CommitLSN pglogrepl.LSN
 }
 
-// Source is the WAL outbox reader. Create with New.
+// Source is the WAL outbox reader: it composes the slot manager, the
+// streamer and the initial snapshot, and runs the sessions that connect
+// them. Create with New.
 type Source struct {
-	cfg         *Config
-	env         plugins.Env
-	log         *slog.Logger
-	win         *window.Window[Position]
-	slot        string // the configured (or default) slot
-	publication string
-	// recordAt is how many acked-but-unconfirmed events make the source send
-	// a status update at once instead of at the next tick.
-	recordAt int
+	cfg  *Config
+	env  plugins.Env
+	log  *slog.Logger
+	life *pgsource.Lifecycle
 
-	mu         sync.Mutex
-	subscribed bool
-	closing    chan struct{}
-	closeOnce  sync.Once
-	done       chan struct{}
+	slots  *slotManager
+	stream *streamer
+	boot   *bootstrap
 
-	failed  chan struct{} // closed when err is set
-	errMu   sync.Mutex
-	err     error
-	metrics *slotMetrics
+	// Owned by the run goroutine.
+	pool      *pgxpool.Pool
+	bgStarted bool
+	bg        sync.WaitGroup
 
-	healthMu sync.Mutex // guards health and pending
-	health   plugins.Health
-	// pending holds the commit LSN and time of each transaction whose events
-	// were read and not confirmed yet, oldest first (at most one per event in
-	// the window): the oldest undelivered event's age is measured from it.
-	pending []pendingTx
-
-	// Owned by the run goroutine (and, during the initial snapshot, by the
-	// snapshot reader while the run goroutine waits for it).
-	pool         *pgxpool.Pool
-	table        outbox.Table
-	layout       outbox.Layout // the mapped columns' types, from the start-up check
-	typeMap      *pgtype.Map
-	server       serverInfo
-	admitted     uint64        // messages admitted since creation; window Marks count the same way
-	readEnd      pglogrepl.LSN // every transaction that committed before it was read and admitted
-	tail         confirmPoint  // an LSN confirmable once the first tail.count admitted messages are acked
-	hadSlot      bool          // this process streamed the (permanent) slot, so its absence means it was lost
-	hadTemporary bool          // a temporary slot was streamed: a new one after a reconnect skipped what committed meanwhile
-	boot         *bootstrap    // the initial snapshot, until its rows are acked and its slot promoted
-	skip         *keySet       // ids the initial snapshot delivered that the stream may send again
-	skipUntil    pglogrepl.LSN // ... in transactions committed up to here
-	bgStarted    bool
-	bg           sync.WaitGroup
-
-	confirmed atomic.Uint64 // the LSN last confirmed to the server
-}
-
-type pendingTx struct {
-	commitLSN  pglogrepl.LSN
-	commitTime time.Time
-}
-
-// confirmPoint is an LSN that may be confirmed once the first count admitted
-// messages were acked: a commit or keepalive seen between transactions.
-type confirmPoint struct {
-	count uint64
-	lsn   pglogrepl.LSN
+	failed chan struct{} // closed when err is set
+	errMu  sync.Mutex
+	err    error
 }
 
 // New returns a source; it does no I/O until Subscribe.
 func New(cfg *Config, env plugins.Env) *Source {
-	if env.Logger == nil {
-		env.Logger = slog.Default()
-	}
+	env = pgsource.Env(env)
 	if env.MaxInFlight <= 0 {
 		env.MaxInFlight = 1000
 	}
-	if env.Report == nil {
-		env.Report = plugins.NopReporter{}
+	slot, publication := cfg.Slot, cfg.Publication
+	if slot == "" {
+		slot = DefaultName(env.Pipeline)
 	}
-	s := &Source{
-		cfg:         cfg,
-		env:         env,
-		win:         window.New[Position](window.Config{MaxInFlight: env.MaxInFlight}),
-		slot:        cfg.Slot,
-		publication: cfg.Publication,
-		recordAt:    max(1, env.MaxInFlight/2),
-		closing:     make(chan struct{}),
-		done:        make(chan struct{}),
-		failed:      make(chan struct{}),
-		typeMap:     pgtype.NewMap(),
+	if publication == "" {
+		publication = DefaultName(env.Pipeline)
 	}
-	if s.slot == "" {
-		s.slot = DefaultName(env.Pipeline)
+	log := env.Logger.With("source", Name, "slot", slot)
+	slots := newSlotManager(cfg, env, log, slot, publication)
+	stream := newStreamer(cfg, env, log, slots)
+	return &Source{
+		cfg:    cfg,
+		env:    env,
+		log:    log,
+		life:   pgsource.NewLifecycle(Name),
+		slots:  slots,
+		stream: stream,
+		boot:   &bootstrap{cfg: cfg, log: log, slots: slots, stream: stream},
+		failed: make(chan struct{}),
 	}
-	if s.publication == "" {
-		s.publication = DefaultName(env.Pipeline)
-	}
-	s.log = env.Logger.With("source", Name, "slot", s.slot)
-	s.metrics = newSlotMetrics(s.slot)
-	return s
 }
 
 // Subscribe starts streaming; topic is ignored (the table is configured). It
@@ -180,29 +149,17 @@ func New(cfg *Config, env plugins.Env) *Source {
 // Problems retrying cannot fix (wal_level, a missing REPLICATION attribute, a
 // lost slot) stop the source: see Err.
 func (s *Source) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.subscribed {
-		return nil, errors.New("wal source: already subscribed")
+	if err := s.life.Start(ctx, s.run); err != nil {
+		return nil, err
 	}
-	s.subscribed = true
-	go s.run(ctx)
-	return s.win.Messages(), nil
+	return s.stream.win.Messages(), nil
 }
 
 // Close stops streaming, waits up to the drain timeout for in-flight
 // messages, confirms what was acked and closes the message channel.
 // Idempotent.
 func (s *Source) Close() error {
-	s.closeOnce.Do(func() { close(s.closing) })
-	s.mu.Lock()
-	subscribed := s.subscribed
-	s.mu.Unlock()
-	if subscribed {
-		<-s.done
-	} else {
-		s.win.Close()
-	}
+	s.life.Close(s.stream.win.Close)
 	return nil
 }
 
@@ -220,21 +177,14 @@ func (s *Source) Err() error {
 }
 
 // Window exposes the in-flight window's counters (for status and tests).
-func (s *Source) Window() window.Stats { return s.win.Stats() }
+func (s *Source) Window() window.Stats { return s.stream.win.Stats() }
 
 // Flow is the in-flight window's counters.
-func (s *Source) Flow() plugins.Flow {
-	st := s.win.Stats()
-	return plugins.Flow{InFlight: st.Held, Acked: st.Acked, Redeliveries: st.Redeliveries, GivenUp: st.GivenUp}
-}
+func (s *Source) Flow() plugins.Flow { return pgsource.Flow(s.stream.win.Stats()) }
 
 // Health is the last measurement of the slot: the backlog is the WAL not
 // confirmed yet, in bytes; Details hold the slot's state.
-func (s *Source) Health() plugins.Health {
-	s.healthMu.Lock()
-	defer s.healthMu.Unlock()
-	return s.health
-}
+func (s *Source) Health() plugins.Health { return s.slots.health.Load() }
 
 // Probe measures the slot once, without running (ferry doctor). It creates
 // nothing; a pipeline that never ran has no slot yet.
@@ -244,49 +194,15 @@ func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
 		return plugins.Health{}, err
 	}
 	defer pool.Close()
-	sh, err := readSlotHealth(ctx, pool, s.slot)
+	sh, err := readSlotHealth(ctx, pool, s.slots.slot)
 	if err != nil {
 		return plugins.Health{}, err
 	}
 	return sh.health(time.Time{}), nil
 }
 
-// notePending records a transaction whose first event was read.
-func (s *Source) notePending(commit pglogrepl.LSN, at time.Time) {
-	s.healthMu.Lock()
-	defer s.healthMu.Unlock()
-	if n := len(s.pending); n > 0 && s.pending[n-1].commitLSN >= commit {
-		return // read again after a reconnect
-	}
-	s.pending = append(s.pending, pendingTx{commit, at})
-}
-
-// confirmedPending drops the transactions the slot was confirmed past.
-func (s *Source) confirmedPending(confirmed pglogrepl.LSN) {
-	s.healthMu.Lock()
-	defer s.healthMu.Unlock()
-	i := 0
-	for i < len(s.pending) && s.pending[i].commitLSN < confirmed {
-		i++
-	}
-	if i > 0 {
-		s.pending = append(s.pending[:0], s.pending[i:]...)
-	}
-}
-
-// oldestPending is the commit time of the oldest transaction read and not
-// confirmed, or zero.
-func (s *Source) oldestPending() time.Time {
-	s.healthMu.Lock()
-	defer s.healthMu.Unlock()
-	if len(s.pending) == 0 {
-		return time.Time{}
-	}
-	return s.pending[0].commitTime
-}
-
 // ConfirmedLSN is the LSN this source last confirmed to the server.
-func (s *Source) ConfirmedLSN() pglogrepl.LSN { return pglogrepl.LSN(s.confirmed.Load()) }
+func (s *Source) ConfirmedLSN() pglogrepl.LSN { return s.stream.confirmedLSN() }
 
 // fatal marks an error that retrying cannot fix.
 type fatal struct{ err error }
@@ -300,21 +216,14 @@ func fatalf(format string, args ...any) error { return &fatal{fmt.Errorf(format,
 // initial snapshot's temporary slot was promoted, or a lost slot recreated).
 var errSwitchSlot = errors.New("switch replication slot")
 
-func (s *Source) run(ctx context.Context) {
-	defer close(s.done)
-	runCtx, stop := context.WithCancel(context.Background())
+// run streams, one session after another, until runCtx ends (the pipeline
+// stops or Close) or a session fails for good.
+func (s *Source) run(runCtx context.Context) {
+	runCtx, stop := context.WithCancel(runCtx)
 	defer stop()
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-s.closing:
-		case <-runCtx.Done():
-		}
-		stop()
-	}()
-	s.metrics.register(s.env.Metrics, s.log)
+	s.slots.metrics.register(s.env.Metrics, s.log)
 
-	bo := outbox.Backoff()
+	bo := retry.Backoff()
 	for runCtx.Err() == nil {
 		err := s.session(runCtx)
 		if runCtx.Err() != nil {
@@ -343,18 +252,156 @@ func (s *Source) run(ctx context.Context) {
 	stop()
 	// A session drains before it returns; this covers a stop while no
 	// session was connected (nothing can be confirmed then).
-	drainCtx, cancel := context.WithTimeout(context.Background(), outbox.DrainTimeout(s.env))
-	_ = s.win.Drain(drainCtx)
+	win := s.stream.win
+	drainCtx, cancel := context.WithTimeout(context.Background(), pgsource.DrainTimeout(s.env))
+	_ = win.Drain(drainCtx)
 	cancel()
 	s.bg.Wait()
 	if s.cfg.DropSlotOnStop && s.Err() == nil {
-		s.dropSlot()
+		s.slots.drop()
 	}
 	if s.pool != nil {
 		s.pool.Close()
 	}
-	s.win.Close()
-	outbox.WaitIdle(s.log, outbox.DrainTimeout(s.env), s.win.Idle)
+	win.Close()
+	pgsource.WaitIdle(s.log, pgsource.DrainTimeout(s.env), win.Idle)
+}
+
+// session connects, checks the server and the slot, and streams until ctx
+// ends (then it drains and confirms) or something breaks.
+func (s *Source) session(ctx context.Context) error {
+	if err := s.openPool(ctx); err != nil {
+		return err
+	}
+	slots := s.slots
+	if err := slots.checkServer(ctx); err != nil {
+		return err
+	}
+	if err := slots.checkReplicationRole(ctx); err != nil {
+		return err
+	}
+	if err := s.prepareTable(ctx); err != nil {
+		return err
+	}
+	if err := slots.ensurePublication(ctx, s.stream.table); err != nil {
+		return err
+	}
+	s.startBackground(ctx)
+
+	st, err := slots.state(ctx, slots.slot)
+	if err != nil {
+		return fmt.Errorf("read slot %s: %w", slots.slot, err)
+	}
+	if err := slots.check(st); err != nil {
+		return err
+	}
+	switch {
+	case st.lost():
+		return slots.lost(ctx, st, st.lostReason(), s.ConfirmedLSN())
+	case !st.exists && slots.hadSlot && !s.cfg.TemporarySlot:
+		return slots.lost(ctx, st, "it no longer exists (dropped while Ferry was streaming it)", s.ConfirmedLSN())
+	case !st.exists && slots.hadTemporary:
+		// A temporary slot ends with its connection: what committed while
+		// the connection was down is not in the new one.
+		s.log.Error("temporary slot gone after a lost connection: events committed meanwhile are not delivered (temporary_slot is for development)",
+			"slot", slots.slot)
+	}
+
+	conn, err := connectReplication(ctx, s.cfg.DSN, s.env.Pipeline)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = conn.Close(closeCtx)
+		cancel()
+	}()
+
+	slot := slots.slot
+	switch {
+	case st.exists:
+		s.stream.startAt(st.confirmedFlush)
+	case s.cfg.InitialSnapshot:
+		// The slot to stream is the snapshot's temporary one until every
+		// snapshot row was acked (see bootstrap).
+		if slot, err = s.boot.run(ctx, conn); err != nil {
+			return err
+		}
+	default:
+		lsn, err := slots.create(ctx, conn)
+		if err != nil {
+			return err
+		}
+		s.stream.startAt(lsn)
+	}
+	if err := s.stream.start(ctx, conn, slot); err != nil {
+		return slots.startError(ctx, slot, err, s.ConfirmedLSN())
+	}
+	slots.streaming(slot)
+	s.env.Report.Recovered()
+	s.log.Info("wal source streaming", "stream_slot", slot, "publication", slots.publication,
+		"table", s.stream.table.Schema+"."+s.stream.table.Name, "from", s.stream.readEnd.String())
+	return s.stream.run(ctx, conn, slot)
+}
+
+// openPool opens the pool the parts share (snapshot reader, heartbeat, slot
+// gauges), once: it outlives the replication sessions.
+func (s *Source) openPool(ctx context.Context) error {
+	if s.pool != nil {
+		return nil
+	}
+	pc, err := pgsource.PoolConfig(s.cfg.DSN, s.env.Pipeline)
+	if err != nil {
+		return &fatal{err}
+	}
+	pc.MaxConns = 3 // snapshot reader, heartbeat, slot gauges
+	if c := s.env.MaxConnections; c > 1 && c-1 < int(pc.MaxConns) {
+		// limits.max_connections counts the replication connection too.
+		pc.MaxConns = int32(c - 1)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return err
+	}
+	s.pool = pool
+	s.slots.pool, s.stream.pool, s.boot.pool = pool, pool, pool
+	return nil
+}
+
+// prepareTable resolves the outbox table (for event ids and for matching
+// RELATION messages) and checks the configured columns exist.
+func (s *Source) prepareTable(ctx context.Context) error {
+	t, err := pgsource.ResolveTable(ctx, s.pool, s.cfg.Table, Name)
+	if err != nil {
+		return err
+	}
+	layout, err := outbox.CheckTable(ctx, s.pool, s.cfg.Table, s.cfg.Columns, outbox.Need{Source: Name})
+	if err != nil {
+		return err
+	}
+	s.stream.table, s.stream.layout = t, layout
+	return nil
+}
+
+// startBackground starts, once, the slot watcher and the heartbeat. They run
+// until the source stops, also while the stream reconnects.
+func (s *Source) startBackground(ctx context.Context) {
+	if s.bgStarted {
+		return
+	}
+	s.bgStarted = true
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.slots.watch(ctx, s.stream.pending.oldest)
+	}()
+	if s.cfg.HeartbeatInterval > 0 {
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			s.stream.heartbeat(ctx)
+		}()
+	}
 }
 
 // fail stops the source for good: it logs err at error level, makes it

@@ -9,6 +9,11 @@
 // reading only those rows, in xact_id order, makes the cursor safe. The price:
 // an open transaction (even one that never touches the outbox) holds the
 // cursor back until it ends.
+//
+// It owns the visibility-bounded read and the cursor in the offsets table;
+// the lifecycle, pool, LISTEN, retention and health loop are
+// sources/internal/pgsource's. It must not import another source, a sink, a
+// transform or pipelines.
 package xid8
 
 import (
@@ -28,7 +33,9 @@ import (
 
 	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/internal/retry"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/window"
 )
@@ -63,11 +70,7 @@ type Source struct {
 	log *slog.Logger
 	win *window.Window[Position]
 
-	mu         sync.Mutex
-	subscribed bool
-	closing    chan struct{}
-	closeOnce  sync.Once
-	done       chan struct{}
+	life *pgsource.Lifecycle
 
 	// read is where the next read starts (in memory); committed is what the
 	// offsets table holds.
@@ -79,72 +82,45 @@ type Source struct {
 
 	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
 
-	healthMu sync.Mutex // guards health and committed (read by measure)
-	health   plugins.Health
-	batches  *outbox.BatchMetrics
+	cursorMu sync.Mutex // guards committed, read by the health and retention loops
+	health   pgsource.LastHealth
+	batches  *pgsource.BatchMetrics
 }
 
 // New returns a source; it does no I/O until Subscribe.
 func New(cfg *Config, env plugins.Env) *Source {
-	if env.Logger == nil {
-		env.Logger = slog.Default()
-	}
-	if env.Report == nil {
-		env.Report = plugins.NopReporter{}
-	}
+	env = pgsource.Env(env)
 	return &Source{
-		cfg:     cfg,
-		env:     env,
-		log:     env.Logger.With("source", Name),
-		win:     window.New[Position](window.Config{MaxInFlight: env.MaxInFlight}),
-		closing: make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:  cfg,
+		env:  env,
+		log:  env.Logger.With("source", Name),
+		win:  window.New[Position](window.Config{MaxInFlight: env.MaxInFlight}),
+		life: pgsource.NewLifecycle(Name),
 	}
 }
 
 // Subscribe starts reading; topic is ignored (the table is configured). It
 // never fails on I/O: an unreachable database is retried with backoff.
 func (s *Source) Subscribe(ctx context.Context, _ string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.subscribed {
-		return nil, errors.New("xid8 source: already subscribed")
+	if err := s.life.Start(ctx, s.run); err != nil {
+		return nil, err
 	}
-	s.subscribed = true
-	go s.run(ctx)
 	return s.win.Messages(), nil
 }
 
 // Close stops reading, waits up to the drain timeout for in-flight messages,
 // records progress and closes the message channel. Idempotent.
 func (s *Source) Close() error {
-	s.closeOnce.Do(func() { close(s.closing) })
-	s.mu.Lock()
-	subscribed := s.subscribed
-	s.mu.Unlock()
-	if subscribed {
-		<-s.done
-	} else {
-		s.win.Close()
-	}
+	s.life.Close(s.win.Close)
 	return nil
 }
 
 // Window exposes the in-flight window's counters (for status and tests).
 func (s *Source) Window() window.Stats { return s.win.Stats() }
 
-func (s *Source) run(ctx context.Context) {
-	defer close(s.done)
-	readCtx, stopReading := context.WithCancel(context.Background())
-	defer stopReading()
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-s.closing:
-		case <-readCtx.Done():
-		}
-		stopReading()
-	}()
+// run reads until readCtx ends (the pipeline stops or Close), then drains
+// and records what was acked.
+func (s *Source) run(readCtx context.Context) {
 
 	pool := s.connect(readCtx)
 	if pool != nil {
@@ -154,7 +130,7 @@ func (s *Source) run(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				outbox.Listen(readCtx, pool, s.cfg.channel(), s.log, func() { outbox.Signal(wake) }, s.listening.Store)
+				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() { pgsource.Signal(wake) }, s.listening.Store)
 			}()
 		}
 		wg.Add(2)
@@ -164,7 +140,7 @@ func (s *Source) run(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				outbox.RunRetention(readCtx, r, s.env.Metrics, s.log, func(ctx context.Context) (int64, error) {
+				pgsource.RunRetention(readCtx, r, s.env.Metrics, s.log, func(ctx context.Context) (int64, error) {
 					return s.deleteDelivered(ctx, pool, r)
 				})
 			}()
@@ -173,7 +149,7 @@ func (s *Source) run(ctx context.Context) {
 		wg.Wait()
 
 		// Shutdown: let dispatched messages finish, then record what was acked.
-		drainCtx, cancel := context.WithTimeout(context.Background(), outbox.DrainTimeout(s.env))
+		drainCtx, cancel := context.WithTimeout(context.Background(), pgsource.DrainTimeout(s.env))
 		if err := s.win.Drain(drainCtx); err != nil {
 			s.log.Warn("drain timed out; unacked messages will be sent again on restart", "held", s.win.Stats().Held)
 		}
@@ -183,50 +159,26 @@ func (s *Source) run(ctx context.Context) {
 			s.log.Error("record progress at shutdown", "err", redact.Error(err))
 		}
 		cancel()
-		outbox.ClosePool(pool)
+		pgsource.ClosePool(pool)
 	}
 	s.win.Close()
-	outbox.WaitIdle(s.log, outbox.DrainTimeout(s.env), s.win.Idle)
+	pgsource.WaitIdle(s.log, pgsource.DrainTimeout(s.env), s.win.Idle)
 }
 
 // connect opens the pool, prepares the offsets table and loads the cursor,
 // retrying with backoff until it works or ctx ends (then it returns nil).
 func (s *Source) connect(ctx context.Context) *pgxpool.Pool {
-	pool, _ := outbox.Retry(ctx, s.log, s.env.Report, "xid8 source cannot start", s.open)
+	pool, _ := pgsource.Retry(ctx, s.log, s.env.Report, "xid8 source cannot start", s.open)
 	return pool
 }
 
 func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(s.cfg.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("source.dsn: %w", err)
-	}
 	// Reader, committer, health (LISTEN has the shared session).
-	pc.MaxConns = outbox.Connections(3, s.env.MaxConnections)
-	pc.MaxConnIdleTime = outbox.ConnIdleTime
-	pc.ConnConfig.ConnectTimeout = s.cfg.QueryTimeout
-	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + s.env.Pipeline
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, err
-	}
-	prepCtx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	if err := s.prepare(prepCtx, pool); err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return pool, nil
+	return pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 3, s.cfg.QueryTimeout, s.prepare)
 }
 
 func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
-	var t outbox.Table
-	err := pool.QueryRow(ctx, `SELECT current_database(), n.nspname, c.relname
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`,
-		outbox.Quote(s.cfg.Table)).Scan(&t.Database, &t.Schema, &t.Name)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("outbox table %s does not exist (create it with `ferry schema xid8 --table %s`)", s.cfg.Table, s.cfg.Table)
-	}
+	t, err := pgsource.ResolveTable(ctx, pool, s.cfg.Table, Name)
 	if err != nil {
 		return err
 	}
@@ -275,7 +227,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	s.read, s.committed = pos, pos
 	if s.batches == nil {
-		s.batches = outbox.NewBatchMetrics(s.env.Metrics, s.log).Traced(s.env, Name)
+		s.batches = pgsource.NewBatchMetrics(s.env.Metrics, s.log).Traced(s.env, Name)
 	}
 	s.log.Info("xid8 source started", "table", t.Schema+"."+t.Name, "cursor", pos.String())
 	return nil
@@ -285,7 +237,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 // A full batch is followed at once by the next; otherwise it waits for the
 // poll interval or a notification.
 func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}) {
-	bo := outbox.Backoff()
+	bo := retry.Backoff()
 	failing := false
 	rows := make([]row, 0, s.cfg.BatchSize)
 	timer := time.NewTimer(0)
@@ -458,21 +410,19 @@ func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
 	if err != nil {
 		return err
 	}
-	s.healthMu.Lock()
+	s.cursorMu.Lock()
 	s.committed = pos
-	s.healthMu.Unlock()
+	s.cursorMu.Unlock()
 	s.win.Recorded(mark)
 	return nil
 }
 
 // deleteDelivered deletes a batch of rows at or behind the recorded cursor
 // — delivered, by the cursor's guarantee — and older than retention.after.
-func (s *Source) deleteDelivered(ctx context.Context, pool *pgxpool.Pool, r *outbox.Retention) (int64, error) {
+func (s *Source) deleteDelivered(ctx context.Context, pool *pgxpool.Pool, r *pgsource.Retention) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	s.healthMu.Lock()
-	cursor := s.committed
-	s.healthMu.Unlock()
+	cursor := s.committedCursor()
 	if cursor == (Position{}) {
 		return 0, nil
 	}
@@ -487,17 +437,17 @@ func (s *Source) deleteDelivered(ctx context.Context, pool *pgxpool.Pool, r *out
 }
 
 // Health is the last backlog measurement.
-func (s *Source) Health() plugins.Health {
-	s.healthMu.Lock()
-	defer s.healthMu.Unlock()
-	return s.health
+func (s *Source) Health() plugins.Health { return s.health.Load() }
+
+// committedCursor is the position the offsets table holds.
+func (s *Source) committedCursor() Position {
+	s.cursorMu.Lock()
+	defer s.cursorMu.Unlock()
+	return s.committed
 }
 
 // Flow is the in-flight window's counters.
-func (s *Source) Flow() plugins.Flow {
-	st := s.win.Stats()
-	return plugins.Flow{InFlight: st.Held, Acked: st.Acked, Redeliveries: st.Redeliveries, GivenUp: st.GivenUp}
-}
+func (s *Source) Flow() plugins.Flow { return pgsource.Flow(s.win.Stats()) }
 
 // Probe measures the backlog past the stored cursor once, without running
 // (ferry doctor). It creates nothing: a pipeline that never ran has its
@@ -539,7 +489,7 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool, pos Position) 
 	}
 	h := plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
 		CheckedAt: time.Now(), Details: map[string]any{"cursor": pos.String()}}
-	hz, ok, err := outbox.OldestTransaction(ctx, pool)
+	hz, ok, err := pgsource.OldestTransaction(ctx, pool)
 	if err != nil {
 		return plugins.Health{}, err
 	}
@@ -552,25 +502,13 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool, pos Position) 
 
 // healthLoop refreshes Health on a slow timer.
 func (s *Source) healthLoop(ctx context.Context, pool *pgxpool.Pool) {
-	t := time.NewTicker(s.cfg.MetricsInterval)
-	defer t.Stop()
-	for {
-		s.healthMu.Lock()
-		pos := s.committed
-		s.healthMu.Unlock()
-		if h, err := s.measure(ctx, pool, pos); err == nil {
-			s.healthMu.Lock()
-			s.health = h
-			s.healthMu.Unlock()
-		} else if ctx.Err() == nil {
-			s.log.Warn("measure backlog", "err", redact.Error(err))
+	pgsource.WatchHealth(ctx, s.cfg.MetricsInterval, s.log, "measure backlog", func(ctx context.Context) error {
+		h, err := s.measure(ctx, pool, s.committedCursor())
+		if err == nil {
+			s.health.Store(h)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return err
+	})
 }
 
 // What the pipeline asks a running source for: its health (doctor, the

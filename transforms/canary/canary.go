@@ -5,6 +5,11 @@
 // how long each canary took from the outbox to the consumer. With zero
 // business traffic, canaries still flow — so "no canary within budget" means
 // the path is broken, not idle.
+//
+// It learns the outbox table it writes to from the plugins API
+// (plugins.Env.Outbox, filled from the source's config) and must not import
+// a source package (sources/...) or a sink: it works with any source that
+// reads an outbox table and any sink that can read a topic back.
 package canary
 
 import (
@@ -13,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,8 +29,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/internal/retry"
 	"github.com/ferryhq/ferry/plugins"
-	"github.com/ferryhq/ferry/sources/outbox"
 )
 
 // Name is the transform's registered type.
@@ -187,7 +193,7 @@ func (c *Canary) Stalled() (bool, string) {
 
 // check reads canaries back, reconnecting with backoff when the read fails.
 func (c *Canary) check(ctx context.Context, r plugins.Reader) {
-	bo := outbox.Backoff()
+	bo := retry.Backoff()
 	for ctx.Err() == nil {
 		err := r.Read(ctx, c.cfg.Topic, c.arrived)
 		if ctx.Err() != nil {
@@ -239,7 +245,8 @@ func (c *Canary) arrived(msg *message.Message) {
 // generate writes a canary row every interval.
 func (c *Canary) generate(ctx context.Context) {
 	o := c.env.Outbox
-	insert := fmt.Sprintf(`INSERT INTO %s (%s, %s, %s, %s) VALUES ($1, $2, $3, $4)`, outbox.Quote(o.Table),
+	// o.Table is "name" or "schema.name", checked by the source's Validate.
+	insert := fmt.Sprintf(`INSERT INTO %s (%s, %s, %s, %s) VALUES ($1, $2, $3, $4)`, pgx.Identifier(strings.Split(o.Table, ".")).Sanitize(),
 		pgx.Identifier{o.AggregateType}.Sanitize(), pgx.Identifier{o.AggregateID}.Sanitize(),
 		pgx.Identifier{o.Type}.Sanitize(), pgx.Identifier{o.Payload}.Sanitize())
 	t := time.NewTicker(c.cfg.Generate.Interval)

@@ -1,4 +1,4 @@
-package outbox
+package pgsource
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/internal/retry"
 )
 
 // One LISTEN connection per database serves every pipeline of the process:
@@ -115,7 +116,7 @@ func (l *listener) leave(pool *pgxpool.Pool, sub *subscriber) {
 
 func (l *listener) run(ctx context.Context) {
 	defer close(l.done)
-	bo := Backoff()
+	bo := retry.Backoff()
 	for ctx.Err() == nil {
 		err := l.session(ctx, bo.Reset)
 		l.setListening(nil)

@@ -1,29 +1,20 @@
-package outbox
+package pgsource
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/internal/retry"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/outbox"
 )
-
-// CheckDSN adds a problem at key "dsn" unless dsn is a PostgreSQL
-// connection string. The message never quotes the value: a malformed one
-// may hold a password that redaction cannot recognise.
-func CheckDSN(p *plugins.Problems, dsn string) {
-	if dsn == "" {
-		p.Add("dsn", "must not be empty")
-	} else if _, err := pgx.ParseConfig(dsn); err != nil {
-		p.Add("dsn", "not a PostgreSQL connection string: %v", redact.Unparsed(err))
-	}
-}
 
 // Connections caps what a source's pool may open at limits.max_connections
 // (limit, 0 for none). The process's LISTEN session per database is shared
@@ -40,12 +31,71 @@ func Connections(want, limit int) int32 {
 // them should not hold the extra ones a busy minute opened.
 const ConnIdleTime = time.Minute
 
+// PoolConfig parses dsn for a source's pool, whose sessions are named
+// ferry:<pipeline> in pg_stat_activity. The error names the key
+// (source.dsn) and never quotes the value.
+func PoolConfig(dsn, pipeline string) (*pgxpool.Config, error) {
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("source.dsn: %w", err)
+	}
+	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + pipeline
+	return pc, nil
+}
+
+// OpenPool opens the pool of a polling source (xid8, poll): at most conns
+// connections (capped by limits.max_connections), idle ones closed after
+// ConnIdleTime, connecting bounded by queryTimeout. prepare then runs
+// within queryTimeout; if it fails, the pool is closed and its error
+// returned.
+func OpenPool(ctx context.Context, dsn string, env plugins.Env, conns int, queryTimeout time.Duration,
+	prepare func(context.Context, *pgxpool.Pool) error) (*pgxpool.Pool, error) {
+	pc, err := PoolConfig(dsn, env.Pipeline)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = Connections(conns, env.MaxConnections)
+	pc.MaxConnIdleTime = ConnIdleTime
+	pc.ConnConfig.ConnectTimeout = queryTimeout
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	prepCtx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	if err := prepare(prepCtx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
 // ClosePool closes a stopping source's pool without waiting: closing a
 // connection that died without an error (a partition) waits up to 15s for
 // the server's goodbye, which must not hold up a shutdown bounded by its
 // drain timeout. Every statement has ended by then; only the goodbyes run
 // on.
 func ClosePool(pool *pgxpool.Pool) { go pool.Close() }
+
+// QueryRower is a pool, a connection or a transaction.
+type QueryRower interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// ResolveTable finds the outbox table as the server names it (database,
+// schema, name: what stable event ids are made of), through to_regclass so
+// that the search_path decides an unqualified name as it does for the
+// application. source names the `ferry schema` command that creates it.
+func ResolveTable(ctx context.Context, q QueryRower, table, source string) (outbox.Table, error) {
+	var t outbox.Table
+	err := q.QueryRow(ctx, `SELECT current_database(), n.nspname, c.relname
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)`,
+		outbox.Quote(table)).Scan(&t.Database, &t.Schema, &t.Name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, fmt.Errorf("outbox table %s does not exist (create it with `ferry schema %s --table %s`)", table, source, table)
+	}
+	return t, err
+}
 
 // DrainTimeout is how long a stopping source lets dispatched messages
 // finish: the pipeline's drain timeout, else 10s.
@@ -65,21 +115,11 @@ func Signal(c chan struct{}) {
 	}
 }
 
-// Backoff is how sources space retries of a failing database: 200ms
-// growing to a minute, jittered, so many pipelines hitting one restarting
-// database do not retry in lockstep.
-func Backoff() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = time.Minute
-	return bo
-}
-
 // Retry calls open until it succeeds or ctx ends (then ok is false), logging
 // and reporting each failure with what was being done: the pipeline shows
 // backing_off with the error until open succeeds.
 func Retry[T any](ctx context.Context, log *slog.Logger, rep plugins.Reporter, what string, open func(context.Context) (T, error)) (v T, ok bool) {
-	bo := Backoff()
+	bo := retry.Backoff()
 	for {
 		v, err := open(ctx)
 		if err == nil {
@@ -98,17 +138,6 @@ func Retry[T any](ctx context.Context, log *slog.Logger, rep plugins.Reporter, w
 		case <-time.After(d):
 		}
 	}
-}
-
-// NotifyChannel is the default notification channel of an outbox table,
-// the one `ferry schema` puts in the notify trigger.
-func NotifyChannel(table string) string {
-	_, name, _ := ParseTable(table)
-	ch := "ferry_" + name
-	if len(ch) > 63 {
-		ch = ch[:63]
-	}
-	return ch
 }
 
 // WaitIdle waits, after a source closed its window, until the router

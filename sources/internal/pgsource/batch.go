@@ -1,4 +1,4 @@
-package outbox
+package pgsource
 
 import (
 	"context"

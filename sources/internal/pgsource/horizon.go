@@ -1,4 +1,4 @@
-package outbox
+package pgsource
 
 import (
 	"context"
@@ -21,14 +21,10 @@ type Horizon struct {
 	Query       string
 }
 
-type queryRower interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}
-
 // OldestTransaction finds the oldest running transaction that has an xid,
 // in any database of the server (transaction ids are server-wide). ok is
 // false when there is none besides this session.
-func OldestTransaction(ctx context.Context, q queryRower) (h Horizon, ok bool, err error) {
+func OldestTransaction(ctx context.Context, q QueryRower) (h Horizon, ok bool, err error) {
 	var age float64
 	err = q.QueryRow(ctx, `SELECT EXTRACT(EPOCH FROM clock_timestamp() - xact_start)::float8, pid,
 		COALESCE(datname, ''), COALESCE(usename, ''), COALESCE(application_name, ''), COALESCE(state, ''),
