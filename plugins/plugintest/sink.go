@@ -95,6 +95,16 @@ func RunSink(t *testing.T, h SinkHarness) {
 	}
 }
 
+// LoadSinkConfig loads a pipeline whose sink is of type typ with the keys
+// sinkYAML the way `ferry run` does (strict decoding over the defaults,
+// Validate) and returns the loader's error: the problems a user would see,
+// each naming its YAML path (sink.…). A config table test uses it.
+func LoadSinkConfig(typ, sinkYAML string) error {
+	doc := fmt.Sprintf("name: sinktest\nsource:\n  type: xid8\n  dsn: postgres://localhost/unused\nsink:\n  type: %s\n%s", typ, indent(sinkYAML))
+	_, err := pipelines.Loader{}.LoadBytes("sink.yaml", []byte(doc))
+	return err
+}
+
 // BuildSink builds the sink of h from its YAML keys the way `ferry run`
 // does (strict decoding, defaults, Validate), without starting it. It is
 // closed when the test ends.
