@@ -171,6 +171,9 @@ func NewRecording(t testing.TB) *Recording {
 	return &Recording{path: path}
 }
 
+// Path is the recording file.
+func (r *Recording) Path() string { return r.path }
+
 // SinkYAML is the sink section of a pipeline that records into r.
 func (r *Recording) SinkYAML() string {
 	return fmt.Sprintf("sink:\n  type: %s\n  path: %s\n", RecorderName, r.path)

@@ -4,9 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	wmredis "github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/redis/go-redis/v9"
@@ -25,11 +32,12 @@ func redisURL() string {
 	return "redis://127.0.0.1:6379/0"
 }
 
-// target makes two fresh streams and reads them back with another client,
-// entry by entry, the way a Watermill redisstream subscriber decodes them.
-func target(t testing.TB) *plugintest.Target {
+// target makes two fresh streams on the Redis at url and reads them back
+// with another client, entry by entry, the way a Watermill redisstream
+// subscriber decodes them.
+func target(t testing.TB, url string) *plugintest.Target {
 	t.Helper()
-	opts, err := redis.ParseURL(redisURL())
+	opts, err := redis.ParseURL(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +51,6 @@ func target(t testing.TB) *plugintest.Target {
 	base := "ferry_test_" + hex.EncodeToString(b)
 	tg := &plugintest.Target{Default: base + "_default", Routed: base + "_routed"}
 	t.Cleanup(func() { client.Del(context.Background(), tg.Default, tg.Routed) })
-	url := redisURL()
 	tg.SinkYAML = func(stream string) string { return "url: " + url + "\nstream: " + stream }
 	tg.Received = func() []plugintest.Record {
 		var out []plugintest.Record
@@ -64,19 +71,104 @@ func target(t testing.TB) *plugintest.Target {
 		}
 		return out
 	}
-	// Stop stays nil: the tests share the machine's Redis and must not stop it.
 	return tg
 }
 
+// harness runs the suite on the machine's Redis. Its target has no Stop:
+// other tests share that Redis, so the broker-down scenario is skipped
+// there (TestConformanceOwnServer runs it).
 var harness = plugintest.SinkHarness{
 	Type: redisstream.Name,
 	// XADD keeps a re-sent event id as a second entry; streams have no
 	// record key and accept any name.
 	Features: plugintest.SinkFeatures{},
-	Target:   target,
+	Target:   func(t testing.TB) *plugintest.Target { return target(t, redisURL()) },
 }
 
 func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
+
+// TestConformanceOwnServer runs the suite on a redis-server of each
+// scenario's own, which the broker-down scenario stops and starts.
+func TestConformanceOwnServer(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed")
+	}
+	h := harness
+	h.Target = func(t testing.TB) *plugintest.Target {
+		srv := startRedis(t)
+		tg := target(t, srv.url())
+		tg.Stop = func(t testing.TB) func(testing.TB) {
+			srv.stop(t)
+			return srv.start
+		}
+		return tg
+	}
+	plugintest.RunSink(t, h)
+}
+
+// ownRedis is a redis-server on a free port, its data in a temporary
+// directory; every write is on disk before Redis replies (appendfsync
+// always), so a stop and start keeps every confirmed entry.
+type ownRedis struct {
+	port int
+	dir  string
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+func startRedis(t testing.TB) *ownRedis {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &ownRedis{port: ln.Addr().(*net.TCPAddr).Port, dir: t.TempDir()}
+	ln.Close()
+	r.start(t)
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+func (r *ownRedis) url() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", r.port) }
+
+// start runs the server and waits until it answers.
+func (r *ownRedis) start(t testing.TB) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd != nil {
+		return
+	}
+	cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(r.port), "--dir", r.dir,
+		"--appendonly", "yes", "--appendfsync", "always", "--save", "")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	r.cmd = cmd
+	opts, _ := redis.ParseURL(r.url())
+	client := redis.NewClient(opts)
+	defer client.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for client.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on port %d does not answer", r.port)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop shuts the server down (SIGTERM) and waits for it to exit.
+func (r *ownRedis) stop(t testing.TB) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cmd == nil {
+		return
+	}
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	_ = r.cmd.Wait()
+	r.cmd = nil
+}
 
 // TestConfig: the sink's section as `ferry run` loads it: each problem
 // named by its YAML path, a password never shown.
