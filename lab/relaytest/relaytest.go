@@ -40,8 +40,9 @@ type Env struct {
 	Coll    *testenv.Collector
 }
 
-// Setup creates a database with the outbox table and an aggregate-sequence
-// table, and a stream that collects what the pipeline publishes.
+// Setup creates a database with the outbox table (h.Schema) and an
+// aggregate-sequence table, and a stream that collects what the pipeline
+// publishes. Of h it uses Type, Schema and Extra.
 func Setup(t testing.TB, h plugintest.SourceHarness) *Env {
 	t.Helper()
 	e := &Env{H: h, DSN: testenv.Postgres(t), Table: "outbox", NATS: testenv.NATS(t)}

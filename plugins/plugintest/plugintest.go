@@ -83,8 +83,8 @@ func Insert(ctx context.Context, q interface {
 	return w, err
 }
 
-// InsertFunc writes one event for agg in tx.
-type InsertFunc func(ctx context.Context, tx pgx.Tx, agg string) (Written, error)
+// insertFunc writes one event for agg in tx.
+type insertFunc func(ctx context.Context, tx pgx.Tx, agg string) (Written, error)
 
 // Writers commits events from sessions concurrent sessions into the table
 // "outbox" in Ferry's layout until n events are written or ctx ends. Each
@@ -95,7 +95,7 @@ func Writers(ctx context.Context, t testing.TB, pool *pgxpool.Pool, sessions, n,
 		sessions, n, aggregates)
 }
 
-func writers(ctx context.Context, t testing.TB, pool *pgxpool.Pool, insert InsertFunc, sessions, n, aggregates int) []Written {
+func writers(ctx context.Context, t testing.TB, pool *pgxpool.Pool, insert insertFunc, sessions, n, aggregates int) []Written {
 	var (
 		mu      sync.Mutex
 		written []Written
