@@ -71,7 +71,7 @@ func testMetadata(t *testing.T, h SourceHarness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs := e.Rec.WaitFor(t, 30*time.Second, "the event", delivered(t, w.OutboxID))
+	recs := e.WaitFor(t, 30*time.Second, "the event", delivered(t, w.OutboxID))
 	for _, r := range recs {
 		for _, p := range CheckMetadata(r.Metadata, r.UUID, w, before, r.At, h.Features.RowMetadata) {
 			t.Errorf("metadata contract: %s (metadata %v)", p, r.Metadata)

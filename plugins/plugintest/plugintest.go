@@ -6,8 +6,10 @@
 //     with a naive-cursor control, 10,000 events over 100 aggregates, a
 //     graceful restart and SIGKILL mid-stream, and, when its Features say
 //     so, retention and half-open database connections) and checks the
-//     metadata every source must set. Its partner is Recorder, a sink that
-//     records what it is given; no broker is needed.
+//     metadata every source must set. Its partner is the recording sink
+//     (plugintest_recorder, Recording), which records what it is given, so
+//     no broker is needed; a harness's Through can name a sink and broker
+//     of its own instead.
 //   - RunSink drives a sink against its real broker (a confirmed round
 //     trip, concurrent publishes, re-sent event ids, 10,000 events through
 //     a pipeline, broker down, unroutable messages). Its pipelines read an

@@ -171,6 +171,12 @@ func NewRecording(t testing.TB) *Recording {
 	return &Recording{path: path}
 }
 
+// Through is what a SourceHarness delivers to when it records into r.
+func (r *Recording) Through() *Through {
+	return &Through{SinkYAML: r.SinkYAML(), Received: r.All,
+		Down: func(testing.TB) { r.Down() }, Up: func(testing.TB) { r.Up() }}
+}
+
 // Path is the recording file.
 func (r *Recording) Path() string { return r.path }
 

@@ -33,6 +33,10 @@ type SourceHarness struct {
 	Extra string
 	// Features says what the source promises.
 	Features SourceFeatures
+	// Through, when set, makes each scenario's pipelines deliver to the
+	// harness's sink instead of the recorder (Recording), and read back
+	// what reached its broker.
+	Through func(t testing.TB) *Through
 	// Settled, when set, reports whether a pipeline's first start has
 	// finished its one-time setup. A crash before that repeats the setup's
 	// deliveries by design (wal: the initial snapshot, until its slot is made
@@ -78,6 +82,21 @@ type Outbox struct {
 	IDsAfter func(ctx context.Context, pool *pgxpool.Pool, after int64) ([]int64, error)
 }
 
+// Through is a sink a source's pipelines deliver to, and how to read back
+// what reached it.
+type Through struct {
+	// SinkYAML is the pipelines' sink section, starting with "sink:".
+	SinkYAML string
+	// Received returns what reached the broker so far, in the broker's
+	// order, readable from another process (the SIGKILL scenario's relay
+	// is one): each message's event id, payload, and metadata as headers;
+	// At is when the broker stored it or the reader read it.
+	Received func() []Recorded
+	// Down makes the sink's publishes fail, as a broker outage does, until
+	// Up; both are needed by the Retention scenario.
+	Down, Up func(t testing.TB)
+}
+
 // RunSource runs every conformance scenario for h.
 func RunSource(t *testing.T, h SourceHarness) {
 	t.Run("Metadata", func(t *testing.T) { testMetadata(t, h) })
@@ -98,8 +117,9 @@ type SourceEnv struct {
 	H    SourceHarness
 	DSN  string
 	Pool *pgxpool.Pool
-	// Rec is what the pipelines published.
-	Rec *Recording
+	// Out is what the pipelines deliver to: the harness's Through, else a
+	// fresh Recording's.
+	Out *Through
 
 	sourceYAML string
 }
@@ -108,7 +128,12 @@ type SourceEnv struct {
 // aggregate-sequence table, and a recording for the pipeline's sink.
 func SetupSource(t testing.TB, h SourceHarness) *SourceEnv {
 	t.Helper()
-	e := &SourceEnv{H: h, DSN: testenv.Postgres(t), Rec: NewRecording(t)}
+	e := &SourceEnv{H: h, DSN: testenv.Postgres(t)}
+	if h.Through != nil {
+		e.Out = h.Through(t)
+	} else {
+		e.Out = NewRecording(t).Through()
+	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, e.DSN)
 	if err != nil {
@@ -136,10 +161,10 @@ func SetupSource(t testing.TB, h SourceHarness) *SourceEnv {
 	return e
 }
 
-// YAML returns a pipeline file from the outbox to the recording.
+// YAML returns a pipeline file from the outbox to Out.
 func (e *SourceEnv) YAML(name string, maxInFlight int) string {
 	return fmt.Sprintf("name: %s\nsource:\n  type: %s\n  dsn: %s\n%s%s%slimits:\n  max_in_flight: %d\n",
-		name, e.H.Type, e.DSN, indent(e.sourceYAML), indent(e.H.Extra), e.Rec.SinkYAML(), maxInFlight)
+		name, e.H.Type, e.DSN, indent(e.sourceYAML), indent(e.H.Extra), strings.TrimRight(e.Out.SinkYAML, "\n")+"\n", maxInFlight)
 }
 
 // Start runs the pipeline in this process until the returned stop is called
@@ -275,10 +300,30 @@ func delivered(t testing.TB, ids ...int64) func([]Recorded) bool {
 	}
 }
 
+// Received is what reached Out so far.
+func (e *SourceEnv) Received() []Recorded { return e.Out.Received() }
+
+// WaitFor polls Out until cond holds over what reached it, or fails the
+// test after timeout.
+func (e *SourceEnv) WaitFor(t testing.TB, timeout time.Duration, what string, cond func([]Recorded) bool) []Recorded {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		msgs := e.Received()
+		if cond(msgs) {
+			return msgs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (%d messages delivered)", timeout, what, len(msgs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // waitDelivered waits until every written event is recorded.
 func (e *SourceEnv) waitDelivered(t testing.TB, written []Written, timeout time.Duration) {
 	t.Helper()
-	e.Rec.WaitFor(t, timeout, fmt.Sprintf("all %d events", len(written)), func(msgs []Recorded) bool {
+	e.WaitFor(t, timeout, fmt.Sprintf("all %d events", len(written)), func(msgs []Recorded) bool {
 		if len(msgs) < len(written) {
 			return false
 		}

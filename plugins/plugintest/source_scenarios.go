@@ -43,16 +43,16 @@ func testOutOfOrderCommitRace(t *testing.T, h SourceHarness) {
 		// Documented: B waits for A, because A's transaction is older. Watch
 		// the relay for a while to see that it holds B back.
 		time.Sleep(time.Second)
-		if n := e.Rec.Len(); n != 0 {
+		if n := len(e.Received()); n != 0 {
 			t.Fatalf("%d events delivered while an older transaction was open", n)
 		}
 	} else {
-		e.Rec.WaitFor(t, 10*time.Second, "B's event", delivered(t, wb.OutboxID))
+		e.WaitFor(t, 10*time.Second, "B's event", delivered(t, wb.OutboxID))
 	}
 	if err := a.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e.Rec.WaitFor(t, 10*time.Second, "A's and B's events", delivered(t, wa.OutboxID, wb.OutboxID))
+	e.WaitFor(t, 10*time.Second, "A's and B's events", delivered(t, wa.OutboxID, wb.OutboxID))
 
 	// The control: a naive id cursor under the same steps.
 	var last int64
@@ -83,8 +83,8 @@ func testOutOfOrderCommitRace(t *testing.T, h SourceHarness) {
 		t.Fatalf("control: the naive relay saw C (ids %v); the race was not reproduced", got)
 	}
 	// While the source delivers both.
-	e.Rec.WaitFor(t, 10*time.Second, "C's and D's events", delivered(t, wc.OutboxID, wd.OutboxID))
-	Check([]Written{wa, wb, wc, wd}, DecodeRecorded(t, e.Rec.All()), h.Features.CommitOrder).Assert(t, 0)
+	e.WaitFor(t, 10*time.Second, "C's and D's events", delivered(t, wc.OutboxID, wd.OutboxID))
+	Check([]Written{wa, wb, wc, wd}, DecodeRecorded(t, e.Received()), h.Features.CommitOrder).Assert(t, 0)
 }
 
 // naivePass is the relay the race test guards against: select past the
@@ -110,7 +110,7 @@ func testManyAggregates(t *testing.T, h SourceHarness) {
 		t.Fatalf("wrote %d events, want 10000", len(written))
 	}
 	e.waitDelivered(t, written, 2*time.Minute)
-	v := Check(written, DecodeRecorded(t, e.Rec.All()), h.Features.CommitOrder)
+	v := Check(written, DecodeRecorded(t, e.Received()), h.Features.CommitOrder)
 	v.Assert(t, 0)
 	t.Logf("10000 events over 100 aggregates: %d duplicates", v.Duplicates)
 }
@@ -123,12 +123,12 @@ func testRestart(t *testing.T, h SourceHarness) {
 	stop := e.Start(t, e.YAML("restart", window))
 	writes := make(chan []Written, 1)
 	go func() { writes <- e.Writers(ctx, t, 4, 4000, 50) }()
-	e.Rec.WaitFor(t, time.Minute, "1000 events before the restart", func(m []Recorded) bool { return len(m) >= 1000 })
+	e.WaitFor(t, time.Minute, "1000 events before the restart", func(m []Recorded) bool { return len(m) >= 1000 })
 	stop()
 	e.Start(t, e.YAML("restart", window))
 	written := <-writes
 	e.waitDelivered(t, written, 2*time.Minute)
-	v := Check(written, DecodeRecorded(t, e.Rec.All()), h.Features.CommitOrder)
+	v := Check(written, DecodeRecorded(t, e.Received()), h.Features.CommitOrder)
 	v.Assert(t, window)
 	t.Logf("restart: %d events, %d duplicates (bound %d)", len(written), v.Duplicates, window)
 }
@@ -150,7 +150,7 @@ func testKill(t *testing.T, h SourceHarness) {
 			waitSettled(t, e, "kill")
 		}
 		target := (k + 1) * 1000
-		e.Rec.WaitFor(t, time.Minute, fmt.Sprintf("%d events before kill %d", target, k+1), func(m []Recorded) bool { return len(m) >= target })
+		e.WaitFor(t, time.Minute, fmt.Sprintf("%d events before kill %d", target, k+1), func(m []Recorded) bool { return len(m) >= target })
 		child.Kill()
 	}
 	child := StartChild(t, path)
@@ -159,7 +159,7 @@ func testKill(t *testing.T, h SourceHarness) {
 	if err := child.Stop(); err != nil {
 		t.Errorf("relay did not exit cleanly on SIGTERM: %v", err)
 	}
-	v := Check(written, DecodeRecorded(t, e.Rec.All()), h.Features.CommitOrder)
+	v := Check(written, DecodeRecorded(t, e.Received()), h.Features.CommitOrder)
 	v.Assert(t, kills*window)
 	t.Logf("kill -9 ×%d: %d events, %d duplicates (bound %d)", kills, len(written), v.Duplicates, kills*window)
 }
@@ -191,6 +191,9 @@ func waitSettled(t *testing.T, e *SourceEnv, pipeline string) {
 // deleted.
 func testRetention(t *testing.T, h SourceHarness) {
 	e := SetupSource(t, withExtra(h, "retention: {after: 0s, every: 10ms, batch: 50}"))
+	if e.Out.Down == nil || e.Out.Up == nil {
+		t.Fatal("the Retention scenario needs Through.Down and Through.Up")
+	}
 	e.Start(t, e.YAML("retention", 100))
 	ctx := context.Background()
 
@@ -204,18 +207,18 @@ func testRetention(t *testing.T, h SourceHarness) {
 	}
 	writes := make(chan []Written, 1)
 	go func() { writes <- e.Writers(ctx, t, 2, 600, 20) }()
-	e.Rec.WaitFor(t, time.Minute, "some events before the sink fails", func(m []Recorded) bool { return len(m) >= 50 || h.Features.HoldsBehindOpenTransaction })
-	e.Rec.Down()
+	e.WaitFor(t, time.Minute, "some events before the sink fails", func(m []Recorded) bool { return len(m) >= 50 || h.Features.HoldsBehindOpenTransaction })
+	e.Out.Down(t)
 	time.Sleep(time.Second) // the outage under test: publishes fail, retention keeps running
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e.Rec.Up()
+	e.Out.Up(t)
 	written := append(<-writes, held)
-	e.Rec.WaitFor(t, 2*time.Minute, "every event", func(m []Recorded) bool {
+	e.WaitFor(t, 2*time.Minute, "every event", func(m []Recorded) bool {
 		return len(Check(written, DecodeRecorded(t, m), false).Lost) == 0
 	})
-	Check(written, DecodeRecorded(t, e.Rec.All()), h.Features.CommitOrder).Assert(t, len(written))
+	Check(written, DecodeRecorded(t, e.Received()), h.Features.CommitOrder).Assert(t, len(written))
 	testenv.Eventually(t, 30*time.Second, "delivered rows deleted", func() bool {
 		var n int
 		e.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n)
@@ -247,7 +250,7 @@ func testHalfOpenDatabase(t *testing.T, h SourceHarness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.Rec.WaitFor(t, 30*time.Second, "the first event", func(m []Recorded) bool { return len(m) >= 1 })
+	e.WaitFor(t, 30*time.Second, "the first event", func(m []Recorded) bool { return len(m) >= 1 })
 	proxy.Blackhole()
 	proxy.Heal() // the frozen connections stay frozen; new ones work
 	start := time.Now()
@@ -255,7 +258,7 @@ func testHalfOpenDatabase(t *testing.T, h SourceHarness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.Rec.WaitFor(t, time.Minute, "the event committed after the connections froze", func(m []Recorded) bool { return len(m) >= 2 })
+	e.WaitFor(t, time.Minute, "the event committed after the connections froze", func(m []Recorded) bool { return len(m) >= 2 })
 	t.Logf("delivered %s after the connections froze (query_timeout 2s)", time.Since(start).Round(time.Millisecond))
-	Check([]Written{first, second}, DecodeRecorded(t, e.Rec.All()), h.Features.CommitOrder).Assert(t, 0)
+	Check([]Written{first, second}, DecodeRecorded(t, e.Received()), h.Features.CommitOrder).Assert(t, 0)
 }
