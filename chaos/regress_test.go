@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/faultproxy"
-	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/ownership"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -128,8 +128,8 @@ func TestWriterTransactionIDsFollowCommitOrder(t *testing.T) {
 // back but in the table" although nothing was wrong. Without a crash the
 // same finding still fails the scenario.
 func TestCheckWriterReissuedIDsAfterCrash(t *testing.T) {
-	committed := []sourcetest.Written{{OutboxID: 1, Aggregate: "agg-00", Seq: 1}, {OutboxID: 3, Aggregate: "agg-00", Seq: 2}}
-	table := append(committed, sourcetest.Written{OutboxID: 2, Aggregate: "agg-01", Seq: 1})
+	committed := []plugintest.Written{{OutboxID: 1, Aggregate: "agg-00", Seq: 1}, {OutboxID: 3, Aggregate: "agg-00", Seq: 2}}
+	table := append(committed, plugintest.Written{OutboxID: 2, Aggregate: "agg-01", Seq: 1})
 	rolledBack := []int64{2}
 	if failures, notes := checkWriter(committed, rolledBack, table, true); len(failures) != 0 || len(notes) != 1 {
 		t.Errorf("after a crash: failures %q, notes %q; want one note and no failure", failures, notes)

@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/ferryhq/ferry/internal/faultproxy"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/faultproxy"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -576,7 +576,7 @@ func (r *run) traceOrder(v Verdict, got []Delivery) {
 // only rolled-back transactions had drawn, and a later commit gets them.
 // Such a row is a new event under an old id, and the verifier judges it as
 // one.
-func checkWriter(committed []sourcetest.Written, rolledBack []int64, truth []sourcetest.Written, crashed bool) (failures, notes []string) {
+func checkWriter(committed []plugintest.Written, rolledBack []int64, truth []plugintest.Written, crashed bool) (failures, notes []string) {
 	inTable := make(map[int64]bool, len(truth))
 	for _, e := range truth {
 		inTable[e.OutboxID] = true

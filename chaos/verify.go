@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 )
 
 // Delivery is one event as the broker holds it.
@@ -225,15 +225,15 @@ func (v *Verifier) WaitNew(before, n int, timeout time.Duration) error {
 
 // Truth is what the database says was committed: every row of the outbox
 // table, each with its aggregate and sequence.
-func Truth(ctx context.Context, pool *pgxpool.Pool) ([]sourcetest.Written, error) {
+func Truth(ctx context.Context, pool *pgxpool.Pool) ([]plugintest.Written, error) {
 	rows, err := pool.Query(ctx, `SELECT id, aggregate_id, (payload->>'seq')::int FROM outbox ORDER BY id`)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []sourcetest.Written
+	var out []plugintest.Written
 	for rows.Next() {
-		var w sourcetest.Written
+		var w plugintest.Written
 		if err := rows.Scan(&w.OutboxID, &w.Aggregate, &w.Seq); err != nil {
 			return nil, err
 		}
@@ -262,7 +262,7 @@ type Verdict struct {
 // gapless (1, 2, 3, …: rolled-back increments are undone), so the first
 // arrivals of an aggregate's events are in order exactly when each is the
 // previous one's successor.
-func Judge(committed []sourcetest.Written, rolledBack []int64, got []Delivery) Verdict {
+func Judge(committed []plugintest.Written, rolledBack []int64, got []Delivery) Verdict {
 	v := Verdict{Events: len(committed), Deliveries: len(got)}
 	want := make(map[int64]bool, len(committed))
 	for _, w := range committed {

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 )
 
 // WriterConfig shapes the traffic a Writer commits.
@@ -44,7 +44,7 @@ func DefaultWriterConfig() WriterConfig {
 // round starts Sessions transactions at once; each writes 1..MaxEvents
 // events of one aggregate (taking the aggregate's lock first, so each
 // aggregate's sequence and transaction ids follow its commit order; see
-// sourcetest.LockSQL), holds the transaction open for a random time, and commits or
+// plugintest.LockSQL), holds the transaction open for a random time, and commits or
 // rolls back. A round is one randomized commit interleaving: ids,
 // transaction ids and commits land in different orders, and rolled-back
 // rows leave gaps.
@@ -58,7 +58,7 @@ type Writer struct {
 	cfg  WriterConfig
 
 	mu         sync.Mutex
-	committed  []sourcetest.Written
+	committed  []plugintest.Written
 	rolledBack []int64
 	inDoubt    []int64
 	rounds     int
@@ -77,7 +77,7 @@ INSERT INTO agg_seq (id, seq) SELECT format('agg-%%s', lpad(n::text, 2, '0')), 0
 // aggregateID names aggregate n as SchemaSQL created it.
 func aggregateID(n int) string { return fmt.Sprintf("agg-%02d", n) }
 
-// sourcetest.LockSQL takes aggregate $1's lock for the rest of the
+// plugintest.LockSQL takes aggregate $1's lock for the rest of the
 // transaction, before the transaction has a transaction id, and insertSQL
 // then writes one event for it (numbered by the aggregate's row in agg_seq).
 //
@@ -100,8 +100,8 @@ SELECT 'order', $1, 'OrderUpdated', jsonb_build_object('agg', $1::text, 'seq', s
 RETURNING id, (payload->>'seq')::int`
 
 // insert writes one event for agg in tx.
-func insert(ctx context.Context, tx pgx.Tx, agg string) (sourcetest.Written, error) {
-	w := sourcetest.Written{Aggregate: agg}
+func insert(ctx context.Context, tx pgx.Tx, agg string) (plugintest.Written, error) {
+	w := plugintest.Written{Aggregate: agg}
 	err := tx.QueryRow(ctx, insertSQL, agg).Scan(&w.OutboxID, &w.Seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = fmt.Errorf("aggregate %q has no row in agg_seq", agg)
@@ -173,13 +173,13 @@ func (w *Writer) runTx(ctx context.Context, p txPlan) error {
 	if err != nil {
 		return err
 	}
-	var batch []sourcetest.Written
+	var batch []plugintest.Written
 	abort := func(err error) error {
 		_ = tx.Rollback(context.Background())
 		w.record(nil, batch, nil)
 		return err
 	}
-	if _, err := tx.Exec(ctx, sourcetest.LockSQL, p.aggregate); err != nil {
+	if _, err := tx.Exec(ctx, plugintest.LockSQL, p.aggregate); err != nil {
 		return abort(err)
 	}
 	for range p.events {
@@ -215,7 +215,7 @@ func (w *Writer) runTx(ctx context.Context, p txPlan) error {
 	return nil
 }
 
-func (w *Writer) record(committed, rolledBack, inDoubt []sourcetest.Written) {
+func (w *Writer) record(committed, rolledBack, inDoubt []plugintest.Written) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.committed = append(w.committed, committed...)
@@ -246,10 +246,10 @@ func (w *Writer) Stats() WriterStats {
 }
 
 // Committed returns the events whose COMMIT succeeded.
-func (w *Writer) Committed() []sourcetest.Written {
+func (w *Writer) Committed() []plugintest.Written {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return append([]sourcetest.Written(nil), w.committed...)
+	return append([]plugintest.Written(nil), w.committed...)
 }
 
 // RolledBack returns the outbox ids of rows whose transaction was rolled

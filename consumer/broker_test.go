@@ -27,19 +27,20 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferryhq/ferry/consumer"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	_ "github.com/ferryhq/ferry/sinks/kafka"
 	_ "github.com/ferryhq/ferry/sinks/rabbitmq"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/poll"
 )
 
-func TestMain(m *testing.M) { sourcetest.Main(m) }
+func TestMain(m *testing.M) { plugintest.Main(m) }
 
 // The relay: poll with the aggregate version, leases of killed relays
 // expiring in 2s.
-var harness = sourcetest.Harness{
+var harness = plugintest.SourceHarness{
 	Type: poll.Name,
 	Schema: func(table string) (string, error) {
 		ddl, err := poll.Schema(table)
@@ -119,7 +120,7 @@ func apply(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 // sessions write, and a consumer that fails deliveries at random (before and
 // after its commit) so the broker redelivers; it checks the consumer's
 // tables against the reference fold.
-func scenario(t *testing.T, e *sourcetest.Env, pipeline string, sub func(t *testing.T) (message.Subscriber, string)) {
+func scenario(t *testing.T, e *relaytest.Env, pipeline string, sub func(t *testing.T) (message.Subscriber, string)) {
 	const events, aggregates = 1200, 40
 	ctx := context.Background()
 	app, err := pgxpool.New(ctx, testenv.Postgres(t))
@@ -189,12 +190,12 @@ func scenario(t *testing.T, e *sourcetest.Env, pipeline string, sub func(t *test
 		return n
 	}
 	for k := range 2 {
-		relay := sourcetest.StartChild(t, path)
+		relay := plugintest.StartChild(t, path)
 		target := (k + 1) * events / 3
 		testenv.Eventually(t, 2*time.Minute, fmt.Sprintf("%d events applied before kill %d", target, k+1), func() bool { return applied() >= target })
 		relay.Kill()
 	}
-	relay := sourcetest.StartChild(t, path)
+	relay := plugintest.StartChild(t, path)
 	ws := <-writes
 	testenv.Eventually(t, 3*time.Minute, fmt.Sprintf("all %d events applied", len(ws)), func() bool { return applied() >= len(ws) })
 	if err := relay.Stop(); err != nil {
@@ -286,7 +287,7 @@ func write(ctx context.Context, t *testing.T, pool *pgxpool.Pool, sessions, n, a
 }
 
 func TestConsumerOverNATSWhileRelayIsKilled(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	scenario(t, e, e.YAML("accounts", 100), func(t *testing.T) (message.Subscriber, string) {
 		sub, err := wmnats.NewSubscriber(wmnats.SubscriberConfig{
 			URL:            e.NATS,
@@ -306,7 +307,7 @@ func TestConsumerOverNATSWhileRelayIsKilled(t *testing.T) {
 }
 
 func TestConsumerOverKafkaWhileRelayIsKilled(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	brokers := []string{testenv.StartKafka(t).Addr()}
 	topic := "accounts." + strings.ToLower(e.Stream)
 	testenv.CreateKafkaTopic(t, brokers, topic, 4)
@@ -331,7 +332,7 @@ func TestConsumerOverKafkaWhileRelayIsKilled(t *testing.T) {
 }
 
 func TestConsumerOverRabbitMQWhileRelayIsKilled(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	url := testenv.AMQPURL(t)
 	exchange, queue := "ferry.test."+strings.ToLower(e.Stream), "accounts."+strings.ToLower(e.Stream)
 	t.Cleanup(func() {

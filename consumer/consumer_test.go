@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ferryhq/ferry/consumer"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 func setup(t *testing.T, cfg consumer.Config) (*consumer.Consumer, *pgxpool.Pool) {

@@ -22,9 +22,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -133,9 +134,9 @@ func alertExprs(t *testing.T) []string {
 func TestEveryReferencedMetricIsExported(t *testing.T) {
 	exprs := append(dashboardExprs(t), alertExprs(t)...)
 
-	x := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
-	p := sourcetest.Setup(t, sourcetest.Harness{Type: poll.Name, Schema: poll.Schema})
-	w := sourcetest.Setup(t, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	x := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	p := relaytest.Setup(t, plugintest.SourceHarness{Type: poll.Name, Schema: poll.Schema})
+	w := relaytest.Setup(t, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	walName := strings.ToLower(testenv.Name("ops_wal"))
 	y := fmt.Sprintf(`name: ops-xid8
 source: {type: xid8, dsn: %q, poll_interval: 20ms, metrics_interval: 1s}
@@ -167,8 +168,8 @@ sink: {type: nats, url: %q, subject: %s}
 	go func() { done <- sup.Run(ctx, specs) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	for _, e := range []*sourcetest.Env{x, p, w} {
-		if _, err := sourcetest.Insert(ctx, e.Pool, "agg-1"); err != nil {
+	for _, e := range []*relaytest.Env{x, p, w} {
+		if _, err := plugintest.Insert(ctx, e.Pool, "agg-1"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,9 +12,10 @@ import (
 
 	"github.com/ferryhq/ferry/doctor"
 	"github.com/ferryhq/ferry/internal/natsserver"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	_ "github.com/ferryhq/ferry/sinks/kafka"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -22,7 +23,7 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-var harness = sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema, Extra: "poll_interval: 20ms"}
+var harness = plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema, Extra: "poll_interval: 20ms"}
 
 func load(t *testing.T, yaml string) []*pipelines.Spec {
 	t.Helper()
@@ -49,10 +50,10 @@ func diagnose(t *testing.T, specs []*pipelines.Spec, o doctor.Options, stage str
 }
 
 func TestHealthy(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	y := e.YAML("fine", 100)
 	e.Start(t, y)
-	w, _ := sourcetest.Insert(context.Background(), e.Pool, "agg-1")
+	w, _ := plugintest.Insert(context.Background(), e.Pool, "agg-1")
 	e.Coll.WaitFor(t, 10*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
 	d := diagnose(t, load(t, y), opts, "", 0)
 	if !d.Healthy || len(d.Checks) != 5 {
@@ -63,8 +64,8 @@ func TestHealthy(t *testing.T) {
 
 // No relay is running and rows age: the doctor names the relay.
 func TestRelayNotRunning(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
-	sourcetest.Insert(context.Background(), e.Pool, "agg-1")
+	e := relaytest.Setup(t, harness)
+	plugintest.Insert(context.Background(), e.Pool, "agg-1")
 	time.Sleep(600 * time.Millisecond) // let the row age past MaxAge
 	d := diagnose(t, load(t, e.YAML("orphan", 100)), opts, doctor.StageRelay, 1)
 	if !strings.Contains(strings.Join(d.Checks[1].Evidence, " "), "no Ferry instance is running this pipeline") {
@@ -74,7 +75,7 @@ func TestRelayNotRunning(t *testing.T) {
 
 // A long open transaction holds the xid8 cursor: the doctor names its pid.
 func TestOpenTransactionBlocksXid8(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	y := e.YAML("blocked", 100)
 	e.Start(t, y)
@@ -88,7 +89,7 @@ func TestOpenTransactionBlocksXid8(t *testing.T) {
 	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid(), pg_current_xact_id()::text`).Scan(&pid, &xid); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sourcetest.Insert(ctx, e.Pool, "agg-1"); err != nil {
+	if _, err := plugintest.Insert(ctx, e.Pool, "agg-1"); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(700 * time.Millisecond) // the transaction and the row grow older than the limits
@@ -101,7 +102,7 @@ func TestOpenTransactionBlocksXid8(t *testing.T) {
 
 // The broker is gone while the relay runs: the doctor names the broker.
 func TestBrokerDown(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	srv, err := natsserver.Start(0, "")
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +110,7 @@ func TestBrokerDown(t *testing.T) {
 	y := strings.Replace(e.YAML("nobroker", 100), "url: "+e.NATS, "url: "+srv.URL(), 1)
 	e.Start(t, y)
 	srv.Close()
-	sourcetest.Insert(context.Background(), e.Pool, "agg-1")
+	plugintest.Insert(context.Background(), e.Pool, "agg-1")
 	time.Sleep(600 * time.Millisecond)
 	diagnose(t, load(t, y), opts, doctor.StageBroker, 1)
 }
@@ -128,12 +129,12 @@ func TestCannotCheck(t *testing.T) {
 // failing (here: a ferry whose API reports backing_off) and the doctor names
 // the slot.
 func TestInactiveSlotRetainingWAL(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	ctx := context.Background()
 	name := strings.ToLower(testenv.Name("slotdoc"))
 	y := strings.Replace(e.YAML(name, 100), "type: wal", "type: wal\n  heartbeat_interval: 0s", 1)
 	stop := e.Start(t, y)
-	sourcetest.Insert(ctx, e.Pool, "agg-1")
+	plugintest.Insert(ctx, e.Pool, "agg-1")
 	e.Coll.WaitFor(t, 20*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
 	// The first start streams a temporary slot until its snapshot rows are
 	// acked, then copies it to the permanent one: stop only after that.
@@ -145,7 +146,7 @@ func TestInactiveSlotRetainingWAL(t *testing.T) {
 	stop() // the slot stays, with no reader
 	t.Cleanup(func() { e.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, wal.DefaultName(name)) })
 	for range 20 { // WAL the slot must retain
-		sourcetest.Insert(ctx, e.Pool, "agg-2")
+		plugintest.Insert(ctx, e.Pool, "agg-2")
 	}
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		json.NewEncoder(w).Encode(map[string]any{"pipelines": []pipelines.Status{{Name: name, State: pipelines.StateBackingOff,
@@ -164,7 +165,7 @@ func TestInactiveSlotRetainingWAL(t *testing.T) {
 // Ferry delivered to Kafka, but a consumer group named in the sink's config
 // is behind: the doctor names the consumers.
 func TestKafkaConsumerGroupBehind(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	srv := testenv.StartKafka(t)
 	topic := strings.ToLower(e.Stream)
@@ -173,7 +174,7 @@ func TestKafkaConsumerGroupBehind(t *testing.T) {
 		e.DSN, srv.Addr(), topic)
 	e.Start(t, y)
 	for range 30 {
-		sourcetest.Insert(ctx, e.Pool, "agg-1")
+		plugintest.Insert(ctx, e.Pool, "agg-1")
 	}
 	coll := testenv.CollectKafka(t, []string{srv.Addr()}, []string{topic})
 	testenv.Eventually(t, 30*time.Second, "30 records on the topic", func() bool { return coll.Len() >= 30 })

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/doctor"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 )
 
@@ -16,7 +16,7 @@ import (
 // default --url: the doctor looks at the source database and names the
 // instance that owns the pipeline, rather than saying none runs it.
 func TestPausedPipelineNamesItsOwner(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	y := e.YAML("paused", 100)
 	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second,
 		Ownership: &pipelines.Ownership{Instance: "ferry-a", CoordinationDSN: e.DSN, Interval: 200 * time.Millisecond}})

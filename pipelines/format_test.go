@@ -9,8 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -19,7 +20,7 @@ import (
 // dead-letter topic as the source read it — not encoded, which would fail
 // again — with the reason, and does not block the rows behind it.
 func TestCloudEventsDeadLetterIsRaw(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	prefix := strings.ToLower(e.Stream)
 	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_CE", 0, prefix+".>")

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -18,10 +19,10 @@ import (
 // waiting behind a pipeline that cannot start, and rows written while it is
 // paused, show within metrics_interval; the ages are seconds in JSON.
 func TestBacklogFreshWhileNotRunning(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema, Extra: "metrics_interval: 1s"})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema, Extra: "metrics_interval: 1s"})
 	ctx := context.Background()
 	for i := range 3 {
-		if _, err := sourcetest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i)); err != nil {
+		if _, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -60,7 +61,7 @@ func TestBacklogFreshWhileNotRunning(t *testing.T) {
 	}
 	paused := time.Now()
 	for i := range 4 {
-		if _, err := sourcetest.Insert(ctx, e.Pool, fmt.Sprintf("late-%d", i)); err != nil {
+		if _, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("late-%d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,9 +12,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -74,7 +75,7 @@ func status(t *testing.T, sup *pipelines.Supervisor, name string) pipelines.Stat
 // pipeline whose own database is unreachable is backing_off with the
 // cause and its next retry, not standby.
 func TestCoordinationDownDoesNotStopPipelines(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	good := e.YAML("good", 100)
 	broken := strings.Replace(e.YAML("broken", 100), "dsn: "+e.DSN, "dsn: "+closedDSN, 1)
 	specs, err := pipelines.Loader{}.LoadBytes("ha.yaml", []byte(good+"---\n"+broken))
@@ -83,12 +84,12 @@ func TestCoordinationDownDoesNotStopPipelines(t *testing.T) {
 	}
 	sup, reg, logs := runHA(t, "a", closedDSN, specs)
 
-	w, err := sourcetest.Insert(context.Background(), e.Pool, "agg-1")
+	w, err := plugintest.Insert(context.Background(), e.Pool, "agg-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.Coll.WaitFor(t, 30*time.Second, "the good pipeline's event", func(m []testenv.Received) bool { return len(m) == 1 })
-	sourcetest.Check([]sourcetest.Written{w}, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check([]plugintest.Written{w}, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 
 	testenv.Eventually(t, 20*time.Second, "broken backing off", func() bool {
 		return status(t, sup, "broken").State == pipelines.StateBackingOff
@@ -145,7 +146,7 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // A second instance finds the pipeline owned: it is standby and names the
 // owner; the owner shows itself. Both are ready.
 func TestStandbyNamesTheOwner(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	specs, err := pipelines.Loader{}.LoadBytes("ha.yaml", []byte(e.YAML("orders", 100)))
 	if err != nil {
 		t.Fatal(err)

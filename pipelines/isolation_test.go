@@ -12,10 +12,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	natssink "github.com/ferryhq/ferry/sinks/nats"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
@@ -26,7 +27,7 @@ import (
 // under CI load (at 20/s each, a loaded run fell short of the limit), so the
 // throttle, not the noise, sets the counts and the ratio measures isolation.
 // deadTenant's pipelines publish to a broker that does not exist.
-func fleet(t *testing.T, e *sourcetest.Env, coll *testenv.Collector, run string, deadTenant int) map[string]int {
+func fleet(t *testing.T, e *relaytest.Env, coll *testenv.Collector, run string, deadTenant int) map[string]int {
 	t.Helper()
 	ctx := context.Background()
 	var y strings.Builder
@@ -110,7 +111,7 @@ func perPipeline(c *testenv.Collector, prefix string) map[string]int {
 // One tenant's broker is down: every other tenant's pipeline keeps
 // delivering, at about the rate it has with every broker up.
 func TestFailureIsolationAcrossTenants(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_FLEET", 0, e.Subject+".>")
 	healthy := fleet(t, e, coll, "a", -1)
 	withDead := fleet(t, e, coll, "b", 0)
@@ -144,7 +145,7 @@ func TestFailureIsolationAcrossTenants(t *testing.T) {
 // process: its pipeline backs off and redelivers it, the other pipeline
 // does not notice, and once the transform stops panicking the event goes.
 func TestPanickingTransformIsContained(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	var panics atomic.Int32
 	r := plugins.NewRegistry()

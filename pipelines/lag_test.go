@@ -10,10 +10,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -41,7 +42,7 @@ func lagOf(t *testing.T, sup *pipelines.Supervisor, name, seg string) pipelines.
 // A held transaction moves commit→read, not read→ack; a slow broker moves
 // read→ack, not commit→read.
 func TestLagSegmentsBlameTheRightStage(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	r := plugins.NewRegistry()
 	xid8.Register(r)

@@ -12,10 +12,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/transforms/headers"
 	"github.com/ferryhq/ferry/transforms/router"
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // A pipeline whose broker is unreachable backs off with its error visible,
 // while another pipeline in the same router delivers.
 func TestFailingPipelineDoesNotStopOthers(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	good := e.YAML("good", 100)
 	bad := strings.Replace(e.YAML("bad", 100), "url: "+e.NATS, "url: nats://127.0.0.1:1", 1) +
 		"  # the stream cannot be created while the broker is unreachable\n"
@@ -43,12 +44,12 @@ func TestFailingPipelineDoesNotStopOthers(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- sup.Run(ctx, specs) }()
 
-	w, err := sourcetest.Insert(ctx, e.Pool, "agg-1")
+	w, err := plugintest.Insert(ctx, e.Pool, "agg-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.Coll.WaitFor(t, 20*time.Second, "the good pipeline's event", func(m []testenv.Received) bool { return len(m) == 1 })
-	sourcetest.Check([]sourcetest.Written{w}, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check([]plugintest.Written{w}, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 	testenv.Eventually(t, 20*time.Second, "bad pipeline backing off", func() bool {
 		for _, s := range sup.Statuses() {
 			if s.Name == "bad" {
@@ -113,7 +114,7 @@ func (*noCfg) Validate() error { return nil }
 // transforms on the event as read, not on what the failed attempt made of
 // it: the router still finds its route after headers renamed the fields.
 func TestRestartsAndRetriesRunTheChainOnce(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	r := plugins.NewRegistry()
 	xid8.Register(r)

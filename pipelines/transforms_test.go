@@ -12,10 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/natsserver"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	_ "github.com/ferryhq/ferry/plugins/examples/redact"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	_ "github.com/ferryhq/ferry/sinks/kafka"
 	_ "github.com/ferryhq/ferry/sinks/rabbitmq"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -64,7 +65,7 @@ func state(sup *pipelines.Supervisor, name string) pipelines.Status {
 // a row with no route in the dead-letter topic with its reason while the
 // rows behind it are delivered — counted by the per-stage metrics.
 func TestRouterCanaryHeadersDeadLetter(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	prefix := strings.ToLower(e.Stream)
 	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_ALL", 0, prefix+".>")
 	ctx := context.Background()
@@ -181,7 +182,7 @@ func stageEvents(t *testing.T, reg *prometheus.Registry, stage, outcome string) 
 // With no business traffic the canary keeps a healthy pipeline healthy; with
 // the broker gone it reports stalled within twice its budget, and recovers.
 func TestCanaryTellsStalledFromQuiet(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	srv, err := natsserver.Start(0, "")
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +218,7 @@ sink: {type: nats, url: %q, subject: business, create_stream: {name: QUIET, subj
 
 // A platform team's transform runs from YAML like the built-in ones.
 func TestCustomTransformFromYAML(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	run(t, fmt.Sprintf(`name: customers
 source: {type: xid8, dsn: %q, poll_interval: 20ms}
 transforms:
@@ -249,7 +250,7 @@ sink: {type: nats, url: %q, subject: %s}
 // in the dead-letter topic with their reason, and the rows behind them are
 // delivered.
 func TestBadRowsGoToDeadLetter(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	if _, err := e.Pool.Exec(ctx, `CREATE TABLE raw_outbox (
 		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, xact_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
@@ -338,7 +339,7 @@ type received struct {
 func TestRoutingOnKafkaAndRabbitMQ(t *testing.T) {
 	for _, sink := range []string{"kafka", "rabbitmq"} {
 		t.Run(sink, func(t *testing.T) {
-			e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+			e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 			prefix := strings.ToLower(e.Stream)
 			dests := []string{"order", "payment", "shipment", "canary", "dlq"}
 			var sinkYAML string

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
@@ -21,9 +22,9 @@ import (
 // text and epoch-millisecond created_at columns; xid8 and poll accept only
 // timestamps, which the start-up check enforces.)
 func TestUndecodableRowDeadLettered(t *testing.T) {
-	for _, h := range []sourcetest.Harness{{Type: wal.Name, Schema: wal.Schema}} {
+	for _, h := range []plugintest.SourceHarness{{Type: wal.Name, Schema: wal.Schema}} {
 		t.Run(h.Type, func(t *testing.T) {
-			e := sourcetest.Setup(t, h)
+			e := relaytest.Setup(t, h)
 			ctx := context.Background()
 			// A text created_at, as some outbox libraries write it.
 			if _, err := e.Pool.Exec(ctx, `ALTER TABLE outbox ALTER COLUMN created_at DROP DEFAULT,
@@ -123,7 +124,7 @@ dead_letter: {topic: %[4]s.dlq}
 // says so: backing off, with the row's position, the column, the value and
 // the fix as its error. The rows before it are delivered.
 func TestUndecodableRowWithoutDeadLetter(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	ctx := context.Background()
 	t.Cleanup(func() {
 		_, _ = e.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
@@ -163,7 +164,7 @@ sink: {type: nats, url: %q, subject: %s}
 	}
 }
 
-func extra(h sourcetest.Harness) string {
+func extra(h plugintest.SourceHarness) string {
 	if h.Extra == "" {
 		return ""
 	}
@@ -171,7 +172,7 @@ func extra(h sourcetest.Harness) string {
 }
 
 // waitSlot waits until a walsender streams slot (after the initial snapshot).
-func waitSlot(t *testing.T, e *sourcetest.Env, slot string) {
+func waitSlot(t *testing.T, e *relaytest.Env, slot string) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, "slot "+slot+" streamed", func() bool {
 		var streamed bool

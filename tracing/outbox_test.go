@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/tracing"
 )
@@ -19,7 +20,7 @@ import (
 // span a child of its row's; the reads get a span per batch.
 func TestFromTheOutbox(t *testing.T) {
 	exp := recorder(t)
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	parents := map[string]string{} // aggregate id → the row's span id
 	for i := range 3 {

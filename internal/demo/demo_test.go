@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/internal/demo"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

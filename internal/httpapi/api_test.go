@@ -16,9 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/httpapi"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 const token = "s3cret-token"
 
 type fixture struct {
-	e    *sourcetest.Env
+	e    *relaytest.Env
 	sup  *pipelines.Supervisor
 	srv  *httptest.Server
 	yaml string // what Reload loads
@@ -35,7 +36,7 @@ type fixture struct {
 
 func start(t *testing.T, yaml string, adminToken string) *fixture {
 	t.Helper()
-	f := &fixture{e: sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})}
+	f := &fixture{e: relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})}
 	f.yaml = fmt.Sprintf(yaml, f.e.DSN, f.e.NATS, f.e.Subject)
 	specs, err := pipelines.Loader{}.LoadBytes("api.yaml", []byte(f.yaml))
 	if err != nil {
@@ -149,10 +150,10 @@ func TestAdminDisabledWithoutToken(t *testing.T) {
 func TestPauseResumeKeepsPosition(t *testing.T) {
 	f := start(t, one, token)
 	ctx := context.Background()
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	write := func(n int) {
 		for range n {
-			w, err := sourcetest.Insert(ctx, f.e.Pool, fmt.Sprintf("agg-%d", len(written)%7))
+			w, err := plugintest.Insert(ctx, f.e.Pool, fmt.Sprintf("agg-%d", len(written)%7))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +174,7 @@ func TestPauseResumeKeepsPosition(t *testing.T) {
 		t.Fatalf("resume: %d", code)
 	}
 	f.e.Coll.WaitFor(t, 20*time.Second, "200 events", func(m []testenv.Received) bool { return len(m) >= 200 })
-	sourcetest.Check(written, sourcetest.Decode(t, f.e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, f.e.Coll.All()), true).Assert(t, 0)
 }
 
 const three = `name: keep

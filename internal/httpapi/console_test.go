@@ -14,10 +14,11 @@ import (
 
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/internal/httpapi"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -25,7 +26,7 @@ import (
 // running pipeline's lag samples and its stages' counts of the events
 // that really went through; --ui=false (no Console) serves neither.
 func TestConsoleWithoutStore(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	specs, err := pipelines.Loader{}.LoadBytes("ui.yaml", []byte(e.YAML("orders", 100)))
 	if err != nil {
 		t.Fatal(err)
@@ -46,9 +47,9 @@ func TestConsoleWithoutStore(t *testing.T) {
 	off := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log}))
 	t.Cleanup(off.Close)
 
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	for i := range 25 {
-		w, err := sourcetest.Insert(ctx, e.Pool, "agg-"+string(rune('a'+i%3)))
+		w, err := plugintest.Insert(ctx, e.Pool, "agg-"+string(rune('a'+i%3)))
 		if err != nil {
 			t.Fatal(err)
 		}

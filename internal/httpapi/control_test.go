@@ -19,11 +19,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/console"
-	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/httpapi"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/faultproxy"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
 
@@ -35,7 +36,7 @@ const adminToken = "bootstrap-admin-secret"
 // controlFixture is an instance with a store, a supervisor converging on
 // it, and the API.
 type controlFixture struct {
-	e    *sourcetest.Env
+	e    *relaytest.Env
 	st   *store.Store
 	sup  *pipelines.Supervisor
 	conv *store.Converger
@@ -59,13 +60,13 @@ func startControlWith(t *testing.T, admin string, converge bool) *controlFixture
 // when set (a fault proxy).
 func startControlVia(t *testing.T, admin string, converge bool, storeDSN func(string) string) *controlFixture {
 	t.Helper()
-	return startControlOn(t, admin, converge, storeDSN, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	return startControlOn(t, admin, converge, storeDSN, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 }
 
 // startControlOn starts the fixture with h's outbox table.
-func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(string) string, h sourcetest.Harness) *controlFixture {
+func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(string) string, h plugintest.SourceHarness) *controlFixture {
 	t.Helper()
-	f := &controlFixture{e: sourcetest.Setup(t, h)}
+	f := &controlFixture{e: relaytest.Setup(t, h)}
 	ctx := context.Background()
 	dsn := f.e.DSN
 	if storeDSN != nil {

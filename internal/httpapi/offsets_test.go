@@ -13,9 +13,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 
@@ -23,12 +24,12 @@ import (
 )
 
 // writeEvents commits n events over aggs aggregates, one transaction each.
-func writeEvents(t *testing.T, f *controlFixture, n, aggs int) []sourcetest.Written {
+func writeEvents(t *testing.T, f *controlFixture, n, aggs int) []plugintest.Written {
 	t.Helper()
 	ctx := context.Background()
-	out := make([]sourcetest.Written, 0, n)
+	out := make([]plugintest.Written, 0, n)
 	for i := range n {
-		w, err := sourcetest.Insert(ctx, f.e.Pool, fmt.Sprintf("agg-%d", i%aggs))
+		w, err := plugintest.Insert(ctx, f.e.Pool, fmt.Sprintf("agg-%d", i%aggs))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +40,7 @@ func writeEvents(t *testing.T, f *controlFixture, n, aggs int) []sourcetest.Writ
 
 // assertExactly checks that got holds each of want exactly once, nothing
 // else, and each aggregate's events in increasing sequence.
-func assertExactly(t *testing.T, what string, want []sourcetest.Written, got []sourcetest.Delivered) {
+func assertExactly(t *testing.T, what string, want []plugintest.Written, got []plugintest.Delivered) {
 	t.Helper()
 	wantIDs := map[int64]bool{}
 	for _, w := range want {
@@ -97,7 +98,7 @@ func TestResetXid8ToTime(t *testing.T) {
 	}
 	written := writeEvents(t, f, 1000, 20)
 	coll.WaitFor(t, 60*time.Second, "1000 events", func(m []testenv.Received) bool { return len(m) >= 1000 })
-	sourcetest.Check(written, sourcetest.Decode(t, coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, coll.All()), true).Assert(t, 0)
 	var cut time.Time
 	if err := f.e.Pool.QueryRow(ctx, `SELECT created_at FROM outbox WHERE id = $1`, written[500].OutboxID).Scan(&cut); err != nil {
 		t.Fatal(err)
@@ -146,7 +147,7 @@ func TestResetXid8ToTime(t *testing.T) {
 			replayed = append(replayed, m)
 		}
 	}
-	assertExactly(t, "after the reset", written[500:], sourcetest.Decode(t, replayed))
+	assertExactly(t, "after the reset", written[500:], relaytest.Decode(t, replayed))
 	a := f.do(t, "GET", "/api/v1/audit?pipeline=rs", adminToken, "", "")
 	if !strings.Contains(string(a.raw), `"action": "offsets_reset"`) || !strings.Contains(string(a.raw), `resend_events`) {
 		t.Fatalf("audit: %s", a.raw)
@@ -189,7 +190,7 @@ func TestResetXid8ForwardSkip(t *testing.T) {
 		return len(m) >= 500 && slices.ContainsFunc(m, func(r testenv.Received) bool { return r.Header.Get("outbox_id") == fmt.Sprint(written[999].OutboxID) })
 	})
 	// xid8 delivers in cursor order: once the last arrived, nothing before it can.
-	all := sourcetest.Decode(t, coll.All())
+	all := relaytest.Decode(t, coll.All())
 	assertExactly(t, "before the pause", first, all[:100])
 	assertExactly(t, "after the skip", written[600:], all[100:])
 }
@@ -262,7 +263,7 @@ func waitDedupForgotten(t *testing.T, url, subject string) {
 
 func startPollControl(t *testing.T) *controlFixture {
 	t.Helper()
-	return startControlOn(t, adminToken, true, nil, sourcetest.Harness{Type: poll.Name, Schema: poll.Schema})
+	return startControlOn(t, adminToken, true, nil, plugintest.SourceHarness{Type: poll.Name, Schema: poll.Schema})
 }
 
 func (f *controlFixture) pollYAML(name, extra string) string {
@@ -281,7 +282,7 @@ func TestResetPollToTime(t *testing.T) {
 	}
 	written := writeEvents(t, f, 1000, 20)
 	coll.WaitFor(t, 60*time.Second, "1000 events", func(m []testenv.Received) bool { return len(m) >= 1000 })
-	sourcetest.Check(written, sourcetest.Decode(t, coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, coll.All()), true).Assert(t, 0)
 	var cut time.Time
 	if err := f.e.Pool.QueryRow(ctx, `SELECT created_at FROM outbox WHERE id = $1`, written[500].OutboxID).Scan(&cut); err != nil {
 		t.Fatal(err)
@@ -327,7 +328,7 @@ func TestResetPollToTime(t *testing.T) {
 			replayed = append(replayed, m)
 		}
 	}
-	assertExactly(t, "after the reset", written[500:], sourcetest.Decode(t, replayed))
+	assertExactly(t, "after the reset", written[500:], relaytest.Decode(t, replayed))
 }
 
 // poll dead letters: oversize events are parked; once the stream takes
@@ -414,7 +415,7 @@ func TestPollDeadLetterReplay(t *testing.T) {
 		return pos["dead_lettered_events"] == 0.0 && pos["unpublished_events"] == 0.0
 	})
 	seen := map[int64]int{}
-	for _, d := range sourcetest.Decode(t, coll.All()) {
+	for _, d := range relaytest.Decode(t, coll.All()) {
 		seen[d.OutboxID]++
 	}
 	for _, id := range append(small, big...) {
@@ -432,7 +433,7 @@ func TestPollDeadLetterReplay(t *testing.T) {
 // with the reason; {"to": "latest"} while paused skips what waits in the
 // WAL: the skipped events never arrive, the ones after do.
 func TestResetWalForwardOnly(t *testing.T) {
-	f := startControlOn(t, adminToken, true, nil, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	f := startControlOn(t, adminToken, true, nil, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_WL", 0, f.e.Subject+".wl")
 	y := fmt.Sprintf("name: wl\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wl}\n", f.e.DSN, f.e.NATS, f.e.Subject)
 	if r := f.do(t, "PUT", "/api/v1/pipelines/wl/config", adminToken, "application/yaml", y); r.code != 201 {
@@ -475,7 +476,7 @@ func TestResetWalForwardOnly(t *testing.T) {
 	coll.WaitFor(t, 60*time.Second, "the events after the reset", func(m []testenv.Received) bool {
 		return slices.ContainsFunc(m, func(r testenv.Received) bool { return r.Header.Get("outbox_id") == last })
 	})
-	all := sourcetest.Decode(t, coll.All())
+	all := relaytest.Decode(t, coll.All())
 	assertExactly(t, "before the pause", first, all[:100])
 	assertExactly(t, "after the skip", after, all[100:]) // none of skipped
 	t.Logf("wal: %d skipped, %d delivered after the reset", len(skipped), len(after))
@@ -500,14 +501,14 @@ func TestPollBackfillDuringLiveTraffic(t *testing.T) {
 	}
 	waitDedupForgotten(t, f.e.NATS, subject)
 	// Live traffic: 1,000 events at 500 a second over the same aggregates.
-	liveDone := make(chan []sourcetest.Written, 1)
+	liveDone := make(chan []plugintest.Written, 1)
 	go func() {
-		var live []sourcetest.Written
+		var live []plugintest.Written
 		tick := time.NewTicker(2 * time.Millisecond)
 		defer tick.Stop()
 		for i := range 1000 {
 			<-tick.C
-			w, err := sourcetest.Insert(ctx, f.e.Pool, fmt.Sprintf("agg-%d", i%10))
+			w, err := plugintest.Insert(ctx, f.e.Pool, fmt.Sprintf("agg-%d", i%10))
 			if err != nil {
 				t.Error(err)
 				break
@@ -542,15 +543,15 @@ func TestPollBackfillDuringLiveTraffic(t *testing.T) {
 			fresh = append(fresh, m)
 		}
 	}
-	assertExactly(t, "first delivery", old, sourcetest.Decode(t, first))
-	assertExactly(t, "live traffic", live, sourcetest.Decode(t, fresh))
-	assertExactly(t, "backfilled", old, sourcetest.Decode(t, replayed))
+	assertExactly(t, "first delivery", old, relaytest.Decode(t, first))
+	assertExactly(t, "live traffic", live, relaytest.Decode(t, fresh))
+	assertExactly(t, "backfilled", old, relaytest.Decode(t, replayed))
 	t.Logf("backfill beside 1000 live events at 500/s: %d re-sent with ferry-replay, %d live, each once, per-aggregate order kept", len(replayed), len(fresh))
 }
 
-// decodeKafka reads the events of Kafka records as sourcetest.Decode
+// decodeKafka reads the events of Kafka records as relaytest.Decode
 // reads NATS messages.
-func decodeKafka(t *testing.T, recs []*kgo.Record) []sourcetest.Delivered {
+func decodeKafka(t *testing.T, recs []*kgo.Record) []plugintest.Delivered {
 	t.Helper()
 	msgs := make([]testenv.Received, 0, len(recs))
 	for _, r := range recs {
@@ -560,7 +561,7 @@ func decodeKafka(t *testing.T, recs []*kgo.Record) []sourcetest.Delivered {
 		}
 		msgs = append(msgs, testenv.Received{Header: h, Data: r.Value})
 	}
-	return sourcetest.Decode(t, msgs)
+	return relaytest.Decode(t, msgs)
 }
 
 // poll to Kafka: 400 events, reset to the 201st's time while paused, the
@@ -641,5 +642,5 @@ func TestResetFilePipeline(t *testing.T) {
 			again = append(again, m)
 		}
 	}
-	assertExactly(t, "after the reset", written, sourcetest.Decode(t, again))
+	assertExactly(t, "after the reset", written, relaytest.Decode(t, again))
 }

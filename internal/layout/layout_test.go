@@ -19,18 +19,12 @@ const module = "github.com/ferryhq/ferry"
 
 // labs are the packages no product package may import, directly or
 // through another package: the bench, the fault-injection suite, the
-// public conformance suites, the test harnesses (under internal/ today,
-// moving to a lab folder) and anything else in one.
+// public conformance suites and the test harnesses under lab/.
 var labs = []string{
 	"bench",
 	"chaos",
 	"plugins/plugintest",
-	"internal/testenv",
-	"internal/faultproxy",
-	"internal/sourcetest",
-	"internal/sinktest",
 	"lab",
-	"internal/lab",
 }
 
 // products are the packages that ship: the ferry command and what it

@@ -21,9 +21,9 @@ import (
 	"github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/ferryhq/ferry/internal/sinktest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sinks/format"
 	_ "github.com/ferryhq/ferry/sinks/kafka"
 	_ "github.com/ferryhq/ferry/sinks/nats"
@@ -262,7 +262,7 @@ var brokers = []func(*testing.T) broker{kafkaBroker, natsBroker, rabbitBroker}
 // events() and returns what a consumer reads back.
 func publish(t *testing.T, b broker, formatYAML string) []wire {
 	t.Helper()
-	sink := sinktest.BuildSink(t, sinktest.Harness{Type: b.name}, b.yaml+formatYAML)
+	sink := plugintest.BuildSink(t, plugintest.SinkHarness{Type: b.name}, b.yaml+formatYAML)
 	if err := sink.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -17,10 +17,10 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/ferryhq/ferry/internal/sinktest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sinks/kafka"
 )
 
@@ -29,7 +29,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // kafkaTarget is one test's topics on $KAFKA_BROKERS or on a fresh kfake
 // broker (which the broker-down test stops by closing the cluster and
 // re-opens on the same port and data directory).
-func kafkaTarget(t testing.TB) *sinktest.Target {
+func kafkaTarget(t testing.TB) *plugintest.Target {
 	var srv *testenv.KafkaServer
 	var brokers []string
 	if testenv.ExternalKafka() {
@@ -39,12 +39,12 @@ func kafkaTarget(t testing.TB) *sinktest.Target {
 		brokers = []string{srv.Addr()}
 	}
 	base := testenv.Name("ferry")
-	tg := &sinktest.Target{Default: base + ".default", Routed: base + ".routed"}
+	tg := &plugintest.Target{Default: base + ".default", Routed: base + ".routed"}
 	coll := testenv.CollectKafka(t, brokers, []string{tg.Default, tg.Routed})
 	tg.SinkYAML = func(dest string) string {
 		return fmt.Sprintf("brokers: [%s]\ntopic: %s\ncreate_topics: {partitions: 4}\n", strings.Join(brokers, ", "), dest)
 	}
-	tg.Received = func() []sinktest.Record { return records(coll.All()) }
+	tg.Received = func() []plugintest.Record { return records(coll.All()) }
 	if srv != nil {
 		tg.Stop = func(t testing.TB) func(testing.TB) {
 			srv.Stop()
@@ -54,14 +54,14 @@ func kafkaTarget(t testing.TB) *sinktest.Target {
 	return tg
 }
 
-func records(rs []*kgo.Record) []sinktest.Record {
-	out := make([]sinktest.Record, 0, len(rs))
+func records(rs []*kgo.Record) []plugintest.Record {
+	out := make([]plugintest.Record, 0, len(rs))
 	for _, r := range rs {
 		h := make(map[string]string, len(r.Headers))
 		for _, kv := range r.Headers {
 			h[kv.Key] = string(kv.Value)
 		}
-		out = append(out, sinktest.Record{
+		out = append(out, plugintest.Record{
 			Destination: r.Topic,
 			Stream:      fmt.Sprintf("%s/%d", r.Topic, r.Partition),
 			Key:         string(r.Key),
@@ -73,9 +73,9 @@ func records(rs []*kgo.Record) []sinktest.Record {
 	return out
 }
 
-var harness = sinktest.Harness{
+var harness = plugintest.SinkHarness{
 	Type:     kafka.Name,
-	Features: sinktest.Features{Keyed: true},
+	Features: plugintest.SinkFeatures{Keyed: true},
 	Target:   kafkaTarget,
 	Inspect: func(t *testing.T, s plugins.Sink, published int) {
 		st := s.(*kafka.Sink).ProduceStats()
@@ -87,11 +87,11 @@ var harness = sinktest.Harness{
 	},
 }
 
-func TestConformance(t *testing.T) { sinktest.Run(t, harness) }
+func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
 
 // BenchmarkDrain50k measures the drain rate from an xid8 outbox holding
 // 50,000 events into Kafka (kfake over TCP unless $KAFKA_BROKERS).
-func BenchmarkDrain50k(b *testing.B) { sinktest.BenchmarkDrain(b, harness, 50000) }
+func BenchmarkDrain50k(b *testing.B) { plugintest.BenchmarkSinkDrain(b, harness, 50000) }
 
 // produceCounter counts, at the broker, the produce requests and the records
 // and producer ids in their batches: what really went over the wire.
@@ -192,7 +192,7 @@ func newSink(t *testing.T, broker, topic string, mut func(*kafka.Config)) *kafka
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s := kafka.New(cfg, plugins.Env{Pipeline: "test", Logger: sinktest.Logger()})
+	s := kafka.New(cfg, plugins.Env{Pipeline: "test", Logger: plugintest.Logger()})
 	t.Cleanup(func() { s.Close() })
 	return s
 }
@@ -252,7 +252,7 @@ func TestSASL(t *testing.T) {
 
 // TLS: the sink verifies the broker with ca_file; without the CA it refuses.
 func TestTLS(t *testing.T) {
-	files := sinktest.NewTLSFiles(t)
+	files := testenv.NewTLSFiles(t)
 	srv := testenv.StartKafka(t, kfake.TLS(files.ServerConfig()))
 	topic := testenv.Name("ferry") + ".tls"
 	clientTLS := kgo.DialTLSConfig(files.ClientConfig())
@@ -408,7 +408,7 @@ func TestValidate(t *testing.T) {
 // password stay out of errors.
 func TestYAML(t *testing.T) {
 	y := "brokers: [\"b1:9092\", \"b2:9092\"]\ntopic: outbox.orders\ncompression: zstd\nlinger: 5ms\nsasl: {mechanism: SCRAM-SHA-512, user: ferry, password: hunter2}\ncreate_topics: {partitions: 12, replication_factor: 3}\n"
-	s := sinktest.BuildSink(t, harness, y)
+	s := plugintest.BuildSink(t, harness, y)
 	if _, ok := s.(*kafka.Sink); !ok {
 		t.Fatalf("built %T", s)
 	}
@@ -456,7 +456,7 @@ func TestReadBackAndPing(t *testing.T) {
 	if err := s.Ping(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	m := sinktest.ReadBack(t, s, topic, s.Publish)
+	m := plugintest.ReadBack(t, s, topic, s.Publish)
 	if m.Metadata.Get(plugins.MetaAggregateID) == "" || string(m.Payload) != `{"canary":true}` {
 		t.Fatalf("read back %s %q %v", m.UUID, m.Payload, m.Metadata)
 	}

@@ -19,9 +19,9 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/ferryhq/ferry/internal/natsserver"
-	"github.com/ferryhq/ferry/internal/sinktest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	natssink "github.com/ferryhq/ferry/sinks/nats"
 )
 
@@ -31,7 +31,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // JetStream server with a fixed port and store directory, which the
 // broker-down test shuts down and starts again (streams and messages
 // survive, as on a restarted server).
-func natsTarget(t testing.TB) *sinktest.Target {
+func natsTarget(t testing.TB) *plugintest.Target {
 	url := os.Getenv("NATS_URL")
 	var srv *natsserver.Server
 	if url == "" {
@@ -44,7 +44,7 @@ func natsTarget(t testing.TB) *sinktest.Target {
 	}
 	base := strings.ReplaceAll(testenv.Name("ferry"), "_", "-")
 	stream := strings.ToUpper(strings.ReplaceAll(base, "-", "_"))
-	tg := &sinktest.Target{Default: base + ".default", Routed: base + ".routed"}
+	tg := &plugintest.Target{Default: base + ".default", Routed: base + ".routed"}
 	tg.SinkYAML = func(dest string) string {
 		return fmt.Sprintf("url: %s\nsubject: %s\ncreate_stream: {name: %s, subjects: [\"%s.>\"]}\n", url, dest, stream, base)
 	}
@@ -75,17 +75,17 @@ type streamReader struct {
 
 	mu   sync.Mutex
 	nc   *nats.Conn
-	recs []sinktest.Record
+	recs []plugintest.Record
 	next uint64
 }
 
-func (r *streamReader) read() []sinktest.Record {
+func (r *streamReader) read() []plugintest.Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.nc == nil {
 		nc, err := nats.Connect(r.url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 		if err != nil {
-			return append([]sinktest.Record(nil), r.recs...)
+			return append([]plugintest.Record(nil), r.recs...)
 		}
 		r.nc = nc
 	}
@@ -119,7 +119,7 @@ func (r *streamReader) read() []sinktest.Record {
 			for k := range m.Headers() {
 				h[k] = m.Headers().Get(k)
 			}
-			r.recs = append(r.recs, sinktest.Record{Destination: m.Subject(), Stream: r.stream, ID: h[nats.MsgIdHdr], Payload: m.Data(), Headers: h})
+			r.recs = append(r.recs, plugintest.Record{Destination: m.Subject(), Stream: r.stream, ID: h[nats.MsgIdHdr], Payload: m.Data(), Headers: h})
 			r.next = meta.Sequence.Stream + 1
 			got++
 		}
@@ -127,7 +127,7 @@ func (r *streamReader) read() []sinktest.Record {
 			break
 		}
 	}
-	return append([]sinktest.Record(nil), r.recs...)
+	return append([]plugintest.Record(nil), r.recs...)
 }
 
 func (r *streamReader) close() {
@@ -138,17 +138,17 @@ func (r *streamReader) close() {
 	}
 }
 
-var harness = sinktest.Harness{
+var harness = plugintest.SinkHarness{
 	Type:     natssink.Name,
-	Features: sinktest.Features{DedupsResends: true},
+	Features: plugintest.SinkFeatures{DedupsResends: true},
 	Target:   natsTarget,
 }
 
-func TestConformance(t *testing.T) { sinktest.Run(t, harness) }
+func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
 
 // BenchmarkDrain50k measures the drain rate from an xid8 outbox holding
 // 50,000 events into NATS JetStream ($NATS_URL or an in-process server).
-func BenchmarkDrain50k(b *testing.B) { sinktest.BenchmarkDrain(b, harness, 50000) }
+func BenchmarkDrain50k(b *testing.B) { plugintest.BenchmarkSinkDrain(b, harness, 50000) }
 
 // startServer runs an in-process JetStream server with extra options (TLS,
 // auth) on a free port.
@@ -174,7 +174,7 @@ func publishOne(t *testing.T, cfg *natssink.Config) error {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s := natssink.New(cfg, plugins.Env{Pipeline: "test", Logger: sinktest.Logger()})
+	s := natssink.New(cfg, plugins.Env{Pipeline: "test", Logger: plugintest.Logger()})
 	defer s.Close()
 	if err := s.Start(context.Background()); err != nil {
 		return err
@@ -192,7 +192,7 @@ func secureConfig(url string) *natssink.Config {
 // TLS: the sink verifies the server with ca_file and presents a client
 // certificate the server requires; without them it cannot publish.
 func TestTLS(t *testing.T) {
-	files := sinktest.NewTLSFiles(t)
+	files := testenv.NewTLSFiles(t)
 	tc := files.ServerConfig()
 	tc.ClientAuth = tls.RequireAndVerifyClientCert
 	ns := startServer(t, func(o *server.Options) { o.TLSConfig, o.TLS, o.TLSVerify = tc, true, true })

@@ -16,10 +16,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/ferryhq/ferry/internal/sinktest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sinks/rabbitmq"
 )
 
@@ -29,16 +29,16 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // RabbitMQ), with a durable queue bound to the default and routed keys. The
 // broker-down test stops the machine's RabbitMQ with rabbitmqctl stop_app
 // and always starts it again.
-func rabbitTarget(t testing.TB) *sinktest.Target {
+func rabbitTarget(t testing.TB) *plugintest.Target {
 	u := testenv.AMQPURL(t)
 	exchange := testenv.Name("ferry_x")
 	base := testenv.Name("ferry")
-	tg := &sinktest.Target{Default: base + ".default", Routed: base + ".routed", Unroutable: base + ".unbound"}
+	tg := &plugintest.Target{Default: base + ".default", Routed: base + ".routed", Unroutable: base + ".unbound"}
 	coll := testenv.CollectAMQP(t, u, exchange, tg.Default, tg.Routed)
 	tg.SinkYAML = func(dest string) string {
 		return fmt.Sprintf("url: %s\nexchange: %s\nrouting_key: %s\nreconnect_interval: 200ms\n", u, exchange, dest)
 	}
-	tg.Received = func() []sinktest.Record { return records(coll.All(), coll.Queue()) }
+	tg.Received = func() []plugintest.Record { return records(coll.All(), coll.Queue()) }
 	tg.BindUnroutable = func(t testing.TB) { coll.Bind(t, tg.Unroutable) }
 	if testenv.RabbitMQControllable(u) {
 		tg.Stop = func(t testing.TB) func(testing.TB) { return testenv.StopRabbitMQ(t, u) }
@@ -46,14 +46,14 @@ func rabbitTarget(t testing.TB) *sinktest.Target {
 	return tg
 }
 
-func records(ds []amqp.Delivery, queue string) []sinktest.Record {
-	out := make([]sinktest.Record, 0, len(ds))
+func records(ds []amqp.Delivery, queue string) []plugintest.Record {
+	out := make([]plugintest.Record, 0, len(ds))
 	for _, d := range ds {
 		h := make(map[string]string, len(d.Headers))
 		for k, v := range d.Headers {
 			h[k] = fmt.Sprint(v)
 		}
-		out = append(out, sinktest.Record{
+		out = append(out, plugintest.Record{
 			Destination: d.RoutingKey,
 			Stream:      queue,
 			ID:          d.MessageId,
@@ -64,18 +64,18 @@ func records(ds []amqp.Delivery, queue string) []sinktest.Record {
 	return out
 }
 
-var harness = sinktest.Harness{
+var harness = plugintest.SinkHarness{
 	Type:         rabbitmq.Name,
-	Features:     sinktest.Features{RejectsUnroutable: true},
+	Features:     plugintest.SinkFeatures{RejectsUnroutable: true},
 	Target:       rabbitTarget,
-	IsUnroutable: sinktest.IsError(rabbitmq.ErrUnroutable),
+	IsUnroutable: plugintest.IsError(rabbitmq.ErrUnroutable),
 }
 
-func TestConformance(t *testing.T) { sinktest.Run(t, harness) }
+func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
 
 // BenchmarkDrain50k measures the drain rate from an xid8 outbox holding
 // 50,000 events into RabbitMQ ($AMQP_URL or the machine's broker).
-func BenchmarkDrain50k(b *testing.B) { sinktest.BenchmarkDrain(b, harness, 50000) }
+func BenchmarkDrain50k(b *testing.B) { plugintest.BenchmarkSinkDrain(b, harness, 50000) }
 
 type fixture struct {
 	url, exchange string
@@ -98,7 +98,7 @@ func (f fixture) sink(t *testing.T, mut func(*rabbitmq.Config)) *rabbitmq.Sink {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := rabbitmq.New(cfg, plugins.Env{Pipeline: "test", Logger: sinktest.Logger()})
+	s, err := rabbitmq.New(cfg, plugins.Env{Pipeline: "test", Logger: plugintest.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,14 +301,14 @@ func TestDeclareExchange(t *testing.T) {
 	exchange := testenv.Name("ferry_decl")
 	cfg := rabbitmq.DefaultConfig()
 	cfg.URL, cfg.Exchange, cfg.RoutingKey = u, exchange, "k"
-	s, _ := rabbitmq.New(cfg, plugins.Env{Logger: sinktest.Logger()})
+	s, _ := rabbitmq.New(cfg, plugins.Env{Logger: plugintest.Logger()})
 	defer s.Close()
 	err := s.Start(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "set declare: true") {
 		t.Fatalf("Start with a missing exchange: %v", err)
 	}
 	cfg.Declare, cfg.ExchangeType = true, "direct"
-	s2, _ := rabbitmq.New(cfg, plugins.Env{Logger: sinktest.Logger()})
+	s2, _ := rabbitmq.New(cfg, plugins.Env{Logger: plugintest.Logger()})
 	defer s2.Close()
 	if err := s2.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -330,7 +330,7 @@ func TestDeclareExchange(t *testing.T) {
 // certificate; without the CA it refuses the server.
 func TestTLS(t *testing.T) {
 	f := newFixture(t, "ferry.default")
-	files := sinktest.NewTLSFiles(t)
+	files := testenv.NewTLSFiles(t)
 	target, _ := url.Parse(f.url)
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", files.ServerConfig())
 	if err != nil {
@@ -385,7 +385,7 @@ func TestBadCredentials(t *testing.T) {
 	u.User = url.UserPassword("guest", "hunter2")
 	cfg := rabbitmq.DefaultConfig()
 	cfg.URL, cfg.Exchange, cfg.RoutingKey = u.String(), "amq.topic", "k"
-	s, _ := rabbitmq.New(cfg, plugins.Env{Logger: sinktest.Logger()})
+	s, _ := rabbitmq.New(cfg, plugins.Env{Logger: plugintest.Logger()})
 	defer s.Close()
 	err := s.Start(context.Background())
 	if err == nil {
@@ -445,7 +445,7 @@ func TestValidate(t *testing.T) {
 // The loader leaves the routing key's ${…} to the sink (it is a template,
 // not an environment variable) and reports unknown keys.
 func TestYAML(t *testing.T) {
-	s := sinktest.BuildSink(t, harness, "url: amqp://u:p@h:5672/\nexchange: outbox\nrouting_key: outbox.${aggregate_type}\nchannels: 8\n")
+	s := plugintest.BuildSink(t, harness, "url: amqp://u:p@h:5672/\nexchange: outbox\nrouting_key: outbox.${aggregate_type}\nchannels: 8\n")
 	if _, ok := s.(*rabbitmq.Sink); !ok {
 		t.Fatalf("built %T", s)
 	}
@@ -486,7 +486,7 @@ func TestReadBackAndPing(t *testing.T) {
 	if err := s.Ping(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	m := sinktest.ReadBack(t, s, "ferry.canary", s.Publish)
+	m := plugintest.ReadBack(t, s, "ferry.canary", s.Publish)
 	if m.Metadata.Get(plugins.MetaAggregateID) == "" || string(m.Payload) != `{"canary":true}` {
 		t.Fatalf("read back %s %q %v", m.UUID, m.Payload, m.Metadata)
 	}
@@ -500,7 +500,7 @@ func TestConsumerLag(t *testing.T) {
 	cfg := rabbitmq.DefaultConfig()
 	cfg.URL, cfg.Exchange, cfg.RoutingKey, cfg.Declare = u, exchange, "orders", true
 	cfg.ConsumerQueues = []string{queue}
-	s, err := rabbitmq.New(cfg, plugins.Env{Logger: sinktest.Logger()})
+	s, err := rabbitmq.New(cfg, plugins.Env{Logger: plugintest.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}

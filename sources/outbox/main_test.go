@@ -3,7 +3,7 @@ package outbox
 import (
 	"testing"
 
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

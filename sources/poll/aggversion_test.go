@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/poll"
 )
@@ -31,7 +31,7 @@ func TestAggregateVersionHeaderInCommitOrder(t *testing.T) {
 		v, err := outbox.AggregateVersionDDL(table)
 		return ddl + v, err
 	}
-	e := sourcetest.Setup(t, h)
+	e := relaytest.Setup(t, h)
 	y := strings.Replace(e.YAML("version", 200), "  lease: 2s\n", "  lease: 2s\n  workers: 2\n  columns:\n    aggregate_version: aggregate_version\n", 1)
 	e.Start(t, y)
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 // BenchmarkDrain measures how fast 1 and 4 workers drain a 20,000-row
@@ -30,7 +30,7 @@ func BenchmarkDrain(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
-				e := sourcetest.Setup(b, harness)
+				e := relaytest.Setup(b, harness)
 				if _, err := e.Pool.Exec(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
 					SELECT 'order', 'agg-' || (i % $2), 'T', jsonb_build_object('agg', 'agg-' || (i % $2), 'seq', i)
 					FROM generate_series(1, $1) i`, n, c.aggregates); err != nil {

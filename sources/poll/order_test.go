@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/poll"
 )
 
@@ -33,7 +34,7 @@ func orderAcrossKilledProcesses(t *testing.T, claim string) {
 		events, aggregates = 6000, 200
 		window, kills      = 200, 5
 	)
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	y := strings.Replace(e.YAML("order", window), "  lease: 2s\n", "  lease: 2s\n  workers: 4\n  claim: "+claim+"\n", 1)
 	path := filepath.Join(t.TempDir(), "p.yaml")
 	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
@@ -62,25 +63,25 @@ func orderAcrossKilledProcesses(t *testing.T, claim string) {
 	defer stopHolding()
 	var holders sync.WaitGroup
 	holders.Add(1)
-	held := make(chan sourcetest.Written, 1000)
+	held := make(chan plugintest.Written, 1000)
 	go func() {
 		defer holders.Done()
 		defer close(held)
 		holdTransactions(ctx, t, e, aggregates, held)
 	}()
-	writes := make(chan []sourcetest.Written, 1)
-	go func() { writes <- sourcetest.Writers(context.Background(), t, e.Pool, 8, events, aggregates) }()
+	writes := make(chan []plugintest.Written, 1)
+	go func() { writes <- plugintest.Writers(context.Background(), t, e.Pool, 8, events, aggregates) }()
 
-	steady := sourcetest.StartChild(t, path)
+	steady := plugintest.StartChild(t, path)
 	for k := range kills {
-		victim := sourcetest.StartChild(t, victimPath)
+		victim := plugintest.StartChild(t, victimPath)
 		target := (k + 1) * events / (kills + 2)
 		e.Coll.WaitFor(t, 2*time.Minute, fmt.Sprintf("%d events before kill %d", target, k+1),
 			func(m []testenv.Received) bool { return len(m) >= target })
 		testenv.Eventually(t, 2*time.Minute, fmt.Sprintf("the victim holding rows before kill %d", k+1), holding)
 		victim.Kill()
 	}
-	victim := sourcetest.StartChild(t, victimPath)
+	victim := plugintest.StartChild(t, victimPath)
 	written := <-writes
 	stopHolding()
 	holders.Wait()
@@ -88,14 +89,14 @@ func orderAcrossKilledProcesses(t *testing.T, claim string) {
 		written = append(written, w)
 	}
 	e.Coll.WaitFor(t, 3*time.Minute, fmt.Sprintf("all %d events", len(written)), func(msgs []testenv.Received) bool {
-		return len(msgs) >= len(written) && len(sourcetest.Check(written, sourcetest.Decode(t, msgs), false).Lost) == 0
+		return len(msgs) >= len(written) && len(plugintest.Check(written, relaytest.Decode(t, msgs), false).Lost) == 0
 	})
-	for _, c := range []*sourcetest.Child{steady, victim} {
+	for _, c := range []*plugintest.Child{steady, victim} {
 		if err := c.Stop(); err != nil {
 			t.Errorf("relay did not exit cleanly on SIGTERM: %v", err)
 		}
 	}
-	v := sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true)
+	v := plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true)
 	v.Assert(t, kills*window)
 	t.Logf("claim %s, 2 processes × 4 workers, kill -9 ×%d: %d events over %d aggregates, %d lost, %d order violations, %d duplicates (bound %d)",
 		claim, kills, len(written), aggregates, len(v.Lost), len(v.OrderViolations), v.Duplicates, kills*window)
@@ -104,7 +105,7 @@ func orderAcrossKilledProcesses(t *testing.T, claim string) {
 // holdTransactions keeps one writer transaction open at a time for a few
 // hundred milliseconds, its aggregate locked, until ctx ends: the rows
 // behind it in other aggregates commit and are claimed meanwhile.
-func holdTransactions(ctx context.Context, t *testing.T, e *sourcetest.Env, aggregates int, out chan<- sourcetest.Written) {
+func holdTransactions(ctx context.Context, t *testing.T, e *relaytest.Env, aggregates int, out chan<- plugintest.Written) {
 	rng := rand.New(rand.NewPCG(99, 1))
 	for ctx.Err() == nil {
 		agg := fmt.Sprintf("agg-%03d", rng.IntN(aggregates))
@@ -112,11 +113,11 @@ func holdTransactions(ctx context.Context, t *testing.T, e *sourcetest.Env, aggr
 		if err != nil {
 			return
 		}
-		if _, err := tx.Exec(ctx, sourcetest.LockSQL, agg); err != nil {
+		if _, err := tx.Exec(ctx, plugintest.LockSQL, agg); err != nil {
 			tx.Rollback(context.Background())
 			return
 		}
-		w, err := sourcetest.Insert(ctx, tx, agg)
+		w, err := plugintest.Insert(ctx, tx, agg)
 		if err != nil {
 			tx.Rollback(context.Background())
 			return

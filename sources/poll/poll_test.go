@@ -9,34 +9,38 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/poll"
 )
 
-func TestMain(m *testing.M) { sourcetest.Main(m) }
+func TestMain(m *testing.M) { plugintest.Main(m) }
 
 // Leases of killed relays expire in 2s, so the suite's SIGKILL scenario does
 // not wait the default 30s.
-var harness = sourcetest.Harness{
+var harness = plugintest.SourceHarness{
 	Type:   poll.Name,
 	Schema: poll.Schema,
 	Extra:  "poll_interval: 20ms\nlease: 2s",
 	// A claim never passes an aggregate's earlier unpublished row, and the
 	// suite's writers serialise each aggregate before drawing ids.
-	Features: sourcetest.Features{CommitOrder: true},
+	Features: plugintest.SourceFeatures{CommitOrder: true, Retention: true, QueryTimeout: true},
 }
 
-func TestConformanceLease(t *testing.T) { sourcetest.Run(t, harness) }
+func TestConformanceLease(t *testing.T) { plugintest.RunSource(t, harness) }
 
 func TestConformanceTransaction(t *testing.T) {
 	h := harness
 	h.Extra += "\nclaim: transaction"
-	sourcetest.Run(t, h)
+	// Retention and statement timeouts do not depend on the claim: the
+	// lease run covers them.
+	h.Features.Retention, h.Features.QueryTimeout = false, false
+	plugintest.RunSource(t, h)
 }
 
 // prefill writes n events over 100 aggregates in one statement.
-func prefill(t testing.TB, e *sourcetest.Env, n int) []sourcetest.Written {
+func prefill(t testing.TB, e *relaytest.Env, n int) []plugintest.Written {
 	t.Helper()
 	rows, err := e.Pool.Query(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
 		SELECT 'order', 'agg-' || (i % 100), 'T', jsonb_build_object('agg', 'agg-' || (i % 100), 'seq', i)
@@ -45,9 +49,9 @@ func prefill(t testing.TB, e *sourcetest.Env, n int) []sourcetest.Written {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	var out []sourcetest.Written
+	var out []plugintest.Written
 	for rows.Next() {
-		var w sourcetest.Written
+		var w plugintest.Written
 		if err := rows.Scan(&w.OutboxID, &w.Aggregate, &w.Seq); err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +64,7 @@ func prefill(t testing.TB, e *sourcetest.Env, n int) []sourcetest.Written {
 // every row arrives, and no row is published twice (counted as the server
 // receives them, before JetStream's deduplication).
 func TestManyWorkersNeverPublishTwice(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	count := testenv.CountPublishes(t, e.NATS, e.Subject)
 	written := prefill(t, e, 20000)
 	// Same pipeline everywhere: the claims coordinate. Leases of 6s, not the
@@ -70,7 +74,7 @@ func TestManyWorkersNeverPublishTwice(t *testing.T) {
 	y := strings.Replace(e.YAML("shared", 1000), "lease: 2s", "lease: 6s", 1)
 	path := filepath.Join(t.TempDir(), "p.yaml")
 	os.WriteFile(path, []byte(y), 0o600)
-	c1, c2 := sourcetest.StartChild(t, path), sourcetest.StartChild(t, path)
+	c1, c2 := plugintest.StartChild(t, path), plugintest.StartChild(t, path)
 	e.Start(t, strings.Replace(y, "  lease: 6s\n", "  lease: 6s\n  workers: 4\n", 1))
 	e.Coll.WaitFor(t, 2*time.Minute, "20000 events", func(m []testenv.Received) bool { return len(m) >= 20000 })
 	if err := c1.Stop(); err != nil {
@@ -79,7 +83,7 @@ func TestManyWorkersNeverPublishTwice(t *testing.T) {
 	if err := c2.Stop(); err != nil {
 		t.Error(err)
 	}
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), false).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), false).Assert(t, 0)
 	total, distinct, twice := count.Counts()
 	if total != 20000 || distinct != 20000 {
 		t.Fatalf("server received %d publishes of %d events; published twice: %v", total, distinct, twice[:min(len(twice), 10)])
@@ -96,7 +100,7 @@ func TestManyWorkersNeverPublishTwice(t *testing.T) {
 // A relay killed while holding leases strands nothing: after the lease
 // expires another worker claims and delivers the rows.
 func TestKilledWorkersLeasesExpire(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	written := prefill(t, e, 300)
 	// The child publishes to a subject no stream captures: every publish
@@ -105,7 +109,7 @@ func TestKilledWorkersLeasesExpire(t *testing.T) {
 	stuck = strings.Replace(stuck, "  lease: 2s\n", "  lease: 2s\n  max_attempts: 1000\n", 1)
 	path := filepath.Join(t.TempDir(), "stuck.yaml")
 	os.WriteFile(path, []byte(stuck), 0o600)
-	child := sourcetest.StartChild(t, path)
+	child := plugintest.StartChild(t, path)
 	testenv.Eventually(t, 30*time.Second, "rows leased by the child", func() bool {
 		var n int
 		e.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE claimed_until > now() AND published_at IS NULL`).Scan(&n)
@@ -115,7 +119,7 @@ func TestKilledWorkersLeasesExpire(t *testing.T) {
 	start := time.Now()
 	e.Start(t, e.YAML("lease", 100))
 	e.Coll.WaitFor(t, time.Minute, "all 300 events", func(m []testenv.Received) bool { return len(m) >= 300 })
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), false).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), false).Assert(t, 0)
 	t.Logf("the dead worker's rows were delivered %s after the kill (lease 2s)", time.Since(start).Round(time.Millisecond))
 }
 
@@ -123,7 +127,7 @@ func TestKilledWorkersLeasesExpire(t *testing.T) {
 // open: each batch's transaction ends after its publishes failed, counting
 // the attempt.
 func TestTransactionModeEndsTransactionOnBrokerError(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	prefill(t, e, 50)
 	y := strings.Replace(e.YAML("txerr", 100), "subject: "+e.Subject, "subject: nowhere."+e.Stream, 1)
@@ -156,7 +160,7 @@ func TestTransactionModeEndsTransactionOnBrokerError(t *testing.T) {
 // A row whose publish keeps failing is parked after max_attempts, with its
 // error, and does not block the rows behind it — not even its aggregate's.
 func TestPoisonRowIsParkedAndDoesNotBlock(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	y := strings.Replace(e.YAML("poison", 100), "  lease: 2s\n", "  lease: 2s\n  max_attempts: 3\n", 1)
 	var poisonID int64
@@ -165,9 +169,9 @@ func TestPoisonRowIsParkedAndDoesNotBlock(t *testing.T) {
 		VALUES ('order', 'agg-1', 'T', jsonb_build_object('agg', 'agg-1', 'seq', 1, 'pad', repeat('x', 2000000))) RETURNING id`).Scan(&poisonID); err != nil {
 		t.Fatal(err)
 	}
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	for range 20 {
-		w, err := sourcetest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", len(written)%2+1))
+		w, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", len(written)%2+1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +191,7 @@ func TestPoisonRowIsParkedAndDoesNotBlock(t *testing.T) {
 	if !strings.Contains(lastErr, "maximum payload") || published != nil {
 		t.Fatalf("parked row: last_error %q, published_at %v", lastErr, published)
 	}
-	v := sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), false)
+	v := plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), false)
 	v.Assert(t, 0)
 }
 
@@ -195,7 +199,7 @@ func TestPoisonRowIsParkedAndDoesNotBlock(t *testing.T) {
 // max_attempts while no stream takes their subject, each failure counted,
 // none parked — and all are delivered once a stream appears.
 func TestBrokerOutageNeverParksRows(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	written := prefill(t, e, 10)
 	subject := "nowhere." + e.Stream
@@ -218,13 +222,13 @@ func TestBrokerOutageNeverParksRows(t *testing.T) {
 	}
 	coll := testenv.CollectStream(t, e.NATS, "NW_"+e.Stream, 0, subject)
 	coll.WaitFor(t, 2*time.Minute, "all 10 rows once a stream takes their subject", func(m []testenv.Received) bool { return len(m) >= 10 })
-	sourcetest.Check(written, sourcetest.Decode(t, coll.All()), false).Assert(t, 10)
+	plugintest.Check(written, relaytest.Decode(t, coll.All()), false).Assert(t, 10)
 }
 
 // The claim query stays on the partial index however much published history
 // the table holds.
 func TestClaimUsesPartialIndex(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, published_at)
 		SELECT 'order', 'agg-' || (i % 1000), 'T', '{}', now() FROM generate_series(1, 1000000) i;
@@ -250,11 +254,11 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 }
 
 func TestDeleteOnDelivered(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	written := prefill(t, e, 200)
 	e.Start(t, strings.Replace(e.YAML("del", 100), "  lease: 2s\n", "  lease: 2s\n  on_delivered: delete\n", 1))
 	e.Coll.WaitFor(t, 30*time.Second, "200 events", func(m []testenv.Received) bool { return len(m) >= 200 })
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), false).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), false).Assert(t, 0)
 	testenv.Eventually(t, 10*time.Second, "delivered rows deleted", func() bool {
 		var n int
 		e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n)
@@ -276,7 +280,3 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
-
-func TestRetentionNeverDeletesUndelivered(t *testing.T) { sourcetest.TestRetention(t, harness) }
-
-func TestHalfOpenDatabase(t *testing.T) { sourcetest.TestHalfOpenDatabase(t, harness) }

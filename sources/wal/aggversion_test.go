@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/wal"
 )
@@ -27,7 +27,7 @@ func TestAggregateVersionHeader(t *testing.T) {
 		v, err := outbox.AggregateVersionDDL(table)
 		return ddl + v, err
 	}
-	e := sourcetest.Setup(t, h)
+	e := relaytest.Setup(t, h)
 	y := strings.Replace(e.YAML("walversion", 100), "sink:", "  columns:\n    aggregate_version: aggregate_version\n    extra: [type]\nsink:", 1)
 	e.Start(t, y)
 	ctx := context.Background()

@@ -20,19 +20,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
-var harness = sourcetest.Harness{Type: wal.Name, Schema: wal.Schema, Features: sourcetest.Features{CommitOrder: true},
+var harness = plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema, Features: plugintest.SourceFeatures{CommitOrder: true},
 	Settled: permanentSlotExists}
 
 // permanentSlotExists reports whether the pipeline's initial snapshot is
 // done: its temporary slot was made the permanent one. Until then a crash
 // re-reads the snapshot (duplicates by design, never loss).
-func permanentSlotExists(ctx context.Context, e *sourcetest.Env, pipeline string) (bool, error) {
+func permanentSlotExists(ctx context.Context, e *plugintest.SourceEnv, pipeline string) (bool, error) {
 	var n int
 	err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database() AND NOT temporary`,
 		"ferry_"+pipeline).Scan(&n)
@@ -273,7 +273,7 @@ func newPool(t testing.TB, dsn string) *pgxpool.Pool {
 }
 
 // createOutbox creates the outbox (wal.Schema) and the agg_seq table
-// sourcetest.InsertSQL uses, for tests on their own database or cluster.
+// plugintest.InsertSQL uses, for tests on their own database or cluster.
 func createOutbox(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	ddl, err := wal.Schema("outbox")
@@ -322,7 +322,7 @@ func dropSlotsOf(t testing.TB, pool *pgxpool.Pool) {
 // collector's copies of every header cost more than the relay under test.
 type leanStream struct {
 	mu      sync.Mutex
-	got     []sourcetest.Delivered
+	got     []plugintest.Delivered
 	latency []time.Duration // broker store time − commit time
 }
 
@@ -356,7 +356,7 @@ func collectLean(t testing.TB, url, subject string, storage jetstream.StorageTyp
 		}
 		_ = json.Unmarshal(m.Data(), &body)
 		id, _ := strconv.ParseInt(m.Headers().Get(plugins.MetaOutboxID), 10, 64)
-		d := sourcetest.Delivered{OutboxID: id, Aggregate: body.Agg, Seq: body.Seq}
+		d := plugintest.Delivered{OutboxID: id, Aggregate: body.Agg, Seq: body.Seq}
 		var lat time.Duration
 		if md, err := m.Metadata(); err == nil {
 			if committed, err := plugins.ParseTime(m.Headers().Get(wal.MetaCommittedAt)); err == nil {
@@ -387,8 +387,8 @@ func (l *leanStream) len() int {
 	return len(l.got)
 }
 
-func (l *leanStream) delivered() []sourcetest.Delivered {
+func (l *leanStream) delivered() []plugintest.Delivered {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]sourcetest.Delivered(nil), l.got...)
+	return append([]plugintest.Delivered(nil), l.got...)
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 

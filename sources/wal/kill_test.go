@@ -12,8 +12,9 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
@@ -42,11 +43,11 @@ func minCommitLSN(t *testing.T, msgs []testenv.Received) pglogrepl.LSN {
 	return low
 }
 
-func writeEvents(t *testing.T, e *sourcetest.Env, n int) []sourcetest.Written {
+func writeEvents(t *testing.T, e *relaytest.Env, n int) []plugintest.Written {
 	t.Helper()
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	for i := range n {
-		w, err := sourcetest.Insert(context.Background(), e.Pool, "agg-"+strconv.Itoa(i%5))
+		w, err := plugintest.Insert(context.Background(), e.Pool, "agg-"+strconv.Itoa(i%5))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +64,7 @@ func TestKillAfterAckBeforeConfirm(t *testing.T) {
 	name := testenv.Name("acked")
 	slot := wal.DefaultName(name)
 	e.H.Extra = "status_interval: 30s" // no confirmation before the kill
-	child := sourcetest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
+	child := plugintest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
 	waitStreaming(t, e.Pool, slot)
 	written := writeEvents(t, e, 20)
 	e.Coll.WaitFor(t, 20*time.Second, "20 events acked by the broker", func(m []testenv.Received) bool { return len(m) >= 20 })
@@ -77,9 +78,9 @@ func TestKillAfterAckBeforeConfirm(t *testing.T) {
 	child.Kill()
 
 	e.H.Extra = ""
-	child = sourcetest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
+	child = plugintest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
 	e.Coll.WaitFor(t, 20*time.Second, "every event a second time", func(m []testenv.Received) bool { return len(m) >= 40 })
-	v := sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true)
+	v := plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true)
 	v.Assert(t, 20)
 	if v.Duplicates != 20 {
 		t.Fatalf("%d re-deliveries, want every one of the 20 events sent again", v.Duplicates)
@@ -102,7 +103,7 @@ func TestKillBeforeAck(t *testing.T) {
 	slot := wal.DefaultName(name)
 	good := e.Subject
 	e.Subject = "ferry.nostream." + name
-	child := sourcetest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
+	child := plugintest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
 	e.Subject = good
 	waitStreaming(t, e.Pool, slot)
 	written := writeEvents(t, e, 20)
@@ -132,9 +133,9 @@ func TestKillBeforeAck(t *testing.T) {
 	}
 	child.Kill()
 
-	child = sourcetest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
+	child = plugintest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
 	e.Coll.WaitFor(t, 20*time.Second, "the 20 events", func(m []testenv.Received) bool { return len(m) >= 20 })
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 	if err := child.Stop(); err != nil {
 		t.Errorf("relay did not exit cleanly on SIGTERM: %v", err)
 	}
@@ -161,14 +162,14 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	name := testenv.Name("big")
 	e.Subject = "ferry.test.big." + name
 	lean := collectLean(t, e.NATS, e.Subject, jetstream.MemoryStorage)
-	child := sourcetest.StartChild(t, writePipeline(t, e.YAML(name, 500)))
+	child := plugintest.StartChild(t, writePipeline(t, e.YAML(name, 500)))
 	waitStreaming(t, e.Pool, wal.DefaultName(name))
 	idle := rssKB(t, child.Pid(), "VmRSS")
 
 	// Aggregate k gets rows k, k+1000, …: seq counts its rows in id order.
 	// A thousand aggregates, so that up to max_in_flight events are
 	// published at once.
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	r, err := e.Pool.Query(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
 		SELECT 'order', 'agg-' || (i % 1000), 'Big', jsonb_build_object('agg', 'agg-' || (i % 1000), 'seq', i / 1000 + 1, 'pad', repeat('x', 600))
 		FROM generate_series(0, $1 - 1) AS i
@@ -177,7 +178,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	for r.Next() {
-		var w sourcetest.Written
+		var w plugintest.Written
 		if err := r.Scan(&w.OutboxID, &w.Aggregate, &w.Seq); err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +190,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	start := time.Now()
 	testenv.Eventually(t, 4*time.Minute, "100,000 events", func() bool { return lean.len() >= rows })
 	peak := rssKB(t, child.Pid(), "VmHWM")
-	v := sourcetest.Check(written, lean.delivered(), true)
+	v := plugintest.Check(written, lean.delivered(), true)
 	v.Assert(t, 0)
 	t.Logf("%d-row transaction delivered in %s; relay RSS idle %d MB, peak %d MB (ceiling %d MB)",
 		rows, time.Since(start).Round(time.Millisecond), idle/1024, peak/1024, ceilingMB)

@@ -12,21 +12,22 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
-func TestMain(m *testing.M) { sourcetest.Main(m) }
+func TestMain(m *testing.M) { plugintest.Main(m) }
 
-func TestConformance(t *testing.T) { sourcetest.Run(t, harness) }
+func TestConformance(t *testing.T) { plugintest.RunSource(t, harness) }
 
-// setup is sourcetest.Setup plus dropping the test's slots at the end.
-func setup(t *testing.T, h sourcetest.Harness) *sourcetest.Env {
+// setup is relaytest.Setup plus dropping the test's slots at the end.
+func setup(t *testing.T, h plugintest.SourceHarness) *relaytest.Env {
 	t.Helper()
-	e := sourcetest.Setup(t, h)
+	e := relaytest.Setup(t, h)
 	dropSlotsOf(t, e.Pool)
 	return e
 }
@@ -52,7 +53,7 @@ func TestCommitOrderNotIDOrder(t *testing.T) {
 	e.Start(t, e.YAML(name, 100))
 	waitStreaming(t, e.Pool, wal.DefaultName(name))
 
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	seq := map[string]int{}
 	for i := range 20 {
 		agg := fmt.Sprintf("agg-%d", i%4)
@@ -75,12 +76,12 @@ func TestCommitOrderNotIDOrder(t *testing.T) {
 		if lateID >= earlyID {
 			t.Fatalf("not set up: the later commit's id %d should be below %d", lateID, earlyID)
 		}
-		written = append(written, sourcetest.Written{OutboxID: earlyID, Aggregate: agg, Seq: seq[agg] + 1},
-			sourcetest.Written{OutboxID: lateID, Aggregate: agg, Seq: seq[agg] + 2})
+		written = append(written, plugintest.Written{OutboxID: earlyID, Aggregate: agg, Seq: seq[agg] + 1},
+			plugintest.Written{OutboxID: lateID, Aggregate: agg, Seq: seq[agg] + 2})
 		seq[agg] += 2
 	}
 	e.Coll.WaitFor(t, 20*time.Second, "40 events", func(m []testenv.Received) bool { return len(m) >= 40 })
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 }
 
 // The first start delivers the rows already in the table, and the rows
@@ -89,10 +90,10 @@ func TestCommitOrderNotIDOrder(t *testing.T) {
 func TestInitialSnapshot(t *testing.T) {
 	e := setup(t, harness)
 	ctx := context.Background()
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	write := func(n int) {
 		for i := range n {
-			w, err := sourcetest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i%7))
+			w, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i%7))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,7 +107,7 @@ func TestInitialSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer open.Rollback(ctx)
-	held, err := sourcetest.Insert(ctx, open, "agg-open")
+	held, err := plugintest.Insert(ctx, open, "agg-open")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestInitialSnapshot(t *testing.T) {
 	e.Start(t, e.YAML(name, 20))
 	write(30) // while slot creation waits for the open transaction
 	e.Coll.WaitFor(t, 20*time.Second, "the 80 committed events", func(m []testenv.Received) bool {
-		return len(m) >= 80 && len(sourcetest.Check(written, sourcetest.Decode(t, m), false).Lost) == 0
+		return len(m) >= 80 && len(plugintest.Check(written, relaytest.Decode(t, m), false).Lost) == 0
 	})
 	if readSlot(t, e.Pool, slot).exists {
 		t.Fatal("the slot exists while a transaction older than its creation is open")
@@ -127,7 +128,7 @@ func TestInitialSnapshot(t *testing.T) {
 	waitStreaming(t, e.Pool, slot)
 	write(30) // streamed
 	e.Coll.WaitFor(t, 20*time.Second, "all 111 events", func(m []testenv.Received) bool { return len(m) >= 111 })
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 	if r := readSlot(t, e.Pool, slot); r.temporary {
 		t.Fatalf("slot %s is temporary after the initial snapshot was acked", slot)
 	}
@@ -145,7 +146,7 @@ func TestNoInitialSnapshot(t *testing.T) {
 	waitStreaming(t, e.Pool, wal.DefaultName(name))
 	after := insertEvent(t, e.Pool, "agg-1", 2)
 	e.Coll.WaitFor(t, 10*time.Second, "the event after the start", func(m []testenv.Received) bool { return len(m) >= 1 })
-	got := sourcetest.Decode(t, e.Coll.All())
+	got := relaytest.Decode(t, e.Coll.All())
 	if len(got) != 1 || got[0].OutboxID != after {
 		t.Fatalf("delivered %+v, want only outbox id %d (not %d, committed before the slot)", got, after, before)
 	}
@@ -161,14 +162,14 @@ func TestInsertThenDelete(t *testing.T) {
 	e.Start(t, e.YAML(name, 10))
 	waitStreaming(t, e.Pool, wal.DefaultName(name))
 
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	tx, err := e.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for seq := 1; seq <= 3; seq++ {
 		id := insertEvent(t, tx, "agg-x", seq)
-		written = append(written, sourcetest.Written{OutboxID: id, Aggregate: "agg-x", Seq: seq})
+		written = append(written, plugintest.Written{OutboxID: id, Aggregate: "agg-x", Seq: seq})
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM outbox`); err != nil {
 		t.Fatal(err)
@@ -192,7 +193,7 @@ func TestInsertThenDelete(t *testing.T) {
 	}
 	for seq := 4; seq <= 6; seq++ {
 		id := insertEvent(t, e.Pool, "agg-x", seq)
-		written = append(written, sourcetest.Written{OutboxID: id, Aggregate: "agg-x", Seq: seq})
+		written = append(written, plugintest.Written{OutboxID: id, Aggregate: "agg-x", Seq: seq})
 	}
 	var left int
 	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil || left != 0 {
@@ -200,26 +201,26 @@ func TestInsertThenDelete(t *testing.T) {
 	}
 	// Updates and deletes of delivered rows are not events.
 	id := insertEvent(t, e.Pool, "agg-y", 1)
-	written = append(written, sourcetest.Written{OutboxID: id, Aggregate: "agg-y", Seq: 1})
+	written = append(written, plugintest.Written{OutboxID: id, Aggregate: "agg-y", Seq: 1})
 	if _, err := e.Pool.Exec(ctx, `DROP TRIGGER outbox_ferry_delete ON outbox`); err != nil {
 		t.Fatal(err)
 	}
 	id = insertEvent(t, e.Pool, "agg-y", 2)
-	written = append(written, sourcetest.Written{OutboxID: id, Aggregate: "agg-y", Seq: 2})
+	written = append(written, plugintest.Written{OutboxID: id, Aggregate: "agg-y", Seq: 2})
 	if _, err := e.Pool.Exec(ctx, `UPDATE outbox SET type = 'Changed'; DELETE FROM outbox;`); err != nil {
 		t.Fatal(err)
 	}
 	last := insertEvent(t, e.Pool, "agg-y", 3)
-	written = append(written, sourcetest.Written{OutboxID: last, Aggregate: "agg-y", Seq: 3})
+	written = append(written, plugintest.Written{OutboxID: last, Aggregate: "agg-y", Seq: 3})
 	e.Coll.WaitFor(t, 10*time.Second, "the last event", func(m []testenv.Received) bool {
-		for _, d := range sourcetest.Decode(t, m) {
+		for _, d := range relaytest.Decode(t, m) {
 			if d.OutboxID == last {
 				return true
 			}
 		}
 		return false
 	})
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 	if n := e.Coll.Len(); n != len(written) {
 		t.Fatalf("%d messages for %d inserts", n, len(written))
 	}
@@ -303,8 +304,8 @@ func TestReconnectAfterWalsenderTerminated(t *testing.T) {
 	slot := wal.DefaultName(name)
 	e.Start(t, e.YAML(name, 100))
 	waitStreaming(t, e.Pool, slot)
-	writes := make(chan []sourcetest.Written, 1)
-	go func() { writes <- sourcetest.Writers(ctx, t, e.Pool, 4, 3000, 30) }()
+	writes := make(chan []plugintest.Written, 1)
+	go func() { writes <- plugintest.Writers(ctx, t, e.Pool, 4, 3000, 30) }()
 	for k := 1; k <= 3; k++ {
 		e.Coll.WaitFor(t, time.Minute, fmt.Sprintf("%d events", k*600), func(m []testenv.Received) bool { return len(m) >= k*600 })
 		var pid int
@@ -314,9 +315,9 @@ func TestReconnectAfterWalsenderTerminated(t *testing.T) {
 	}
 	written := <-writes
 	e.Coll.WaitFor(t, 2*time.Minute, "all events", func(m []testenv.Received) bool {
-		return len(m) >= len(written) && len(sourcetest.Check(written, sourcetest.Decode(t, m), false).Lost) == 0
+		return len(m) >= len(written) && len(plugintest.Check(written, relaytest.Decode(t, m), false).Lost) == 0
 	})
-	v := sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true)
+	v := plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true)
 	v.Assert(t, 3*3) // a transaction holds at most 3 events
 	t.Logf("3 terminations: %d events, %d duplicates", len(written), v.Duplicates)
 }

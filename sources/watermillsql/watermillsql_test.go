@@ -18,13 +18,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	_ "github.com/ferryhq/ferry/sinks/kafka"
 	_ "github.com/ferryhq/ferry/sources/watermillsql"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { plugintest.Main(m) }
 
 // A Go service writes with watermill-sql's publisher and with the
 // forwarder's publisher on top of it, inside transactions that also change

@@ -7,28 +7,31 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
-func TestMain(m *testing.M) { sourcetest.Main(m) }
+func TestMain(m *testing.M) { plugintest.Main(m) }
 
-var harness = sourcetest.Harness{
+var harness = plugintest.SourceHarness{
 	Type:   xid8.Name,
 	Schema: xid8.Schema,
 	Extra:  "poll_interval: 20ms",
-	Features: sourcetest.Features{
+	Features: plugintest.SourceFeatures{
 		CommitOrder:                true,
 		HoldsBehindOpenTransaction: true,
+		Retention:                  true,
+		QueryTimeout:               true,
 	},
 }
 
-func TestConformance(t *testing.T) { sourcetest.Run(t, harness) }
+func TestConformance(t *testing.T) { plugintest.RunSource(t, harness) }
 
-func delivered(t *testing.T, e *sourcetest.Env) map[int64]bool {
+func delivered(t *testing.T, e *relaytest.Env) map[int64]bool {
 	got := map[int64]bool{}
-	for _, d := range sourcetest.Decode(t, e.Coll.All()) {
+	for _, d := range relaytest.Decode(t, e.Coll.All()) {
 		got[d.OutboxID] = true
 	}
 	return got
@@ -43,7 +46,7 @@ func delivered(t *testing.T, e *sourcetest.Env) map[int64]bool {
 func TestOpenTransactionHoldsCursor(t *testing.T) {
 	h := harness
 	h.Extra = "idle_poll_interval: 1m"
-	e := sourcetest.Setup(t, h)
+	e := relaytest.Setup(t, h)
 	ctx := context.Background()
 	e.Start(t, e.YAML("held", 100))
 	testenv.Eventually(t, 10*time.Second, "LISTEN session", func() bool {
@@ -52,7 +55,7 @@ func TestOpenTransactionHoldsCursor(t *testing.T) {
 		return n > 0
 	})
 
-	first, err := sourcetest.Insert(ctx, e.Pool, "agg-1")
+	first, err := plugintest.Insert(ctx, e.Pool, "agg-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +69,7 @@ func TestOpenTransactionHoldsCursor(t *testing.T) {
 	if _, err := report.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil { // takes an xid, like any write
 		t.Fatal(err)
 	}
-	second, err := sourcetest.Insert(ctx, e.Pool, "agg-2")
+	second, err := plugintest.Insert(ctx, e.Pool, "agg-2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +90,7 @@ func TestOpenTransactionHoldsCursor(t *testing.T) {
 func TestNotifyWakesRelay(t *testing.T) {
 	h := harness
 	h.Extra = "poll_interval: 1h"
-	e := sourcetest.Setup(t, h)
+	e := relaytest.Setup(t, h)
 	ctx := context.Background()
 	e.Start(t, e.YAML("notify", 100))
 	// The first poll runs at start; give LISTEN a moment to be in place by
@@ -97,7 +100,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:listen' AND query LIKE 'LISTEN%'`).Scan(&n)
 		return n > 0
 	})
-	w, err := sourcetest.Insert(ctx, e.Pool, "agg-1")
+	w, err := plugintest.Insert(ctx, e.Pool, "agg-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +110,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 // Renamed columns and an event_id column are honoured; progress lands in
 // the offsets table.
 func TestColumnMappingAndOffsets(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	if _, err := e.Pool.Exec(ctx, `CREATE TABLE events (
 		seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -144,7 +147,7 @@ func TestColumnMappingAndOffsets(t *testing.T) {
 // A pipeline whose outbox table is missing keeps retrying, and delivers as
 // soon as the table appears; other work is not blocked.
 func TestRecoversWhenTableAppears(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	y := strings.Replace(e.YAML("late", 10), "  table: outbox\n", "  table: late_outbox\n", 1)
 	e.Start(t, y)
@@ -174,7 +177,7 @@ func TestSchemaRejectsBadTable(t *testing.T) {
 // values straddling a boundary below the server's current xid, so they are
 // all visible and the test needs no burnt transactions.
 func TestOrderAcrossXidDigitBoundary(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	var cur uint64
 	if err := e.Pool.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&cur); err != nil {
@@ -184,7 +187,7 @@ func TestOrderAcrossXidDigitBoundary(t *testing.T) {
 	for boundary*10 < cur-5 {
 		boundary *= 10
 	}
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	for i, x := range []uint64{boundary + 2, boundary - 2, boundary + 1, boundary - 1, boundary} {
 		// ids are allocated in this scrambled order; seq follows the xid order.
 		seq := int(x-boundary) + 3
@@ -194,23 +197,21 @@ func TestOrderAcrossXidDigitBoundary(t *testing.T) {
 			strconv.FormatUint(x, 10), seq).Scan(&id); err != nil {
 			t.Fatalf("row %d: %v", i, err)
 		}
-		written = append(written, sourcetest.Written{OutboxID: id, Aggregate: "agg-x", Seq: seq})
+		written = append(written, plugintest.Written{OutboxID: id, Aggregate: "agg-x", Seq: seq})
 	}
 	e.Start(t, e.YAML("digits", 100))
 	e.Coll.WaitFor(t, 10*time.Second, "5 events", func(m []testenv.Received) bool { return len(m) >= 5 })
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 }
-
-func TestRetentionNeverDeletesUndelivered(t *testing.T) { sourcetest.TestRetention(t, harness) }
 
 // The recorded cursor only moves forwards: a relay whose cursor another
 // incarnation has already moved past (a hand-over, a restart that overlapped
 // the old one's drain) does not pull it back.
 func TestCursorNeverMovesBack(t *testing.T) {
-	e := sourcetest.Setup(t, harness)
+	e := relaytest.Setup(t, harness)
 	ctx := context.Background()
 	stop := e.Start(t, e.YAML("forward", 10))
-	first, err := sourcetest.Insert(ctx, e.Pool, "agg-1")
+	first, err := plugintest.Insert(ctx, e.Pool, "agg-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +224,7 @@ func TestCursorNeverMovesBack(t *testing.T) {
 	if _, err := e.Pool.Exec(ctx, `UPDATE ferry_offsets SET xact_id = '100000000'::xid8, id = 7 WHERE pipeline = 'forward'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sourcetest.Insert(ctx, e.Pool, "agg-1"); err != nil {
+	if _, err := plugintest.Insert(ctx, e.Pool, "agg-1"); err != nil {
 		t.Fatal(err)
 	}
 	e.Coll.WaitFor(t, 10*time.Second, "the second event", func(m []testenv.Received) bool { return len(m) == 2 })
@@ -232,5 +233,3 @@ func TestCursorNeverMovesBack(t *testing.T) {
 		t.Fatalf("cursor moved back to (%s, %d)", xid, id)
 	}
 }
-
-func TestHalfOpenDatabase(t *testing.T) { sourcetest.TestHalfOpenDatabase(t, harness) }

@@ -19,8 +19,9 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/cmd/ferry/cli"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -111,7 +112,7 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // flow, /metrics and /healthz answer, SIGTERM exits 0, and the password in
 // the DSN never appears in its output.
 func TestRunServesMetricsAndStopsCleanly(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	u, _ := url.Parse(e.DSN)
 	u.User = url.UserPassword("postgres", "hunter2") // trust auth ignores it; the logs must too
 	e.DSN = u.String()
@@ -129,16 +130,16 @@ func TestRunServesMetricsAndStopsCleanly(t *testing.T) {
 	defer cmd.Process.Kill()
 
 	ctx := context.Background()
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	for i := range 20 {
-		w, err := sourcetest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i%3))
+		w, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i%3))
 		if err != nil {
 			t.Fatal(err)
 		}
 		written = append(written, w)
 	}
 	e.Coll.WaitFor(t, 30*time.Second, "20 events", func(m []testenv.Received) bool { return len(m) >= 20 })
-	sourcetest.Check(written, sourcetest.Decode(t, e.Coll.All()), true).Assert(t, 0)
+	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 
 	if body := get(t, "http://"+addr+"/healthz"); body != "ok\n" {
 		t.Errorf("/healthz %q", body)

@@ -23,7 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ferryhq/ferry/internal/natsserver"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
 )

@@ -15,8 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -132,7 +133,7 @@ func owner(ins []*instance, name string) (*instance, int) {
 // others converge on the new version; delete stops it everywhere. Every
 // written id reaches the broker.
 func TestControlPlaneThreeInstances(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	for _, table := range []string{"outbox_orders", "outbox_other", "outbox_spread"} {
 		ddl, _ := xid8.Schema(table)
@@ -380,7 +381,7 @@ func TestControlPlaneThreeInstances(t *testing.T) {
 // source DSN is a ${VAR} the instance resolves from --secrets-dir: the
 // store keeps the reference, never the value.
 func TestPipelinesPlanApply(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	secrets := t.TempDir()
 	if err := os.WriteFile(filepath.Join(secrets, "ORDERS_DB_URL"), []byte(e.DSN+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -510,7 +511,7 @@ func TestPipelinesPlanApply(t *testing.T) {
 // sees holds any of them — at debug level, through good and bad requests.
 // The only answer holding a token is the one that creates it.
 func TestControlPlaneNoSecretInOutput(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	const storePW, sourcePW, natsPW = "store-pw-Qx81", "source-pw-Rz52", "nats-pw-Lm37"
 	withPassword := func(raw, pw string) string {
 		u, _ := url.Parse(raw)

@@ -19,13 +19,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/doctor"
-	"github.com/ferryhq/ferry/internal/faultproxy"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/internal/pgcluster"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/faultproxy"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
@@ -121,7 +122,7 @@ func expect(t *testing.T, fault, surface, text string, wants ...string) {
 // about it; meanwhile a pipeline no fault touches keeps delivering.
 func TestFaultMatrix(t *testing.T) {
 	ctx := context.Background()
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_M", 100*time.Millisecond, e.Subject+".>")
 	dbAddr := func() string { u, _ := url.Parse(e.DSN); return u.Host }()
 	pSrc, pHalf, pCoord := faultproxy.Start(t, dbAddr), faultproxy.Start(t, dbAddr), faultproxy.Start(t, dbAddr)

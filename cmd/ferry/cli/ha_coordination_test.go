@@ -13,8 +13,9 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/internal/pgcluster"
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -57,7 +58,7 @@ func TestCoordinationDatabaseOutage(t *testing.T) {
 	t.Cleanup(func() { coordCluster.Close() })
 	coordDSN := coordCluster.DSN("postgres")
 
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	dir := t.TempDir()
 	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_CO", 100*time.Millisecond, e.Subject+".>")

@@ -13,8 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -93,7 +94,7 @@ func spread(ins []*instance, pipelines, lo, hi int) (bool, string) {
 // pipeline delivers every event.
 func TestHighAvailability(t *testing.T) {
 	const n = 12
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	ctx := context.Background()
 	dir := t.TempDir()
 	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_HA", 100*time.Millisecond, e.Subject+".>")

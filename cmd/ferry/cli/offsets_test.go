@@ -10,8 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -19,7 +20,7 @@ import (
 // while running, a dry run counts, the reset re-sends exactly the events
 // from the time on.
 func TestPipelinesResetCLI(t *testing.T) {
-	e := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	in := startStoreInstance(t, "solo", e.DSN)
 	t.Setenv("FERRY_TOKEN", cpAdmin)
 	url := "http://" + in.addr
@@ -30,9 +31,9 @@ func TestPipelinesResetCLI(t *testing.T) {
 		t.Fatalf("%d %s", code, body)
 	}
 	ctx := context.Background()
-	var written []sourcetest.Written
+	var written []plugintest.Written
 	for i := range 200 {
-		w, err := sourcetest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i%10))
+		w, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i%10))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +80,7 @@ func TestPipelinesResetCLI(t *testing.T) {
 		if m.Header.Get("probe") != "" {
 			continue
 		}
-		for _, d := range sourcetest.Decode(t, []testenv.Received{m}) {
+		for _, d := range relaytest.Decode(t, []testenv.Received{m}) {
 			seen[d.OutboxID]++
 		}
 	}

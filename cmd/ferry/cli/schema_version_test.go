@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 // `ferry schema poll --aggregate-version` prints DDL that applies (twice:

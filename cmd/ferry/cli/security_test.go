@@ -14,8 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
@@ -36,8 +37,8 @@ func TestNoSecretInAnyOutput(t *testing.T) {
 	}
 	secrets := []string{dbPassword, natsPassword, token, amqpPassword}
 
-	x := sourcetest.Setup(t, sourcetest.Harness{Type: xid8.Name, Schema: xid8.Schema})
-	w := sourcetest.Setup(t, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	x := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	w := relaytest.Setup(t, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	withPassword := func(raw, password string) string {
 		u, _ := url.Parse(raw)
 		user := "ferry"
@@ -79,8 +80,8 @@ sink: {type: rabbitmq, url: %q, exchange: amq.topic, routing_key: sec.wal}
 	defer cmd.Process.Kill()
 
 	ctx := context.Background()
-	sourcetest.Insert(ctx, x.Pool, "agg-1")
-	sourcetest.Insert(ctx, w.Pool, "agg-1")
+	plugintest.Insert(ctx, x.Pool, "agg-1")
+	plugintest.Insert(ctx, w.Pool, "agg-1")
 	x.Coll.WaitFor(t, 30*time.Second, "the xid8 event", func(m []testenv.Received) bool { return len(m) >= 1 })
 
 	var served strings.Builder

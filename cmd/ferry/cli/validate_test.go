@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 // validate --connect runs the sources' start-up schema check: Debezium's

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ferryhq/ferry/internal/faultproxy"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/faultproxy"
+	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -1,4 +1,4 @@
-package sinktest
+package plugintest
 
 import (
 	"bytes"
@@ -12,8 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
@@ -34,7 +33,7 @@ func event(id, agg string, seq int, extra map[string]string) *message.Message {
 
 // testRoundTrip: confirmed publishes are readable with everything intact,
 // to the default and to a routed destination; the lifecycle contract holds.
-func testRoundTrip(t *testing.T, h Harness) {
+func testRoundTrip(t *testing.T, h SinkHarness) {
 	tg := h.Target(t)
 	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
 	if err := sink.Publish("", event("early", "order-0", 1, nil)); err == nil {
@@ -121,7 +120,7 @@ func keys(m map[string]Record) []string {
 
 // testConcurrent: as many concurrent publishes as a pipeline's window
 // (1000), two per aggregate in sequence, all confirmed and stored once.
-func testConcurrent(t *testing.T, h Harness) {
+func testConcurrent(t *testing.T, h SinkHarness) {
 	const aggregates = 1000
 	tg := h.Target(t)
 	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
@@ -152,13 +151,13 @@ func testConcurrent(t *testing.T, h Harness) {
 	}
 	t.Logf("%d confirmed publishes from %d goroutines in %s (%.0f/s)", 2*aggregates, aggregates, elapsed.Round(time.Millisecond), float64(2*aggregates)/elapsed.Seconds())
 	recs := WaitRecords(t, tg, time.Minute, fmt.Sprint(2*aggregates, " messages"), func(r []Record) bool { return len(r) >= 2*aggregates })
-	var written []sourcetest.Written
+	var written []Written
 	for a := range aggregates {
 		for seq := 1; seq <= 2; seq++ {
-			written = append(written, sourcetest.Written{OutboxID: int64(a*2 + seq), Aggregate: fmt.Sprintf("agg-%04d", a), Seq: seq})
+			written = append(written, Written{OutboxID: int64(a*2 + seq), Aggregate: fmt.Sprintf("agg-%04d", a), Seq: seq})
 		}
 	}
-	sourcetest.Check(written, Decode(t, recs), true).Assert(t, 0)
+	Check(written, DecodeRecords(t, recs), true).Assert(t, 0)
 	if h.Inspect != nil {
 		h.Inspect(t, sink, 2*aggregates)
 	}
@@ -166,7 +165,7 @@ func testConcurrent(t *testing.T, h Harness) {
 
 // testResend: Ferry re-sends an event (same id) after a crash; the broker
 // either drops the copy or keeps both, as the sink documents.
-func testResend(t *testing.T, h Harness) {
+func testResend(t *testing.T, h SinkHarness) {
 	tg := h.Target(t)
 	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
 	if err := sink.Start(context.Background()); err != nil {
@@ -211,16 +210,16 @@ func testResend(t *testing.T, h Harness) {
 // sessions, through an xid8 pipeline with a 1000-event window, arrive
 // complete, once, and in per-aggregate order; each aggregate stays on one
 // stream (for Kafka: one partition).
-func testOrder(t *testing.T, h Harness) {
-	e := Setup(t, h)
+func testOrder(t *testing.T, h SinkHarness) {
+	e := SetupSink(t, h)
 	e.Start(t, e.YAML("order", e.Target.Default, 1000))
 	start := time.Now()
-	written := sourcetest.Writers(context.Background(), t, e.Pool, 8, 10000, 100)
+	written := Writers(context.Background(), t, e.Pool, 8, 10000, 100)
 	if len(written) != 10000 {
 		t.Fatalf("wrote %d events, want 10000", len(written))
 	}
-	recs := waitDelivered(t, e, written, 2*time.Minute)
-	v := sourcetest.Check(written, Decode(t, recs), true)
+	recs := waitRecords(t, e, written, 2*time.Minute)
+	v := Check(written, DecodeRecords(t, recs), true)
 	// A publish that timed out on a loaded machine is retried and may
 	// have been stored after all: a duplicate within the window. Without a
 	// failed publish there is no reason for one.
@@ -247,33 +246,33 @@ func testOrder(t *testing.T, h Harness) {
 		time.Since(start).Round(time.Millisecond), failed, v.Duplicates)
 }
 
-// waitDelivered waits until every written event is on the broker.
-func waitDelivered(t testing.TB, e *Env, written []sourcetest.Written, timeout time.Duration) []Record {
+// waitRecords waits until every written event is on the broker.
+func waitRecords(t testing.TB, e *SinkEnv, written []Written, timeout time.Duration) []Record {
 	t.Helper()
 	return WaitRecords(t, e.Target, timeout, fmt.Sprintf("all %d events", len(written)), func(r []Record) bool {
-		return len(r) >= len(written) && len(sourcetest.Check(written, Decode(t, r), false).Lost) == 0
+		return len(r) >= len(written) && len(Check(written, DecodeRecords(t, r), false).Lost) == 0
 	})
 }
 
 // testBrokerDown: while the broker is stopped, publishes fail, nothing is
 // acked and the cursor holds; once it is back, everything arrives, in order.
-func testBrokerDown(t *testing.T, h Harness) {
+func testBrokerDown(t *testing.T, h SinkHarness) {
 	const window = 100
-	e := Setup(t, h)
+	e := SetupSink(t, h)
 	if e.Target.Stop == nil {
 		t.Skip("the broker is external; the harness cannot stop it")
 	}
 	e.Start(t, e.YAML("down", e.Target.Default, window))
 	ctx := context.Background()
-	before := sourcetest.Writers(ctx, t, e.Pool, 2, 200, 20)
-	waitDelivered(t, e, before, time.Minute)
+	before := Writers(ctx, t, e.Pool, 2, 200, 20)
+	waitRecords(t, e, before, time.Minute)
 	lastBefore := e.LastRow(t)
 	testenv.Eventually(t, 10*time.Second, "the cursor at the last delivered event", func() bool { return e.Cursor(t, "down") == lastBefore })
 	failedBefore := e.FailedPublishes(t)
 
 	start := e.Target.Stop(t)
 	stoppedAt := time.Now()
-	during := sourcetest.Writers(ctx, t, e.Pool, 2, 300, 20)
+	during := Writers(ctx, t, e.Pool, 2, 300, 20)
 	testenv.Eventually(t, 30*time.Second, "publishes to fail", func() bool { return e.FailedPublishes(t) > failedBefore+3 })
 	Consistently(t, 2*time.Second, "while the broker is down", func() error {
 		if c := e.Cursor(t, "down"); c != lastBefore {
@@ -285,11 +284,11 @@ func testBrokerDown(t *testing.T, h Harness) {
 	start(t)
 	downFor := time.Since(stoppedAt)
 
-	all := append(append([]sourcetest.Written(nil), before...), during...)
-	recs := waitDelivered(t, e, all, 2*time.Minute)
+	all := append(append([]Written(nil), before...), during...)
+	recs := waitRecords(t, e, all, 2*time.Minute)
 	last := e.LastRow(t)
 	testenv.Eventually(t, 30*time.Second, "the cursor at the last event", func() bool { return e.Cursor(t, "down") == last })
-	v := sourcetest.Check(all, Decode(t, recs), true)
+	v := Check(all, DecodeRecords(t, recs), true)
 	v.Assert(t, window)
 	t.Logf("broker down %s: %d publishes failed, cursor held; then %d events delivered, %d duplicates (bound %d)",
 		downFor.Round(time.Millisecond), failed, len(all), v.Duplicates, window)
@@ -297,8 +296,8 @@ func testBrokerDown(t *testing.T, h Harness) {
 
 // testUnroutable: a message nothing would receive fails the publish; in a
 // pipeline the event is retried, never acked, until it can be delivered.
-func testUnroutable(t *testing.T, h Harness) {
-	e := Setup(t, h)
+func testUnroutable(t *testing.T, h SinkHarness) {
+	e := SetupSink(t, h)
 	tg := e.Target
 	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
 	if err := sink.Start(context.Background()); err != nil {
@@ -321,7 +320,7 @@ func testUnroutable(t *testing.T, h Harness) {
 	// In a pipeline without a dead-letter topic: retried (with backoff, then
 	// nacked and redelivered), never acked — the cursor does not pass it.
 	stop := e.Start(t, e.YAML("unroutable", tg.Unroutable, 10))
-	w, err := sourcetest.Insert(context.Background(), e.Pool, "order-2")
+	w, err := Insert(context.Background(), e.Pool, "order-2")
 	if err != nil {
 		t.Fatal(err)
 	}

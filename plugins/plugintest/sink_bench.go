@@ -1,25 +1,23 @@
-package sinktest
+package plugintest
 
 import (
 	"context"
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/ferryhq/ferry/internal/sourcetest"
 )
 
-// BenchmarkDrain measures how fast a pipeline drains an xid8 outbox already
+// BenchmarkSinkDrain measures how fast a pipeline drains an xid8 outbox already
 // holding n events (1000 aggregates, one transaction) into the sink: from
 // starting the pipeline until its recorded cursor reaches the last row, so
 // every event was confirmed by the broker. It reports events/s; afterwards
 // it checks that the broker holds every event, in per-aggregate order.
 //
 //	go test ./sinks/kafka -run '^$' -bench Drain -benchtime 1x
-func BenchmarkDrain(b *testing.B, h Harness, n int) {
+func BenchmarkSinkDrain(b *testing.B, h SinkHarness, n int) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		e := Setup(b, h)
+		e := SetupSink(b, h)
 		ctx := context.Background()
 		if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
 			SELECT 'order', 'agg-' || (g % 1000), 'OrderUpdated', jsonb_build_object('agg', 'agg-' || (g % 1000), 'seq', g / 1000 + 1)
@@ -44,8 +42,8 @@ func BenchmarkDrain(b *testing.B, h Harness, n int) {
 		failed := e.FailedPublishes(b)
 		stop()
 
-		recs := waitDelivered(b, e, written, 5*time.Minute)
-		v := sourcetest.Check(written, Decode(b, recs), true)
+		recs := waitRecords(b, e, written, 5*time.Minute)
+		v := Check(written, DecodeRecords(b, recs), true)
 		v.Assert(b, 1000)
 		if v.Duplicates > 0 && failed == 0 {
 			b.Errorf("%d duplicates, yet no publish failed", v.Duplicates)
@@ -56,16 +54,16 @@ func BenchmarkDrain(b *testing.B, h Harness, n int) {
 	}
 }
 
-func loadWritten(t testing.TB, e *Env) []sourcetest.Written {
+func loadWritten(t testing.TB, e *SinkEnv) []Written {
 	t.Helper()
 	rows, err := e.Pool.Query(context.Background(), `SELECT id, aggregate_id, (payload->>'seq')::int FROM outbox`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	var out []sourcetest.Written
+	var out []Written
 	for rows.Next() {
-		var w sourcetest.Written
+		var w Written
 		if err := rows.Scan(&w.OutboxID, &w.Aggregate, &w.Seq); err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package sinktest
+package testenv
 
 import (
 	"crypto/ecdsa"

@@ -1,28 +1,9 @@
-// Package sinktest is the conformance suite every Ferry sink runs against
-// its real broker: a confirmed publish is readable with payload, key, headers
-// and event id intact; 10,000 events over 100 aggregates go from a real xid8
-// outbox through the pipeline and arrive in per-aggregate order; while the
-// broker is down publishes fail and the source's cursor holds, and when it is
-// back everything arrives; unroutable messages fail (where the broker can
-// tell); and re-sent event ids are handled as the sink documents. Every
-// assertion is on what the broker holds, read back by another client.
-//
-// A sink's test package wires it up:
-//
-//	func TestMain(m *testing.M) { testenv.Main(m) }
-//	func TestConformance(t *testing.T) { sinktest.Run(t, harness) }
-//	func BenchmarkDrain(b *testing.B) { sinktest.BenchmarkDrain(b, harness, 50000) }
-package sinktest
+package plugintest
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"log/slog"
-	"os"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,19 +12,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ferryhq/ferry/internal/sourcetest"
-	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
-// Harness describes the sink under test.
-type Harness struct {
+// SinkHarness describes the sink under test.
+type SinkHarness struct {
 	// Type is the sink's registered name; its package must be imported.
 	Type string
 	// Features say what the sink and its broker promise.
-	Features Features
+	Features SinkFeatures
 	// Target prepares fresh destinations on the broker for one test.
 	Target func(t testing.TB) *Target
 	// IsUnroutable recognises the error of a publish the broker could not
@@ -54,8 +34,8 @@ type Harness struct {
 	Inspect func(t *testing.T, s plugins.Sink, published int)
 }
 
-// Features switch the suite's assertions to what a broker promises.
-type Features struct {
+// SinkFeatures switch the suite's assertions to what a broker promises.
+type SinkFeatures struct {
 	// Keyed: records carry the aggregate id as their key (Kafka).
 	Keyed bool
 	// DedupsResends: the broker drops a re-sent event id (NATS JetStream,
@@ -103,8 +83,8 @@ type Record struct {
 	Headers map[string]string
 }
 
-// Run runs every conformance test for h.
-func Run(t *testing.T, h Harness) {
+// RunSink runs every conformance scenario for h.
+func RunSink(t *testing.T, h SinkHarness) {
 	t.Run("ConfirmedRoundTrip", func(t *testing.T) { testRoundTrip(t, h) })
 	t.Run("ConcurrentPublishes", func(t *testing.T) { testConcurrent(t, h) })
 	t.Run("ResentEventID", func(t *testing.T) { testResend(t, h) })
@@ -115,26 +95,20 @@ func Run(t *testing.T, h Harness) {
 	}
 }
 
-// Logger is the suite's logger: warnings and errors to stderr.
-func Logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-}
-
-// indent prefixes every line of yaml with two spaces.
-func indent(yaml string) string {
-	var b strings.Builder
-	for _, l := range strings.Split(strings.TrimSpace(yaml), "\n") {
-		if l != "" {
-			b.WriteString("  " + l + "\n")
-		}
-	}
-	return b.String()
+// LoadSinkConfig loads a pipeline whose sink is of type typ with the keys
+// sinkYAML the way `ferry run` does (strict decoding over the defaults,
+// Validate) and returns the loader's error: the problems a user would see,
+// each naming its YAML path (sink.…). A config table test uses it.
+func LoadSinkConfig(typ, sinkYAML string) error {
+	doc := fmt.Sprintf("name: sinktest\nsource:\n  type: xid8\n  dsn: postgres://localhost/unused\nsink:\n  type: %s\n%s", typ, indent(sinkYAML))
+	_, err := pipelines.Loader{}.LoadBytes("sink.yaml", []byte(doc))
+	return err
 }
 
 // BuildSink builds the sink of h from its YAML keys the way `ferry run`
 // does (strict decoding, defaults, Validate), without starting it. It is
 // closed when the test ends.
-func BuildSink(t testing.TB, h Harness, sinkYAML string) plugins.Sink {
+func BuildSink(t testing.TB, h SinkHarness, sinkYAML string) plugins.Sink {
 	t.Helper()
 	doc := fmt.Sprintf("name: sinktest\nsource:\n  type: xid8\n  dsn: postgres://localhost/unused\nsink:\n  type: %s\n%s", h.Type, indent(sinkYAML))
 	specs, err := pipelines.Loader{}.LoadBytes("sink.yaml", []byte(doc))
@@ -166,32 +140,25 @@ func WaitRecords(t testing.TB, tg *Target, timeout time.Duration, what string, c
 	}
 }
 
-// Decode reads the suite's events ({"agg","seq"} payloads with an outbox_id
-// header) from records.
-func Decode(t testing.TB, recs []Record) []sourcetest.Delivered {
+// DecodeRecords reads the suite's events ({"agg","seq"} payloads with an
+// outbox_id header) from records.
+func DecodeRecords(t testing.TB, recs []Record) []Delivered {
 	t.Helper()
-	out := make([]sourcetest.Delivered, 0, len(recs))
+	out := make([]Delivered, 0, len(recs))
 	for _, r := range recs {
-		var body struct {
-			Agg string `json:"agg"`
-			Seq int    `json:"seq"`
-		}
-		if err := json.Unmarshal(r.Payload, &body); err != nil {
-			t.Fatalf("payload %q: %v", r.Payload, err)
-		}
-		id, err := strconv.ParseInt(r.Headers[plugins.MetaOutboxID], 10, 64)
+		d, err := decodeEvent(r.ID, r.Payload, r.Headers[plugins.MetaOutboxID])
 		if err != nil {
-			t.Fatalf("outbox_id header %q: %v", r.Headers[plugins.MetaOutboxID], err)
+			t.Fatal(err)
 		}
-		out = append(out, sourcetest.Delivered{EventID: r.ID, OutboxID: id, Aggregate: body.Agg, Seq: body.Seq})
+		out = append(out, d)
 	}
 	return out
 }
 
-// Env is one pipeline test: a fresh database with an xid8 outbox, and the
-// broker target the pipeline delivers to.
-type Env struct {
-	H      Harness
+// SinkEnv is one pipeline scenario: a fresh database with an xid8 outbox,
+// and the broker target the pipeline delivers to.
+type SinkEnv struct {
+	H      SinkHarness
 	Target *Target
 	DSN    string
 	Pool   *pgxpool.Pool
@@ -199,11 +166,11 @@ type Env struct {
 	Metrics *prometheus.Registry
 }
 
-// Setup creates the database (outbox and aggregate-sequence tables, as the
-// source suite's) and the target.
-func Setup(t testing.TB, h Harness) *Env {
+// SetupSink creates the database (outbox and aggregate-sequence tables, as
+// the source suite's) and the target.
+func SetupSink(t testing.TB, h SinkHarness) *SinkEnv {
 	t.Helper()
-	e := &Env{H: h, DSN: testenv.Postgres(t), Target: h.Target(t)}
+	e := &SinkEnv{H: h, DSN: testenv.Postgres(t), Target: h.Target(t)}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, e.DSN)
 	if err != nil {
@@ -218,7 +185,7 @@ func Setup(t testing.TB, h Harness) *Env {
 	if _, err := pool.Exec(ctx, ddl); err != nil {
 		t.Fatalf("create outbox: %v", err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE agg_seq (id text PRIMARY KEY, seq int NOT NULL)`); err != nil {
+	if _, err := pool.Exec(ctx, AggSeqDDL); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -226,43 +193,22 @@ func Setup(t testing.TB, h Harness) *Env {
 
 // YAML is a pipeline from the outbox to the sink with default destination
 // dest.
-func (e *Env) YAML(name, dest string, maxInFlight int) string {
+func (e *SinkEnv) YAML(name, dest string, maxInFlight int) string {
 	return fmt.Sprintf("name: %s\nsource:\n  type: xid8\n  dsn: %s\n  table: outbox\n  poll_interval: 20ms\n  commit_interval: 50ms\nsink:\n  type: %s\n%slimits:\n  max_in_flight: %d\n",
 		name, e.DSN, e.H.Type, indent(e.Target.SinkYAML(dest)), maxInFlight)
 }
 
 // Start runs the pipeline file in this process until the returned stop is
 // called (it also runs when the test ends).
-func (e *Env) Start(t testing.TB, yaml string) (stop func()) {
+func (e *SinkEnv) Start(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
-	specs, err := pipelines.Loader{}.LoadBytes("test.yaml", []byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
 	e.Metrics = prometheus.NewRegistry()
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: Logger(), Metrics: e.Metrics, DrainTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sup.Run(ctx, specs) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("supervisor: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return startPipeline(t, yaml, pipelines.Options{Logger: Logger(), Metrics: e.Metrics, DrainTimeout: 5 * time.Second})
 }
 
 // FailedPublishes counts the sink publishes that returned an error, from
 // the router's publish metrics.
-func (e *Env) FailedPublishes(t testing.TB) int {
+func (e *SinkEnv) FailedPublishes(t testing.TB) int {
 	t.Helper()
 	mfs, err := e.Metrics.Gather()
 	if err != nil {
@@ -287,7 +233,7 @@ func (e *Env) FailedPublishes(t testing.TB) int {
 // Cursor is the pipeline's recorded progress: the outbox id of the last
 // event in (xact_id, id) order that the source may skip on restart; 0 when
 // nothing is recorded.
-func (e *Env) Cursor(t testing.TB, pipeline string) int64 {
+func (e *SinkEnv) Cursor(t testing.TB, pipeline string) int64 {
 	t.Helper()
 	var id int64
 	err := e.Pool.QueryRow(context.Background(), `SELECT id FROM ferry_offsets WHERE pipeline = $1`, pipeline).Scan(&id)
@@ -298,26 +244,13 @@ func (e *Env) Cursor(t testing.TB, pipeline string) int64 {
 }
 
 // LastRow is the outbox id of the last row in cursor order.
-func (e *Env) LastRow(t testing.TB) int64 {
+func (e *SinkEnv) LastRow(t testing.TB) int64 {
 	t.Helper()
 	var id int64
 	if err := e.Pool.QueryRow(context.Background(), `SELECT id FROM outbox ORDER BY xact_id DESC, id DESC LIMIT 1`).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
 	return id
-}
-
-// Consistently checks cond every 50ms for d and fails the test the first
-// time it does not hold: the way to assert that something does not happen.
-func Consistently(t testing.TB, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if err := cond(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // ReadBack runs r.Read on topic and publishes canary-like events to topic
