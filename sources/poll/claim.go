@@ -2,6 +2,7 @@ package poll
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
@@ -39,7 +40,13 @@ import (
 type claimSQL struct {
 	tbl, id, aggType, aggID string
 	cols                    string
+	unordered               bool
 }
+
+// unorderedClaim makes new sources use the plain SKIP LOCKED claim, which
+// keeps no per-aggregate order across workers: the baseline BenchmarkDrain
+// measures the ordered claim's throughput against. Only tests set it.
+var unorderedClaim atomic.Bool
 
 // floor is the lowest id that can hold an aggregate back: below it every
 // row is published (or parked). It keeps the scans off the index entries of
@@ -107,6 +114,15 @@ const lookAhead = 2
 // one run of one worker (see New), so rows left by an earlier run of the
 // same worker_id are not mistaken for its own.
 func (q claimSQL) lease() string {
+	if q.unordered {
+		return fmt.Sprintf(`WITH batch AS (
+			SELECT o.%[1]s AS id FROM %[2]s AS o
+			WHERE o.published_at IS NULL AND (o.claimed_until IS NULL OR o.claimed_until < now())
+			AND $4::bigint >= 0 AND $5::bigint >= 0
+			ORDER BY o.%[1]s LIMIT $1 FOR UPDATE SKIP LOCKED)
+		UPDATE %[2]s AS o SET claimed_until = now() + make_interval(secs => $2), claimed_by = $3
+		FROM batch WHERE o.%[1]s = batch.id RETURNING %[3]s`, q.id, q.tbl, q.cols)
+	}
 	return q.batch("$3::text", "$4::bigint", "$5::bigint") + fmt.Sprintf(`
 		UPDATE %[1]s AS o SET claimed_until = now() + make_interval(secs => $2), claimed_by = $3
 		FROM batch WHERE o.%[2]s = batch.id RETURNING %[3]s`, q.tbl, q.id, q.cols)
@@ -117,11 +133,17 @@ func (q claimSQL) lease() string {
 // number. Nothing is in flight in the worker when it claims (a batch
 // settles before the next), so no lease is its own.
 func (q claimSQL) transaction() string {
+	if q.unordered {
+		return fmt.Sprintf(`SELECT %[3]s FROM %[2]s AS o
+			WHERE o.published_at IS NULL AND (o.claimed_until IS NULL OR o.claimed_until < now())
+			AND $2::bigint >= 0 AND $3::bigint >= 0
+			ORDER BY o.%[1]s LIMIT $1 FOR UPDATE SKIP LOCKED`, q.id, q.tbl, q.cols)
+	}
 	return q.batch("NULL::text", "$2::bigint", "$3::bigint") + fmt.Sprintf(`
 		SELECT %[3]s FROM %[1]s AS o JOIN batch ON o.%[2]s = batch.id`, q.tbl, q.id, q.cols)
 }
 
 func newClaimSQL(tbl string, c outbox.Columns, cols string) claimSQL {
 	return claimSQL{tbl: tbl, id: pgx.Identifier{c.OrderColumn()}.Sanitize(), aggType: pgx.Identifier{c.AggregateType}.Sanitize(),
-		aggID: pgx.Identifier{c.AggregateID}.Sanitize(), cols: cols}
+		aggID: pgx.Identifier{c.AggregateID}.Sanitize(), cols: cols, unordered: unorderedClaim.Load()}
 }

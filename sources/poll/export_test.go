@@ -8,3 +8,11 @@ func ClaimLeaseSQL(table string) string {
 	c := outbox.DefaultColumns()
 	return newClaimSQL(outbox.Quote(table), c, c.Select("o", "clock_timestamp()")).lease()
 }
+
+// UseUnorderedClaim makes the sources created from now on claim with plain
+// SKIP LOCKED, without per-aggregate order (the benchmark's baseline), until
+// restore is called.
+func UseUnorderedClaim() (restore func()) {
+	unorderedClaim.Store(true)
+	return func() { unorderedClaim.Store(false) }
+}

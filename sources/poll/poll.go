@@ -755,7 +755,7 @@ func (w *worker) renewLoop(ctx context.Context) {
 		}
 		if ids := w.inFlightIDs(); len(ids) > 0 {
 			rctx, cancel := context.WithTimeout(ctx, w.s.cfg.QueryTimeout)
-			if _, err := w.s.pool.Exec(rctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id, w.s.cfg.Workers, w.n); err != nil && ctx.Err() == nil {
+			if _, err := w.s.pool.Exec(rctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id); err != nil && ctx.Err() == nil {
 				w.s.log.Warn("renew leases", "err", redact.Error(err))
 			}
 			cancel()
