@@ -57,14 +57,14 @@ var unorderedClaim atomic.Bool
 // they never hold each other's aggregates back; processes sharing the table
 // are kept apart by held and skipped alone.
 //
-//   - prefix: the first reach unpublished rows by id, leaving out parked
-//     rows (they hold nothing) and this worker's own live leases (in its
-//     window, ahead of anything it claims now). Every row that can hold a
-//     row of the prefix back is in it: the rule only looks at earlier rows.
-//     Its one ordered scan of the partial index, stopped by the LIMIT, is
-//     the claim's only scan of the table: the steps after it work on what
-//     it read, and look rows up by id only to lock them.
-//   - mine: the rows of the prefix in this worker's slice.
+//   - mine: the first reach unpublished rows of this worker's slice by id,
+//     leaving out parked rows (they hold nothing) and this worker's own
+//     live leases (in its window, ahead of anything it claims now). Every
+//     row that can hold a row of mine back is in it: the rule only looks at
+//     earlier rows of the same aggregate, hence of the same slice. It is the
+//     claim's one scan of the table, an ordered scan of the partial index
+//     stopped by the LIMIT; the steps after it work on what it read and go
+//     back to the table by id only to lock.
 //   - held: aggregates of mine with a live lease of another worker.
 //   - ahead: the first batch's worth of claimable rows of mine whose
 //     aggregate is not held, by id.
@@ -77,19 +77,23 @@ var unorderedClaim atomic.Bool
 //     snapshot cannot show either; the candidates behind it in its aggregate
 //     are dropped.
 //
-// A prefix too short to hold a batch's worth of claimable rows of this
-// slice makes a smaller claim, never a wrong one.
+// A prefix too short to hold a batch's worth of claimable rows makes a
+// smaller claim, never a wrong one.
+//
+// The slice test is a CASE on purpose: the planner takes an unknown
+// boolean expression to pass half the rows, where it takes an equality on
+// an expression to pass one in two hundred — which made it read every
+// unpublished row with a bitmap scan and sort them, instead of walking the
+// index in id order until the LIMIT.
 func (q claimSQL) batch(me, slices, slice, reach string) string {
 	claimable := "(%[1]s.claimed_until IS NULL OR %[1]s.claimed_until < now())"
-	return fmt.Sprintf(`WITH prefix AS MATERIALIZED (
+	return fmt.Sprintf(`WITH mine AS MATERIALIZED (
 			SELECT o.%[1]s AS id, o.%[2]s AS agg_type, o.%[3]s AS agg_id, o.claimed_until FROM %[4]s AS o
 			WHERE o.published_at IS NULL AND o.claimed_by IS DISTINCT FROM '%[5]s'
 			AND (%[6]s OR o.claimed_by IS DISTINCT FROM %[7]s)
+			AND CASE WHEN %[9]s = 1 OR o.%[3]s IS NULL OR o.%[3]s::text = '' THEN true
+				ELSE mod(hashtext(o.%[2]s::text || '/' || o.%[3]s::text)::bigint + 2147483648, %[9]s) = %[10]s END
 			ORDER BY o.%[1]s LIMIT %[8]s),
-		mine AS MATERIALIZED (
-			SELECT p.id, p.agg_type, p.agg_id, p.claimed_until FROM prefix AS p
-			WHERE %[9]s = 1 OR p.agg_id IS NULL OR p.agg_id::text = ''
-			OR mod(hashtext(p.agg_type::text || '/' || p.agg_id::text)::bigint + 2147483648, %[9]s) = %[10]s),
 		held AS (
 			SELECT DISTINCT m.agg_type, m.agg_id FROM mine AS m
 			WHERE NOT %[11]s AND m.agg_id::text <> ''),
@@ -113,15 +117,16 @@ func (q claimSQL) batch(me, slices, slice, reach string) string {
 		slices, slice, fmt.Sprintf(claimable, "m"))
 }
 
-// lookAhead is how many batches' worth of rows per worker a claim reads.
+// lookAhead is how many batches' worth of claimable rows a claim reads.
 const lookAhead = 2
 
-// claimReach is the prefix a claim reads: lookAhead batches for each of the
-// process's workers (this worker's slice is one in Workers of the rows),
-// plus what the process may have in flight (the other workers' live leases
-// are in the prefix too).
-func (w *worker) claimReach() int {
-	return lookAhead*w.s.cfg.BatchSize*w.s.cfg.Workers + w.s.env.MaxInFlight
+// claimReach is the prefix of its slice a claim of limit rows reads:
+// lookAhead claims' worth, plus room for the live leases that another
+// process's worker of the same number (the same slice) can have out: its
+// share of max_in_flight. With more processes on the table, claims may
+// come out smaller than limit; never wrong.
+func (w *worker) claimReach(limit int) int {
+	return lookAhead*limit + max(w.s.env.MaxInFlight/w.s.cfg.Workers, 1)
 }
 
 // lease claims the batch by stamping a lease: $1 limit, $2 lease seconds,

@@ -421,7 +421,7 @@ func (w *worker) claimLoop(ctx context.Context) {
 }
 
 func (w *worker) claimLeases(ctx context.Context, limit int) (int, error) {
-	rows, err := w.read(ctx, w.s.pool, w.s.sql.claimLease, limit, w.s.cfg.Lease.Seconds(), w.id, w.s.cfg.Workers, w.n, w.claimReach())
+	rows, err := w.read(ctx, w.s.pool, w.s.sql.claimLease, limit, w.s.cfg.Lease.Seconds(), w.id, w.s.cfg.Workers, w.n, w.claimReach(limit))
 	if err != nil {
 		return 0, err
 	}
@@ -459,7 +459,7 @@ func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error)
 		return 0, err
 	}
 	defer tx.Rollback(context.Background())
-	rows, err := w.read(ctx, tx, w.s.sql.claimTx, limit, w.s.cfg.Workers, w.n, w.claimReach())
+	rows, err := w.read(ctx, tx, w.s.sql.claimTx, limit, w.s.cfg.Workers, w.n, w.claimReach(limit))
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
