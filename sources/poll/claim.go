@@ -117,16 +117,14 @@ func (q claimSQL) batch(me, slices, slice, reach string) string {
 		slices, slice, fmt.Sprintf(claimable, "m"))
 }
 
-// lookAhead is how many batches' worth of claimable rows a claim reads.
-const lookAhead = 2
-
-// claimReach is the prefix of its slice a claim of limit rows reads:
-// lookAhead claims' worth, plus room for the live leases that another
-// process's worker of the same number (the same slice) can have out: its
-// share of max_in_flight. With more processes on the table, claims may
-// come out smaller than limit; never wrong.
+// claimReach is the prefix of its slice a claim of limit rows reads: one
+// claim's worth, plus room for the live leases that another process's
+// worker of the same number (the same slice) can have out — its share of
+// max_in_flight. A claim behind more leases than that comes out smaller
+// than limit, never wrong; a longer prefix would cost every claim a longer
+// scan for the case of many processes.
 func (w *worker) claimReach(limit int) int {
-	return lookAhead*limit + max(w.s.env.MaxInFlight/w.s.cfg.Workers, 1)
+	return limit + max(w.s.env.MaxInFlight/w.s.cfg.Workers, 1)
 }
 
 // lease claims the batch by stamping a lease: $1 limit, $2 lease seconds,
