@@ -129,11 +129,11 @@ func (w *worker) claimReach(limit int) int {
 
 // lease claims the batch by stamping a lease: $1 limit, $2 lease seconds,
 // $3 this worker, $4 workers in this process, $5 this worker's number, $6
-// the prefix length (claimReach). A
-// live lease of this worker does not hold an aggregate back: the row is in
-// this worker's window, which publishes it first. claimed_by is unique to
-// one run of one worker (see New), so rows left by an earlier run of the
-// same worker_id are not mistaken for its own.
+// the prefix length (claimReach). A live lease of this worker does not hold
+// an aggregate back: the row is in this worker's window, which publishes it
+// first. claimed_by is unique to one run of one worker (see New), so rows
+// left by an earlier run of the same worker_id are not mistaken for its
+// own.
 func (q claimSQL) lease() string {
 	if q.unordered {
 		return fmt.Sprintf(`WITH batch AS (
@@ -151,8 +151,9 @@ func (q claimSQL) lease() string {
 
 // transaction claims the batch by its row locks, held by the caller's
 // transaction: $1 limit, $2 workers in this process, $3 this worker's
-// number, $4 the prefix length (claimReach). Nothing is in flight in the worker when it claims (a batch
-// settles before the next), so no lease is its own.
+// number, $4 the prefix length (claimReach). Nothing is in flight in the
+// worker when it claims (a batch settles before the next), so no lease is
+// its own.
 func (q claimSQL) transaction() string {
 	if q.unordered {
 		return fmt.Sprintf(`SELECT %[3]s FROM %[2]s AS o
