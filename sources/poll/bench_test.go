@@ -17,7 +17,7 @@ import (
 // SKIP LOCKED claim (no per-aggregate order across workers) drained in the
 // same iteration:
 //
-//	go test -run '^$' -bench Drain -benchtime 1x -count 3 ./sources/poll/
+//	go test -run '^$' -bench Drain -benchtime 1x -count 5 ./sources/poll/
 //
 // ordered-events/s is the source as shipped, unordered-events/s the
 // baseline and ratio the first over the second. Events of one aggregate are
