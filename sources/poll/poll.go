@@ -277,8 +277,11 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 			claimed_until = CASE WHEN attempts + 1 >= $3 THEN 'infinity'::timestamptz ELSE claimed_until END,
 			claimed_by = CASE WHEN attempts + 1 >= $3 THEN '%s' ELSE claimed_by END
 			WHERE %s = $1 RETURNING attempts`, tbl, DeadLetterOwner, id),
-		renew: fmt.Sprintf(`UPDATE %s SET claimed_until = now() + make_interval(secs => $2)
-			WHERE %s = ANY($1) AND claimed_by = $3 AND published_at IS NULL`, tbl, id),
+		// SKIP LOCKED: a row being marked needs no renewal, and waiting for
+		// it would lock rows in another order than the mark does (deadlock).
+		renew: fmt.Sprintf(`UPDATE %[1]s SET claimed_until = now() + make_interval(secs => $2)
+			WHERE %[2]s IN (SELECT %[2]s FROM %[1]s WHERE %[2]s = ANY($1) AND claimed_by = $3 AND published_at IS NULL
+			FOR UPDATE SKIP LOCKED)`, tbl, id),
 		release: fmt.Sprintf(`UPDATE %s SET claimed_until = NULL, claimed_by = NULL
 			WHERE %s = ANY($1) AND claimed_by = $2 AND published_at IS NULL`, tbl, id),
 		// Oldest ids first: published rows cluster there, so the primary key
@@ -373,7 +376,7 @@ func (w *worker) claimLoop(ctx context.Context) {
 }
 
 func (w *worker) claimLeases(ctx context.Context, limit int) (int, error) {
-	rows, err := w.read(ctx, w.s.pool, w.s.sql.claimLease, limit, w.s.cfg.Lease.Seconds(), w.id, w.s.cfg.Workers, w.n)
+	rows, err := w.read(ctx, w.s.pool, w.s.sql.claimLease, limit, w.s.cfg.Lease.Seconds(), w.id, w.s.cfg.Workers, w.n, w.claimReach(limit))
 	if err != nil {
 		return 0, err
 	}
@@ -411,7 +414,7 @@ func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error)
 		return 0, err
 	}
 	defer tx.Rollback(context.Background())
-	rows, err := w.read(ctx, tx, w.s.sql.claimTx, limit, w.s.cfg.Workers, w.n)
+	rows, err := w.read(ctx, tx, w.s.sql.claimTx, limit, w.s.cfg.Workers, w.n, w.claimReach(limit))
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
@@ -710,7 +713,7 @@ func (w *worker) renewLoop(ctx context.Context) {
 		}
 		if ids := w.inFlightIDs(); len(ids) > 0 {
 			rctx, cancel := context.WithTimeout(ctx, w.s.cfg.QueryTimeout)
-			if _, err := w.s.pool.Exec(rctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id, w.s.cfg.Workers, w.n); err != nil && ctx.Err() == nil {
+			if _, err := w.s.pool.Exec(rctx, w.s.sql.renew, ids, w.s.cfg.Lease.Seconds(), w.id); err != nil && ctx.Err() == nil {
 				w.s.log.Warn("renew leases", "err", redact.Error(err))
 			}
 			cancel()

@@ -237,7 +237,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 		ANALYZE outbox`); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := e.Pool.Query(ctx, "EXPLAIN "+poll.ClaimLeaseSQL("outbox"), 500, 30.0, "w", 4, 1)
+	rows, err := e.Pool.Query(ctx, "EXPLAIN "+poll.ClaimLeaseSQL("outbox"), 500, 30.0, "w", 4, 1, 5000)
 	if err != nil {
 		t.Fatal(err)
 	}
