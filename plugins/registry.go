@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"sync"
@@ -148,6 +149,19 @@ func (r *Registry) Register(f Factory) {
 		panic(fmt.Sprintf("plugins: %s %q registered twice", f.Kind, f.Name))
 	}
 	byName[f.Name] = f
+}
+
+// Clone returns a registry holding r's factories: what is registered in
+// the clone afterwards stays out of r (a test's own components stay out of
+// Default).
+func (r *Registry) Clone() *Registry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	c := NewRegistry()
+	for kind, byName := range r.factories {
+		c.factories[kind] = maps.Clone(byName)
+	}
+	return c
 }
 
 // Lookup returns the factory registered for kind and name.

@@ -29,7 +29,7 @@ func Main(m *testing.M) {
 }
 
 func runChild(path string) int {
-	specs, err := pipelines.Load(path)
+	specs, err := pipelines.Loader{Registry: Registry()}.Load(path)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

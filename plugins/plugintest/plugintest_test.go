@@ -67,7 +67,7 @@ func TestCheckMetadata(t *testing.T) {
 // line torn by a killed relay is skipped, not merged with the next one.
 func TestRecorder(t *testing.T) {
 	rec := plugintest.NewRecording(t)
-	specs, err := pipelines.Loader{}.LoadBytes("p.yaml", []byte("name: p\nsource:\n  type: xid8\n  dsn: postgres://localhost/unused\n"+rec.SinkYAML()))
+	specs, err := pipelines.Loader{Registry: plugintest.Registry()}.LoadBytes("p.yaml", []byte("name: p\nsource:\n  type: xid8\n  dsn: postgres://localhost/unused\n"+rec.SinkYAML()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -139,8 +139,7 @@ func (s *recorderSink) Close() error {
 	return err
 }
 
-// RegisterRecorder adds the recording sink to r. The package registers it
-// in plugins.Default.
+// RegisterRecorder adds the recording sink to r.
 func RegisterRecorder(r *plugins.Registry) {
 	plugins.RegisterSink(r, RecorderName, func() *RecorderConfig { return &RecorderConfig{} },
 		func(c *RecorderConfig, _ plugins.Env) (plugins.Sink, error) {
@@ -148,7 +147,15 @@ func RegisterRecorder(r *plugins.Registry) {
 		})
 }
 
-func init() { RegisterRecorder(plugins.Default) }
+// Registry is what the suites load pipelines with: plugins.Default as it is
+// now, plus the recording sink. The recorder stays out of Default, so a
+// test binary that imports plugintest still lists only real components in
+// its "known types" errors.
+func Registry() *plugins.Registry {
+	r := plugins.Default.Clone()
+	RegisterRecorder(r)
+	return r
+}
 
 // Recording reads what recording sinks appended to one file, from the
 // start, in the order they wrote it — across processes, so a relay killed

@@ -40,8 +40,8 @@ type SourceHarness struct {
 	// Settled, when set, reports whether a pipeline's first start has
 	// finished its one-time setup. A crash before that repeats the setup's
 	// deliveries by design (wal: the initial snapshot, until its slot is made
-	// permanent), which the kill test's duplicate bound does not cover, so
-	// the test waits for it before its first kill.
+	// permanent), which the restart and kill tests' duplicate bounds do not
+	// cover, so they wait for it before the first stop or kill.
 	Settled func(ctx context.Context, e *SourceEnv, pipeline string) (bool, error)
 }
 
@@ -176,7 +176,7 @@ func (e *SourceEnv) Start(t testing.TB, yaml string) (stop func()) {
 
 func startPipeline(t testing.TB, yaml string, opts pipelines.Options) (stop func()) {
 	t.Helper()
-	specs, err := pipelines.Loader{}.LoadBytes("test.yaml", []byte(yaml))
+	specs, err := pipelines.Loader{Registry: Registry()}.LoadBytes("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatalf("load pipeline:\n%s\n%v", yaml, err)
 	}

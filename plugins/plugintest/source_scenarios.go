@@ -121,6 +121,9 @@ func testRestart(t *testing.T, h SourceHarness) {
 	e := SetupSource(t, h)
 	ctx := context.Background()
 	stop := e.Start(t, e.YAML("restart", window))
+	if h.Settled != nil {
+		waitSettled(t, e, "restart")
+	}
 	writes := make(chan []Written, 1)
 	go func() { writes <- e.Writers(ctx, t, 4, 4000, 50) }()
 	e.WaitFor(t, time.Minute, "1000 events before the restart", func(m []Recorded) bool { return len(m) >= 1000 })

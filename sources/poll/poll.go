@@ -364,7 +364,10 @@ func (w *worker) claimLoop(ctx context.Context) {
 		}
 		bo.Reset()
 		switch {
-		case n == limit:
+		case n > 0:
+			// A full batch means more is waiting; so may a short one, when
+			// rows of aggregates held elsewhere were passed over. Claim
+			// again at once: only an empty claim waits for poll_interval.
 			timer.Reset(0)
 		case n == 0 && w.s.listening.Load() && time.Since(lastWake) > time.Second:
 			// Quiet, and a commit's notification will wake us: poll rarely.

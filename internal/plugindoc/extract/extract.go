@@ -29,7 +29,8 @@ func FieldDocs(root string) (map[string]string, error) {
 			if err != nil || !e.IsDir() {
 				return err
 			}
-			if e.Name() == "testdata" {
+			// Test data and the conformance suites hold no component config.
+			if e.Name() == "testdata" || e.Name() == "plugintest" {
 				return filepath.SkipDir
 			}
 			return parseDir(root, path, out)
