@@ -1,3 +1,7 @@
+// Package faultproxy is a TCP proxy that tests put between Ferry and one
+// service to cut, stall or half-open the network between them.
+//
+// It is lab code: only tests import it, and it imports no Ferry package.
 package faultproxy
 
 import (

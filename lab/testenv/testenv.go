@@ -7,6 +7,10 @@
 // stopped when its tests end:
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
+//
+// It is lab code: tests and the conformance suites import it, no product
+// package does (internal/layout's test checks it), and it imports no
+// Ferry package but the throwaway-PostgreSQL and in-process NATS helpers.
 package testenv
 
 import (

@@ -20,10 +20,13 @@
 // resolved behind it, and sweeps the rest every sweepEvery — backing off to
 // sweepMax while sweeps find nothing — for the ones resolved out of order (a
 // lane's next message waits at most that long longer). A goroutine per dispatched message, waiting on its channels, cost
-// more than the rest of the window: `ferry bench` profiled its creation and —
+// more than the rest of the window: `ferry-bench` profiled its creation and —
 // because hundreds of parked, shallow goroutines lower the runtime's starting
 // stack size for all new goroutines — the stack copies of every router
 // handler goroutine.
+//
+// It imports no Ferry package, only Watermill's message: sources import
+// it, never the other way round.
 package window
 
 import (

@@ -2,6 +2,9 @@
 // added: every ferry subcommand, and `type: redis_stream` in pipelines.
 //
 //	go build -o ferry-redis ./plugins/examples/redisstream/cmd/ferry-redis
+//
+// It imports only cmd/ferry/cli and the sink, as a platform team's own
+// binary would.
 package main
 
 import (
