@@ -29,6 +29,7 @@ import (
 	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/backfill"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/window"
 )
@@ -82,6 +83,8 @@ type Source struct {
 	healthMu sync.Mutex // guards health and committed (read by measure)
 	health   plugins.Health
 	batches  *outbox.BatchMetrics
+
+	backfill *backfill.Runner // owned by readLoop; see backfill.go
 }
 
 // New returns a source; it does no I/O until Subscribe.
@@ -334,6 +337,9 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			s.read = pos
 		}
 		d := nextPoll(len(rows), s.cfg.BatchSize, s.listening.Load(), lastWake, s.cfg.PollInterval, s.cfg.IdlePollInterval)
+		if s.backfillStep(ctx, pool) {
+			d = min(d, s.cfg.PollInterval)
+		}
 		if d > s.cfg.PollInterval && s.heldBack(ctx, pool) {
 			// Committed rows wait behind an open transaction, whose end
 			// sends no notification: keep polling.

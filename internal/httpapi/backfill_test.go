@@ -1,0 +1,145 @@
+package httpapi_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/sourcetest"
+	"github.com/ferryhq/ferry/internal/testenv"
+	"github.com/ferryhq/ferry/sources/wal"
+)
+
+// backfillDuringLive delivers 300 events, then writes 1,000 more at 500 a
+// second over the same aggregates and, while they flow, backfills the
+// first 300 by time: each of those arrives once more marked ferry-replay;
+// every live event arrives once, and each aggregate's live events — and its
+// backfilled ones — in order. It returns the backfill's answer.
+func backfillDuringLive(t *testing.T, f *controlFixture, name, yaml string) response {
+	t.Helper()
+	ctx := context.Background()
+	subject := f.e.Subject + "." + name
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_"+strings.ToUpper(name), 100*time.Millisecond, subject)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/"+name+"/config", adminToken, "application/yaml", yaml); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	old := writeEvents(t, f, 300, 10)
+	coll.WaitFor(t, 60*time.Second, "300 events", func(m []testenv.Received) bool { return len(m) >= 300 })
+	var cut time.Time
+	if err := f.e.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&cut); err != nil {
+		t.Fatal(err)
+	}
+	waitDedupForgotten(t, f.e.NATS, subject)
+	liveDone := make(chan []sourcetest.Written, 1)
+	go func() {
+		var live []sourcetest.Written
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for i := range 1000 {
+			<-tick.C
+			w, err := sourcetest.Insert(ctx, f.e.Pool, fmt.Sprintf("agg-%d", i%10))
+			if err != nil {
+				t.Error(err)
+				break
+			}
+			live = append(live, w)
+		}
+		liveDone <- live
+	}()
+	coll.WaitFor(t, 30*time.Second, "live traffic flowing", func(m []testenv.Received) bool { return len(m) >= 450 })
+	body := fmt.Sprintf(`{"to": %q}`, cut.Format(time.RFC3339Nano))
+	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/backfill?dry_run=true", adminToken, "application/json", body); r.code != 200 || r.body["backfill_events"] != 300.0 {
+		t.Fatalf("dry backfill: %d %s", r.code, r.raw)
+	}
+	r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/backfill", adminToken, "application/json", body)
+	if r.code != 200 || r.body["backfill_events"] != 300.0 {
+		t.Fatalf("backfill: %d %s", r.code, r.raw)
+	}
+	live := <-liveDone
+	if len(live) != 1000 {
+		t.Fatalf("%d live events written", len(live))
+	}
+	coll.WaitFor(t, 90*time.Second, "old, live and backfilled events", func(m []testenv.Received) bool {
+		n := 0
+		for _, r := range m {
+			if r.Header.Get("probe") == "" {
+				n++
+			}
+		}
+		return n >= 300+1000+300
+	})
+	var first, replayed, fresh []testenv.Received
+	for i, m := range coll.All() {
+		switch {
+		case m.Header.Get("probe") != "":
+		case i < 300:
+			first = append(first, m)
+		case m.Header.Get("ferry-replay") == "true":
+			replayed = append(replayed, m)
+		default:
+			fresh = append(fresh, m)
+		}
+	}
+	assertExactly(t, "first delivery", old, sourcetest.Decode(t, first))
+	assertExactly(t, "live traffic", live, sourcetest.Decode(t, fresh))
+	assertExactly(t, "backfilled", old, sourcetest.Decode(t, replayed))
+	a := f.do(t, "GET", "/api/v1/audit?pipeline="+name, adminToken, "", "")
+	if !strings.Contains(string(a.raw), `"action": "backfill"`) {
+		t.Fatalf("audit: %s", a.raw)
+	}
+	t.Logf("%s backfill beside 1000 live events at 500/s: %d re-sent with ferry-replay, %d live, each once, per-aggregate order kept",
+		name, len(replayed), len(fresh))
+	return r
+}
+
+// xid8: the running source reads the backfill in its loop and sends the
+// rows beside the live ones.
+func TestXid8BackfillDuringLiveTraffic(t *testing.T) {
+	f := startControl(t, adminToken)
+	backfillDuringLive(t, f, "xb", f.pipelineYAML("xb", ""))
+	// Done: the request is finished and its row list gone.
+	testenv.Eventually(t, 30*time.Second, "the backfill finished", func() bool {
+		var open, rows int
+		err := f.e.Pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM ferry_backfills WHERE finished_at IS NULL),
+			(SELECT count(*) FROM ferry_backfill_rows)`).Scan(&open, &rows)
+		return err == nil && open == 0 && rows == 0
+	})
+}
+
+// wal: the backfill waits until the stream read past the request, then the
+// rows still in the table are read through the snapshot's decoder and sent
+// beside the streamed ones.
+func TestWalBackfillDuringLiveTraffic(t *testing.T) {
+	f := startControlOn(t, adminToken, true, nil, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	y := fmt.Sprintf("name: wb\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wb}\n", f.e.DSN, f.e.NATS, f.e.Subject)
+	backfillDuringLive(t, f, "wb", y)
+}
+
+// A backfill of nothing is refused for a filter, finished at once for a
+// range that holds no delivered row, and a filter on an unknown field is a
+// 4xx naming it.
+func TestXid8BackfillBadInput(t *testing.T) {
+	f := startControl(t, adminToken)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/xe/config", adminToken, "application/yaml", f.pipelineYAML("xe", "")); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	for _, c := range []struct {
+		body string
+		code int
+		says string
+	}{
+		{`{}`, 422, "give a time range"},
+		{`{"aggregate": "x"}`, 400, "aggregate"},
+		{fmt.Sprintf(`{"from": %q}`, time.Now().Add(time.Hour).UTC().Format(time.RFC3339)), 422, "in the future"},
+	} {
+		if r := f.do(t, "POST", "/api/v1/pipelines/xe/backfill", adminToken, "application/json", c.body); r.code != c.code || !strings.Contains(string(r.raw), c.says) {
+			t.Errorf("%s: %d %s", c.body, r.code, r.raw)
+		}
+	}
+	r := f.do(t, "POST", "/api/v1/pipelines/xe/backfill", adminToken, "application/json", `{"aggregate_id": "none"}`)
+	if r.code != 200 || r.body["backfill_events"] != 0.0 {
+		t.Fatalf("empty backfill: %d %s", r.code, r.raw)
+	}
+}

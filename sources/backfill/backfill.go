@@ -1,0 +1,342 @@
+// Package backfill keeps the backfill requests of the PostgreSQL sources
+// that stream past a cursor (xid8, wal) on the source database: which
+// delivered outbox rows to send again, and how far the running source got.
+//
+// The API queues a request: in one transaction it lists the ids of the
+// matching rows that were delivered, in the order they were delivered, and
+// wakes the pipeline. The running source reads the request in its own loop
+// and admits the rows, a chunk at a time, into the same in-flight window as
+// its live rows, each marked with the plugins.ReplayHeader header. The
+// window never has two events of one aggregate in flight and dispatches an
+// aggregate's events in admission order, so a backfilled event is sent
+// after every live event of its aggregate read before it and before every
+// one read after it: live per-aggregate order is unbroken. Progress is
+// recorded only over chunks the window acked, so a crash re-sends part of
+// a backfill, never skips it. This is the model of Debezium's incremental
+// snapshots (chunks interleaved with the stream) and Sequin's backfills.
+//
+// It imports pgx, plugins and the outbox column helpers; never a source.
+package backfill
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ferryhq/ferry/internal/pgddl"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/outbox"
+)
+
+// Table names, created beside the outbox table (in its schema).
+const (
+	RequestsTable = "ferry_backfills"
+	RowsTable     = "ferry_backfill_rows"
+)
+
+// Tables are the quoted names of the request and row tables.
+type Tables struct{ Requests, Rows string }
+
+// TablesFor returns the tables kept in the outbox table's schema.
+func TablesFor(outboxTable string) Tables {
+	schema, _, err := outbox.ParseTable(outboxTable)
+	if err != nil || schema == "" {
+		return Tables{Requests: pgx.Identifier{RequestsTable}.Sanitize(), Rows: pgx.Identifier{RowsTable}.Sanitize()}
+	}
+	return Tables{Requests: pgx.Identifier{schema, RequestsTable}.Sanitize(), Rows: pgx.Identifier{schema, RowsTable}.Sanitize()}
+}
+
+// ensure creates the tables when missing.
+func (t Tables) ensure(ctx context.Context, db pgddl.Execer) error {
+	if err := pgddl.CreateIfMissing(ctx, db, `CREATE TABLE IF NOT EXISTS `+t.Requests+` (
+		id           bigserial PRIMARY KEY,
+		pipeline     text NOT NULL,
+		filter       jsonb NOT NULL,
+		id_type      text NOT NULL,
+		start_lsn    pg_lsn,
+		total        bigint NOT NULL DEFAULT 0,
+		sent         bigint NOT NULL DEFAULT 0,
+		requested_at timestamptz NOT NULL DEFAULT now(),
+		finished_at  timestamptz)`); err != nil {
+		return err
+	}
+	return pgddl.CreateIfMissing(ctx, db, `CREATE TABLE IF NOT EXISTS `+t.Rows+` (
+		backfill_id bigint NOT NULL,
+		seq         bigint NOT NULL,
+		outbox_id   text NOT NULL,
+		PRIMARY KEY (backfill_id, seq))`)
+}
+
+// Where is the SQL condition of a filter on the outbox table aliased alias,
+// with its arguments numbered from $first.
+func Where(c outbox.Columns, alias string, f plugins.BackfillFilter, first int) (string, []any) {
+	col := func(n string) string {
+		if n == "" {
+			return "NULL"
+		}
+		return alias + "." + pgx.Identifier{n}.Sanitize()
+	}
+	created := col(c.CreatedAt)
+	cond := fmt.Sprintf(`($%[1]d::timestamptz IS NULL OR %[6]s >= $%[1]d) AND ($%[2]d::timestamptz IS NULL OR %[6]s < $%[2]d)
+		AND ($%[3]d = '' OR %[7]s::text = $%[3]d) AND ($%[4]d = '' OR %[8]s::text = $%[4]d) AND ($%[5]d = '' OR %[9]s::text = $%[5]d)`,
+		first, first+1, first+2, first+3, first+4, created, col(c.AggregateType), col(c.AggregateID), col(c.Type))
+	return cond, []any{f.From, f.To, f.AggregateType, f.AggregateID, f.Type}
+}
+
+// Spec is a backfill to queue.
+type Spec struct {
+	Pipeline string
+	Filter   plugins.BackfillFilter
+	// Select returns the rows to send as (outbox_id text, seq bigint), seq
+	// numbering them in the order to send them (row_number() over it).
+	Select string
+	Args   []any
+	// IDType is the outbox id column's type (format_type), to join on.
+	IDType string
+	// StartLSN, when set, holds the backfill back until the source read
+	// the stream past it (wal: every row the request lists was streamed).
+	StartLSN bool
+	// Notify is the channel to wake the running source on.
+	Notify string
+}
+
+// Queue records a backfill (or, dry, counts it) and returns how many rows
+// it sends.
+func Queue(ctx context.Context, conn *pgx.Conn, t Tables, s Spec) (int64, error) {
+	if s.Filter.DryRun {
+		var n int64
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM (`+s.Select+`) AS x`, s.Args...).Scan(&n)
+		return n, err
+	}
+	if err := t.ensure(ctx, conn); err != nil {
+		return 0, fmt.Errorf("create %s: %w", t.Requests, err)
+	}
+	filter, err := json.Marshal(filterJSON(s.Filter))
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		var id int64
+		if err := tx.QueryRow(ctx, `INSERT INTO `+t.Requests+` (pipeline, filter, id_type) VALUES ($1, $2, $3) RETURNING id`,
+			s.Pipeline, filter, s.IDType).Scan(&id); err != nil {
+			return err
+		}
+		args := append([]any{id}, s.Args...)
+		tag, err := tx.Exec(ctx, `INSERT INTO `+t.Rows+` (backfill_id, outbox_id, seq) SELECT $1, x.* FROM (`+renumber(s.Select, 1)+`) AS x`, args...)
+		if err != nil {
+			return err
+		}
+		n = tag.RowsAffected()
+		// The rows listed are those this transaction's snapshot sees: every
+		// one of them committed before the WAL's insert position now.
+		lsn := "NULL"
+		if s.StartLSN {
+			lsn = "pg_current_wal_insert_lsn()"
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+t.Requests+` SET total = $2::bigint, start_lsn = `+lsn+`, finished_at = CASE WHEN $2::bigint = 0 THEN now() END WHERE id = $1`, id, n); err != nil {
+			return err
+		}
+		if s.Notify != "" {
+			_, err = tx.Exec(ctx, `SELECT pg_notify($1, 'backfill')`, s.Notify)
+		}
+		return err
+	})
+	return n, err
+}
+
+// renumber shifts a statement's $n placeholders by k (the rows insert puts
+// the request id first).
+func renumber(sql string, k int) string {
+	out := make([]byte, 0, len(sql)+8)
+	for i := 0; i < len(sql); i++ {
+		if sql[i] != '$' || i+1 >= len(sql) || sql[i+1] < '0' || sql[i+1] > '9' {
+			out = append(out, sql[i])
+			continue
+		}
+		j := i + 1
+		n := 0
+		for j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+			n = n*10 + int(sql[j]-'0')
+			j++
+		}
+		out = fmt.Appendf(out, "$%d", n+k)
+		i = j - 1
+	}
+	return string(out)
+}
+
+func filterJSON(f plugins.BackfillFilter) map[string]any {
+	m := map[string]any{}
+	if f.From != nil {
+		m["from"] = f.From.UTC().Format(time.RFC3339Nano)
+	}
+	if f.To != nil {
+		m["to"] = f.To.UTC().Format(time.RFC3339Nano)
+	}
+	for k, v := range map[string]string{"aggregate_type": f.AggregateType, "aggregate_id": f.AggregateID, "type": f.Type} {
+		if v != "" {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// IDType reads the type of the outbox table's id column.
+func IDType(ctx context.Context, conn *pgx.Conn, table, column string) (string, error) {
+	var typ string
+	err := conn.QueryRow(ctx, `SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`, outbox.Quote(table), column).Scan(&typ)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("outbox table %s has no column %q", table, column)
+	}
+	return typ, err
+}
+
+// Querier is a pool or a connection.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Request is the backfill a source is sending.
+type Request struct {
+	ID       int64
+	IDType   string
+	StartLSN string // "" when none
+	Total    int64
+	// next is the seq of the last row admitted.
+	next      int64
+	exhausted bool
+}
+
+// Runner is a running source's side: it finds the pipeline's oldest
+// unfinished request, hands out its rows a chunk at a time and records
+// how far the window acked them. It is owned by the source's read loop
+// and not safe for concurrent use.
+type Runner struct {
+	t        Tables
+	pipeline string
+	// CheckEvery bounds how often the request table is read while no
+	// backfill runs (a notification makes the next read due at once).
+	CheckEvery time.Duration
+
+	req     *Request
+	chunks  []chunk
+	checked time.Time
+}
+
+// chunk is admitted rows whose progress is recorded once the window's
+// acked prefix reaches mark.
+type chunk struct {
+	last int64
+	mark uint64
+}
+
+// NewRunner returns a runner for the pipeline's requests in t.
+func NewRunner(t Tables, pipeline string) *Runner {
+	return &Runner{t: t, pipeline: pipeline, CheckEvery: time.Second}
+}
+
+// Wake makes the next Load read the request table.
+func (r *Runner) Wake() { r.checked = time.Time{} }
+
+// Load returns the request being sent, reading the request table when none
+// is and a check is due. A missing table means no request.
+func (r *Runner) Load(ctx context.Context, q Querier) (*Request, error) {
+	if r.req != nil || time.Since(r.checked) < r.CheckEvery {
+		return r.req, nil
+	}
+	r.checked = time.Now()
+	var req Request
+	var sent int64
+	err := q.QueryRow(ctx, `SELECT id, id_type, coalesce(start_lsn::text, ''), total, sent FROM `+r.t.Requests+`
+		WHERE pipeline = $1 AND finished_at IS NULL ORDER BY id LIMIT 1`, r.pipeline).Scan(&req.ID, &req.IDType, &req.StartLSN, &req.Total, &sent)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42P01":
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	req.next = sent
+	r.req = &req
+	return r.req, nil
+}
+
+// Pending reports whether rows of the current request are left to admit.
+func (r *Runner) Pending() bool { return r.req != nil && !r.req.exhausted }
+
+// ChunkSQL is the statement that reads the next rows: selectList (the
+// source's columns of the outbox table aliased o, then b.seq) joined to
+// the request's rows, $1 the request, $2 the last seq admitted, $3 the
+// most rows. Rows deleted from the outbox since the request are skipped.
+func (r *Runner) ChunkSQL(selectList, outboxTable, idColumn string) string {
+	return fmt.Sprintf(`SELECT %s FROM %s AS b JOIN %s AS o ON o.%s = b.outbox_id::%s
+		WHERE b.backfill_id = $1 AND b.seq > $2 ORDER BY b.seq LIMIT $3`,
+		selectList, r.t.Rows, outbox.Quote(outboxTable), pgx.Identifier{idColumn}.Sanitize(), r.req.IDType)
+}
+
+// Args are ChunkSQL's arguments for up to limit rows.
+func (r *Runner) Args(limit int) []any { return []any{r.req.ID, r.req.next, limit} }
+
+// Admitted tells the runner the chunk read (n rows of the limit asked, the
+// last with seq last) was admitted; the window's prefix reaches mark once
+// they were all acked.
+func (r *Runner) Admitted(n, limit int, last int64, mark uint64) {
+	if n > 0 {
+		r.req.next = last
+		r.chunks = append(r.chunks, chunk{last: last, mark: mark})
+	}
+	if n < limit {
+		r.req.exhausted = true
+	}
+}
+
+// Record writes the progress of the chunks the window acked (prefix is the
+// acked prefix's mark), and finishes the request once all of it was. It
+// returns the rows sent in the request just finished, or -1.
+func (r *Runner) Record(ctx context.Context, q Querier, prefix uint64) (int64, error) {
+	if r.req == nil {
+		return -1, nil
+	}
+	var done int
+	for done < len(r.chunks) && r.chunks[done].mark <= prefix {
+		done++
+	}
+	if done > 0 {
+		last := r.chunks[done-1].last
+		if _, err := q.Exec(ctx, `UPDATE `+r.t.Requests+` SET sent = $2 WHERE id = $1 AND sent < $2`, r.req.ID, last); err != nil {
+			return -1, err
+		}
+		r.chunks = append(r.chunks[:0], r.chunks[done:]...)
+	}
+	if !r.req.exhausted || len(r.chunks) > 0 {
+		return -1, nil
+	}
+	if _, err := q.Exec(ctx, `UPDATE `+r.t.Requests+` SET finished_at = now() WHERE id = $1`, r.req.ID); err != nil {
+		return -1, err
+	}
+	if _, err := q.Exec(ctx, `DELETE FROM `+r.t.Rows+` WHERE backfill_id = $1`, r.req.ID); err != nil {
+		return -1, err
+	}
+	total := r.req.Total
+	r.req = nil
+	r.Wake() // the next request, if any, at once
+	return total, nil
+}
+
+// Reset forgets the admitted chunks (the window was replaced: a new session
+// re-reads from the recorded progress).
+func (r *Runner) Reset() {
+	r.req, r.chunks = nil, nil
+	r.Wake()
+}
+
+// Mark sets the replay header on a backfilled message's metadata.
+func Mark(md map[string]string) { md[plugins.ReplayHeader] = "true" }
