@@ -147,23 +147,11 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *keySet, snapshot s
 		return err
 	}
 	defer rows.Close()
-	c := s.cfg.Columns
 	for rows.Next() {
-		var v [outbox.NumFields]outbox.Text
-		extra := make([]outbox.Text, len(c.Carried()))
-		var readAt time.Time
-		dest := []any{&readAt}
-		for i := range v {
-			dest = append(dest, &v[i])
-		}
-		for i := range extra {
-			dest = append(dest, &extra[i])
-		}
-		if err := rows.Scan(dest...); err != nil {
+		r, err := s.scanSnapshotRow(rows)
+		if err != nil {
 			return err
 		}
-		r := c.DecodeText(s.typeMap, s.layout.OID, v, extra)
-		r.DBReadAt = readAt
 		key := s.rowKey(&r)
 		if delivered.has(key) {
 			continue
@@ -183,6 +171,21 @@ func (s *Source) snapshotPass(ctx context.Context, delivered *keySet, snapshot s
 func (s *Source) snapshotSQL() string {
 	c := s.cfg.Columns
 	q := func(n string) string { return "o." + pgx.Identifier{n}.Sanitize() }
+	order := "o.ctid"
+	switch {
+	case slices.Contains([]uint32{pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID}, s.layout.OID[outbox.FieldID]):
+		order = q(c.ID)
+	case c.CreatedAt != "":
+		order = q(c.CreatedAt) + ", o.ctid"
+	}
+	return "SELECT " + s.snapshotColumns() + " FROM " + outbox.Quote(s.cfg.Table) + " AS o ORDER BY " + order
+}
+
+// snapshotColumns is the select list scanSnapshotRow reads, over the
+// outbox table aliased o, then the lead expressions.
+func (s *Source) snapshotColumns(lead ...string) string {
+	c := s.cfg.Columns
+	q := func(n string) string { return "o." + pgx.Identifier{n}.Sanitize() }
 	cols := []string{"clock_timestamp()"}
 	for _, name := range c.Names() {
 		if name == "" {
@@ -194,14 +197,29 @@ func (s *Source) snapshotSQL() string {
 	for _, e := range c.Carried() { // columns.extra, then the aggregate version
 		cols = append(cols, q(e)+"::text")
 	}
-	order := "o.ctid"
-	switch {
-	case slices.Contains([]uint32{pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID}, s.layout.OID[outbox.FieldID]):
-		order = q(c.ID)
-	case c.CreatedAt != "":
-		order = q(c.CreatedAt) + ", o.ctid"
+	return strings.Join(append(cols, lead...), ", ")
+}
+
+// scanSnapshotRow decodes a row of snapshotColumns, then scans the lead
+// expressions' values into lead.
+func (s *Source) scanSnapshotRow(rows pgx.Rows, lead ...any) (outbox.Row, error) {
+	c := s.cfg.Columns
+	var v [outbox.NumFields]outbox.Text
+	extra := make([]outbox.Text, len(c.Carried()))
+	var readAt time.Time
+	dest := []any{&readAt}
+	for i := range v {
+		dest = append(dest, &v[i])
 	}
-	return "SELECT " + strings.Join(cols, ", ") + " FROM " + outbox.Quote(s.cfg.Table) + " AS o ORDER BY " + order
+	for i := range extra {
+		dest = append(dest, &extra[i])
+	}
+	if err := rows.Scan(append(dest, lead...)...); err != nil {
+		return outbox.Row{}, err
+	}
+	r := c.DecodeText(s.typeMap, s.layout.OID, v, extra)
+	r.DBReadAt = readAt
+	return r, nil
 }
 
 // rowKey identifies a row across the snapshot passes and the stream: its

@@ -103,6 +103,11 @@ func (s *Source) stream(ctx context.Context, conn *pgconn.PgConn, slot string) e
 				}
 			}
 		}
+		if !st.inTx {
+			if err := st.backfillStep(ctx); err != nil {
+				return err
+			}
+		}
 		if !deadline.Equal(st.nextStatus) {
 			deadline = st.nextStatus
 			_ = netConn.SetReadDeadline(deadline)

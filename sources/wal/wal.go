@@ -29,6 +29,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/backfill"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/window"
 )
@@ -127,6 +128,8 @@ type Source struct {
 	bg           sync.WaitGroup
 
 	confirmed atomic.Uint64 // the LSN last confirmed to the server
+
+	backfill *backfill.Runner // owned by the stream goroutine; see backfill.go
 }
 
 type pendingTx struct {

@@ -1,0 +1,160 @@
+package wal
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/backfill"
+	"github.com/ferryhq/ferry/sources/outbox"
+)
+
+// Backfill and going back in time: a replication slot cannot move back, so
+// the rows still in the outbox table are read again through the initial
+// snapshot's decoder (snapshotColumns, scanSnapshotRow) and admitted to the
+// window beside the stream (see package backfill).
+
+// backfillChunk is the most rows one backfill read returns.
+const backfillChunk = 500
+
+// backfillOrder is the order rows are listed in: the initial snapshot's
+// (an integer id's, else created_at's).
+func (c *Config) backfillOrder(idType string) string {
+	id := "o." + pgx.Identifier{c.Columns.ID}.Sanitize()
+	if slices.Contains([]string{"smallint", "integer", "bigint"}, idType) || c.Columns.CreatedAt == "" {
+		return id
+	}
+	return "o." + pgx.Identifier{c.Columns.CreatedAt}.Sanitize() + ", " + id
+}
+
+// Backfill queues the matching rows still in the outbox table for the
+// running source to send again beside the stream. The rows listed are those
+// the request's snapshot sees; the source sends them only once it read the
+// stream past the request's WAL position, so each of them was streamed
+// (and is in the window, or delivered) before its backfilled copy.
+func (c *Config) Backfill(ctx context.Context, pipeline string, f plugins.BackfillFilter) (int64, error) {
+	if c.Columns.ID == "" {
+		return 0, &plugins.RequestError{Field: "source.columns.id", Unsupported: true,
+			Msg: "a wal backfill lists the rows to send again by id, and this outbox table maps no id column"}
+	}
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		return 0, fmt.Errorf("backfill: %w", redact.Error(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	idType, err := backfill.IDType(ctx, conn, c.Table, c.Columns.ID)
+	if err != nil {
+		return 0, fmt.Errorf("backfill: %w", redact.Error(err))
+	}
+	where, args := backfill.Where(c.Columns, "o", f, 1)
+	sel := fmt.Sprintf(`SELECT o.%s::text, row_number() OVER (ORDER BY %s) FROM %s AS o WHERE %s`,
+		pgx.Identifier{c.Columns.ID}.Sanitize(), c.backfillOrder(idType), outbox.Quote(c.Table), where)
+	n, err := backfill.Queue(ctx, conn, backfill.TablesFor(c.Table),
+		backfill.Spec{Pipeline: pipeline, Filter: f, Select: sel, Args: args, IDType: idType, StartLSN: true})
+	if err != nil {
+		return 0, fmt.Errorf("backfill: %w", redact.Error(err))
+	}
+	return n, nil
+}
+
+var _ plugins.Backfiller = (*Config)(nil)
+
+// backfillStep runs between transactions of the stream: it records the
+// progress of the backfill chunks the window acked and, once the stream
+// read past the request's WAL position, admits the next chunk marked
+// ferry-replay — at most half the window's room, so the stream keeps room.
+// Backfilled rows confirm nothing (Position{}): the slot's position is the
+// stream's. It returns an error only when the session must end.
+func (st *streamer) backfillStep(ctx context.Context) error {
+	s := st.s
+	if s.boot != nil || s.cfg.Columns.ID == "" {
+		return nil // the initial snapshot first
+	}
+	if s.backfill == nil {
+		s.backfill = backfill.NewRunner(backfill.TablesFor(s.cfg.Table), s.env.Pipeline)
+	}
+	bf := s.backfill
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, mark, _ := s.win.Prefix()
+	total, err := bf.Record(qctx, s.pool, uint64(mark))
+	if err != nil {
+		s.log.Warn("record backfill progress; will retry", "err", redact.Error(err))
+		return nil
+	}
+	if total >= 0 {
+		s.log.Info("backfill sent", "events", total)
+	}
+	req, err := bf.Load(qctx, s.pool)
+	if err != nil {
+		s.log.Warn("read backfill requests; will retry", "err", redact.Error(err))
+		return nil
+	}
+	if req == nil || !bf.Pending() {
+		return nil
+	}
+	if req.StartLSN != "" {
+		start, err := pglogrepl.ParseLSN(req.StartLSN)
+		if err != nil {
+			return fmt.Errorf("backfill %d: start LSN %q: %w", req.ID, req.StartLSN, err)
+		}
+		if s.readEnd < start {
+			return nil // rows it lists may not be streamed yet
+		}
+	}
+	limit := min(backfillChunk, s.win.Room()/2)
+	if limit <= 0 {
+		return nil
+	}
+	rows, err := s.pool.Query(qctx, bf.ChunkSQL(s.snapshotColumns("b.seq"), s.cfg.Table, s.cfg.Columns.ID), bf.Args(limit)...)
+	if err != nil {
+		s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
+		return nil
+	}
+	type read struct {
+		row outbox.Row
+		seq int64
+	}
+	var chunk []read
+	for rows.Next() {
+		var seq int64
+		r, err := s.scanSnapshotRow(rows, &seq)
+		if err != nil {
+			rows.Close()
+			s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
+			return nil
+		}
+		chunk = append(chunk, read{r, seq})
+	}
+	if err := rows.Err(); err != nil {
+		s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
+		return nil
+	}
+	readAt := time.Now()
+	for i := range chunk {
+		r := &chunk[i].row
+		msg := s.table.Message(r, "backfill", readAt)
+		backfill.Mark(msg.Metadata)
+		if err := st.admit(ctx, r.Key(), Position{}, msg); err != nil {
+			if i > 0 {
+				bf.Admitted(i, limit, chunk[i-1].seq, s.admitted)
+			}
+			if ctx.Err() != nil {
+				return nil // the stream loop finishes the session
+			}
+			return err
+		}
+	}
+	var last int64
+	if len(chunk) > 0 {
+		last = chunk[len(chunk)-1].seq
+	}
+	bf.Admitted(len(chunk), limit, last, s.admitted)
+	return nil
+}
