@@ -59,6 +59,7 @@ func (t Tables) ensure(ctx context.Context, db pgddl.Execer) error {
 		filter       jsonb NOT NULL,
 		id_type      text NOT NULL,
 		start_lsn    pg_lsn,
+		replay       boolean NOT NULL DEFAULT true,
 		total        bigint NOT NULL DEFAULT 0,
 		sent         bigint NOT NULL DEFAULT 0,
 		requested_at timestamptz NOT NULL DEFAULT now(),
@@ -103,6 +104,9 @@ type Spec struct {
 	StartLSN bool
 	// Notify is the channel to wake the running source on.
 	Notify string
+	// Reset: the rows are a reset's, sent before the source streams on
+	// (wal going back in time) and not marked as replays.
+	Reset bool
 }
 
 // Queue records a backfill (or, dry, counts it) and returns how many rows
@@ -123,8 +127,8 @@ func Queue(ctx context.Context, conn *pgx.Conn, t Tables, s Spec) (int64, error)
 	var n int64
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		var id int64
-		if err := tx.QueryRow(ctx, `INSERT INTO `+t.Requests+` (pipeline, filter, id_type) VALUES ($1, $2, $3) RETURNING id`,
-			s.Pipeline, filter, s.IDType).Scan(&id); err != nil {
+		if err := tx.QueryRow(ctx, `INSERT INTO `+t.Requests+` (pipeline, filter, id_type, replay) VALUES ($1, $2, $3, $4) RETURNING id`,
+			s.Pipeline, filter, s.IDType, !s.Reset).Scan(&id); err != nil {
 			return err
 		}
 		args := append([]any{id}, s.Args...)
@@ -223,8 +227,10 @@ type Runner struct {
 	t        Tables
 	pipeline string
 	// CheckEvery bounds how often the request table is read while no
-	// backfill runs (a notification makes the next read due at once).
+	// backfill runs.
 	CheckEvery time.Duration
+	// Resets makes the runner send resets' requests instead of backfills.
+	Resets bool
 
 	req     *Request
 	chunks  []chunk
@@ -256,7 +262,7 @@ func (r *Runner) Load(ctx context.Context, q Querier) (*Request, error) {
 	var req Request
 	var sent int64
 	err := q.QueryRow(ctx, `SELECT id, id_type, coalesce(start_lsn::text, ''), total, sent FROM `+r.t.Requests+`
-		WHERE pipeline = $1 AND finished_at IS NULL ORDER BY id LIMIT 1`, r.pipeline).Scan(&req.ID, &req.IDType, &req.StartLSN, &req.Total, &sent)
+		WHERE pipeline = $1 AND finished_at IS NULL AND replay = $2 ORDER BY id LIMIT 1`, r.pipeline, !r.Resets).Scan(&req.ID, &req.IDType, &req.StartLSN, &req.Total, &sent)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42P01":
@@ -336,6 +342,17 @@ func (r *Runner) Record(ctx context.Context, q Querier, prefix uint64) (int64, e
 func (r *Runner) Reset() {
 	r.req, r.chunks = nil, nil
 	r.Wake()
+}
+
+// ListedIDs returns the outbox ids the request lists, whatever was sent.
+func (r *Runner) ListedIDs(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT outbox_id FROM `+r.t.Rows+` WHERE backfill_id = $1`, r.req.ID)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // Mark sets the replay header on a backfilled message's metadata.

@@ -2,6 +2,7 @@ package wal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -83,6 +84,13 @@ func (st *streamer) backfillStep(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	_, mark, _ := s.win.Prefix()
+	if s.reset != nil {
+		if total, err := s.reset.Record(qctx, s.pool, uint64(mark)); err != nil {
+			s.log.Warn("record reset progress; will retry", "err", redact.Error(err))
+		} else if total >= 0 {
+			s.log.Info("reset: every row read again was delivered", "events", total)
+		}
+	}
 	total, err := bf.Record(qctx, s.pool, uint64(mark))
 	if err != nil {
 		s.log.Warn("record backfill progress; will retry", "err", redact.Error(err))
@@ -156,5 +164,120 @@ func (st *streamer) backfillStep(ctx context.Context) error {
 		last = chunk[len(chunk)-1].seq
 	}
 	bf.Admitted(len(chunk), limit, last, s.admitted)
+	return nil
+}
+
+// resetToTime goes back in time: the slot cannot, so the rows still in the
+// outbox table created at or after the time are listed now and, when the
+// pipeline resumes, read through the initial snapshot's decoder and sent
+// before the stream goes on from the slot. The stream then skips the
+// listed rows it sends again (those committed after the slot's position
+// and before the list, as after an initial snapshot): no gap, nothing
+// twice, each aggregate's rows in id order.
+func (c *Config) resetToTime(ctx context.Context, pipeline string, r plugins.OffsetReset) (plugins.ResetResult, error) {
+	if c.Columns.ID == "" {
+		return plugins.ResetResult{}, &plugins.RequestError{Field: "to", Unsupported: true,
+			Msg: "a wal pipeline goes back in time by re-reading rows by id, and this outbox table maps no id column (source.columns.id)"}
+	}
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	slot := c.slotName(pipeline)
+	s, err := readSlotOffsets(ctx, conn, slot)
+	if err != nil {
+		var re *plugins.RequestError
+		if errors.As(err, &re) {
+			return plugins.ResetResult{}, err
+		}
+		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+	}
+	if s.active && !r.DryRun {
+		return plugins.ResetResult{}, fmt.Errorf("reset: replication slot %s is still in use", slot)
+	}
+	idType, err := backfill.IDType(ctx, conn, c.Table, c.Columns.ID)
+	if err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+	}
+	t := r.Time
+	where, args := backfill.Where(c.Columns, "o", plugins.BackfillFilter{From: &t}, 1)
+	sel := fmt.Sprintf(`SELECT o.%s::text, row_number() OVER (ORDER BY %s) FROM %s AS o WHERE %s`,
+		pgx.Identifier{c.Columns.ID}.Sanitize(), c.backfillOrder(idType), outbox.Quote(c.Table), where)
+	n, err := backfill.Queue(ctx, conn, backfill.TablesFor(c.Table), backfill.Spec{Pipeline: pipeline,
+		Filter: plugins.BackfillFilter{From: &t, DryRun: r.DryRun}, Select: sel, Args: args, IDType: idType, StartLSN: true, Reset: true})
+	if err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+	}
+	return plugins.ResetResult{Resend: n, Applied: !r.DryRun,
+		From: map[string]any{"slot": slot, "confirmed_flush_lsn": s.confirmed.String()},
+		To:   map[string]any{"slot": slot, "confirmed_flush_lsn": s.confirmed.String(), "time": t.UTC().Format(time.RFC3339Nano)},
+		Note: fmt.Sprintf("the %d rows still in the outbox table created at or after the time are read again when the pipeline resumes, "+
+			"then the slot streams on from %s; rows among them not delivered yet are sent once, not twice", n, s.confirmed)}, nil
+}
+
+// sendReset runs at the start of a session, before streaming: it sends
+// the rows of a reset (resetToTime) not sent yet and makes the stream skip
+// the listed rows it would send again.
+func (s *Source) sendReset(ctx context.Context) error {
+	if s.cfg.Columns.ID == "" || s.boot != nil {
+		return nil
+	}
+	if s.reset == nil {
+		s.reset = backfill.NewRunner(backfill.TablesFor(s.cfg.Table), s.env.Pipeline)
+		s.reset.Resets = true
+	}
+	rr := s.reset
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rr.Wake()
+	req, err := rr.Load(qctx, s.pool)
+	if err != nil || req == nil || !rr.Pending() {
+		return err
+	}
+	if req.StartLSN != "" && s.skip == nil {
+		until, err := pglogrepl.ParseLSN(req.StartLSN)
+		if err != nil {
+			return fmt.Errorf("reset %d: start LSN %q: %w", req.ID, req.StartLSN, err)
+		}
+		ids, err := rr.ListedIDs(qctx, s.pool)
+		if err != nil {
+			return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
+		}
+		skip := &keySet{}
+		for _, id := range ids {
+			skip.add(id)
+		}
+		s.skip, s.skipUntil = skip, until
+	}
+	sent := 0
+	for rr.Pending() {
+		rows, err := s.pool.Query(ctx, rr.ChunkSQL(s.snapshotColumns("b.seq"), s.cfg.Table, s.cfg.Columns.ID), rr.Args(backfillChunk)...)
+		if err != nil {
+			return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
+		}
+		var chunk []outbox.Row
+		var last int64
+		for rows.Next() {
+			r, err := s.scanSnapshotRow(rows, &last)
+			if err != nil {
+				rows.Close()
+				return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
+			}
+			chunk = append(chunk, r)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
+		}
+		readAt := time.Now()
+		for i := range chunk {
+			if err := s.admitSnapshotRow(ctx, chunk[i].Key(), s.table.Message(&chunk[i], "reset", readAt)); err != nil {
+				return err
+			}
+		}
+		sent += len(chunk)
+		rr.Admitted(len(chunk), backfillChunk, last, s.admitted)
+	}
+	s.log.Info("reset: rows of the outbox table read again; streaming on from the slot", "rows", sent, "skip_until", s.skipUntil.String())
 	return nil
 }

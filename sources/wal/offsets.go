@@ -15,9 +15,9 @@ import (
 const positionWant = `{"lsn": "<LSN past the slot's confirmed_flush_lsn, e.g. 0/16B3748>"}`
 
 // noBack explains why a wal pipeline's progress cannot go back.
-const noBack = "a wal pipeline cannot go back: its replication slot only moves forward and the WAL behind it is gone. " +
-	"To re-send rows still in the outbox table, pause the pipeline and use the xid8 or poll source on the same table, " +
-	"or create the pipeline again with initial_snapshot: true after deleting it with ?purge=true"
+const noBack = "a wal pipeline's slot cannot go back: it only moves forward and the WAL behind it is gone. " +
+	`To re-send rows still in the outbox table, reset to a time ({"to": "time", "time": …}: they are read again from the table) ` +
+	"or backfill them beside live traffic (POST /api/v1/pipelines/{name}/backfill)"
 
 func (c *Config) slotName(pipeline string) string {
 	if c.Slot != "" {
@@ -106,9 +106,9 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 		}
 		target = &l
 	case plugins.ResetToTime:
-		return plugins.ResetResult{}, &plugins.RequestError{Field: "to", Unsupported: true,
-			Msg: "a wal pipeline cannot be reset to a time: the WAL does not map times to positions, and " + noBack +
-				`; to skip what is waiting use {"to": "latest"} or {"to": "position", "position": {"lsn": …}}`}
+		// The slot cannot go back: the rows still in the table are read
+		// again (see resetToTime).
+		return c.resetToTime(ctx, pipeline, r)
 	default:
 		return plugins.ResetResult{}, &plugins.RequestError{Field: "to", Msg: fmt.Sprintf("must be time, position or latest, got %q", r.To)}
 	}

@@ -70,6 +70,11 @@ func (s *Source) session(ctx context.Context) error {
 			"slot", s.slot)
 	}
 
+	if st.exists {
+		if err := s.sendReset(ctx); err != nil {
+			return err
+		}
+	}
 	conn, err := s.connectReplication(ctx)
 	if err != nil {
 		return err

@@ -130,6 +130,7 @@ type Source struct {
 	confirmed atomic.Uint64 // the LSN last confirmed to the server
 
 	backfill *backfill.Runner // owned by the stream goroutine; see backfill.go
+	reset    *backfill.Runner // owned by the run goroutine; see backfill.go
 }
 
 type pendingTx struct {
