@@ -179,6 +179,11 @@ func MatchesReason(want, reason, errText string) bool {
 	return strings.Contains(strings.ToLower(reason), w) || strings.Contains(strings.ToLower(errText), w)
 }
 
+// NoDestinationNote explains why a dead letter that failed before a
+// destination was chosen stays on the dead-letter topic.
+const NoDestinationNote = "dead letters naming no destination (an empty dead_letter_topic: they failed before a route was chosen, " +
+	"e.g. no_route or a transform error) stay: fix the cause, then send them again from the outbox with a backfill"
+
 // DeadLetterTopicCount is what the broker tells of a pipeline's dead-letter
 // topic.
 type DeadLetterTopicCount struct {

@@ -131,7 +131,9 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 				out.Kept++
 				continue
 			case dest == "":
-				dest = c.Subject
+				notes[plugins.NoDestinationNote] = true
+				out.Kept++
+				continue
 			}
 			id := h.Get(nats.MsgIdHdr)
 			if f.DryRun {

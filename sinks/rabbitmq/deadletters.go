@@ -86,10 +86,6 @@ func (c *Config) CountDeadLetterTopic(_ context.Context, pipeline, topic string)
 // it was routed. The others go back to the queue (nack, requeue) at the end.
 func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic string, f plugins.DeadLetterFilter) (plugins.DeadLetterTopicReplay, error) {
 	out := plugins.DeadLetterTopicReplay{Topic: topic, EventIDs: []string{}}
-	route, err := parseTemplate(c.RoutingKey)
-	if err != nil {
-		return out, fmt.Errorf("routing_key: %w", err)
-	}
 	conn, err := c.dialDeadLetters(pipeline)
 	if err != nil {
 		return out, err
@@ -140,9 +136,6 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 			}
 		}
 		dest := md[plugins.DeadLetterTopicHeader]
-		if dest == "" {
-			dest, _ = route.render(md)
-		}
 		switch {
 		case !plugins.MatchesReason(f.Reason, md[plugins.DeadLetterReasonHeader], md[plugins.DeadLetterErrorHeader]),
 			f.Limit > 0 && out.Replayed >= f.Limit:
@@ -153,7 +146,7 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 			kept = append(kept, d)
 			continue
 		case dest == "":
-			notes["dead letters naming no destination (dead_letter_topic) cannot be replayed"] = true
+			notes[plugins.NoDestinationNote] = true
 			kept = append(kept, d)
 			continue
 		}
