@@ -155,7 +155,8 @@ type Backfiller interface {
 const (
 	DeadLetterReasonHeader = "dead_letter_reason" // no_route, oversize, transform_error, …
 	DeadLetterErrorHeader  = "dead_letter_error"  // the error text
-	DeadLetterTopicHeader  = "dead_letter_topic"  // where the event was going
+	DeadLetterTopicHeader  = "dead_letter_topic"  // where the event was going ("" for the sink's default)
+	DeadLetterStageHeader  = "dead_letter_stage"  // the stage that failed: "publish" or a transform's
 	// DeadLetterPayloadBytesHeader says the payload was dropped (too large
 	// for the broker) and how large it was: such a dead letter cannot be
 	// replayed.
@@ -179,8 +180,12 @@ func MatchesReason(want, reason, errText string) bool {
 	return strings.Contains(strings.ToLower(reason), w) || strings.Contains(strings.ToLower(errText), w)
 }
 
+// DeadLetterPublishStage is the stage header of an event the broker
+// refused: its destination is the topic header, or the sink's default.
+const DeadLetterPublishStage = "publish"
+
 // NoDestinationNote explains why a dead letter that failed before a
-// destination was chosen stays on the dead-letter topic.
+// destination was chosen (in a transform) stays on the dead-letter topic.
 const NoDestinationNote = "dead letters naming no destination (an empty dead_letter_topic: they failed before a route was chosen, " +
 	"e.g. no_route or a transform error) stay: fix the cause, then send them again from the outbox with a backfill"
 

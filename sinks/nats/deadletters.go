@@ -121,6 +121,9 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 			read++
 			h := m.Headers()
 			dest := h.Get(plugins.DeadLetterTopicHeader)
+			if dest == "" && h.Get(plugins.DeadLetterStageHeader) == plugins.DeadLetterPublishStage {
+				dest = c.Subject // the sink's subject, as Publish chooses it
+			}
 			switch {
 			case !plugins.MatchesReason(f.Reason, h.Get(plugins.DeadLetterReasonHeader), h.Get(plugins.DeadLetterErrorHeader)),
 				f.Limit > 0 && out.Replayed >= f.Limit:

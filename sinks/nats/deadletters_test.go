@@ -17,7 +17,8 @@ import (
 
 // Dead letters kept by a JetStream stream on the dead-letter subject are
 // counted from the stream; a replay republishes each match (reason filter,
-// limit) to the subject its dead_letter_topic header names, without the
+// limit) to the subject its dead_letter_topic header names (the sink's
+// subject for a publish that named none), without the
 // dead-letter headers, and deletes it from the stream. Those naming no
 // destination, or without their payload, stay, and the note says why.
 func TestDeadLetterTopicReplay(t *testing.T) {
@@ -59,10 +60,11 @@ func TestDeadLetterTopicReplay(t *testing.T) {
 		publish(fmt.Sprintf("ev-%d", i), "unroutable", dest)
 	}
 	publish("other-reason", "transform_error", dest)
-	publish("no-dest", "no_route", "")
+	publish("no-dest", "no_route", "", plugins.DeadLetterStageHeader, "transforms[0]")
+	publish("default-dest", "oversize_elsewhere", "", plugins.DeadLetterStageHeader, "publish") // the sink's subject
 	publish("too-big", "oversize", dest, plugins.DeadLetterPayloadBytesHeader, "9999999")
 	n, err := cfg.CountDeadLetterTopic(ctx, "p", dlq)
-	if err != nil || n.Count == nil || *n.Count != 13 {
+	if err != nil || n.Count == nil || *n.Count != 14 {
 		t.Fatalf("count: %+v %v", n, err)
 	}
 	dry, err := cfg.ReplayDeadLetterTopic(ctx, "p", dlq, plugins.DeadLetterFilter{Reason: "UNROUTABLE", Limit: 4, DryRun: true})
@@ -74,7 +76,7 @@ func TestDeadLetterTopicReplay(t *testing.T) {
 		t.Fatalf("replay 4: %+v %v", first, err)
 	}
 	rest, err := cfg.ReplayDeadLetterTopic(ctx, "p", dlq, plugins.DeadLetterFilter{})
-	if err != nil || rest.Replayed != 7 || rest.Kept != 2 || !strings.Contains(rest.Note, "no destination") || !strings.Contains(rest.Note, "payload") {
+	if err != nil || rest.Replayed != 8 || rest.Kept != 2 || !strings.Contains(rest.Note, "no destination") || !strings.Contains(rest.Note, "payload") {
 		t.Fatalf("replay the rest: %+v %v", rest, err)
 	}
 	if n, err := cfg.CountDeadLetterTopic(ctx, "p", dlq); err != nil || *n.Count != 2 {
@@ -102,7 +104,7 @@ func TestDeadLetterTopicReplay(t *testing.T) {
 			t.Errorf("%s lost its headers", m.Headers().Get(nats.MsgIdHdr))
 		}
 	}
-	want := "ev-0,ev-1,ev-2,ev-3,ev-4,ev-5,ev-6,ev-7,ev-8,ev-9,other-reason"
+	want := "ev-0,ev-1,ev-2,ev-3,ev-4,ev-5,ev-6,ev-7,ev-8,ev-9,other-reason,default-dest"
 	if strings.Join(got, ",") != want {
 		t.Fatalf("at the destination: %v, want %s", got, want)
 	}

@@ -86,6 +86,10 @@ func (c *Config) CountDeadLetterTopic(_ context.Context, pipeline, topic string)
 // it was routed. The others go back to the queue (nack, requeue) at the end.
 func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic string, f plugins.DeadLetterFilter) (plugins.DeadLetterTopicReplay, error) {
 	out := plugins.DeadLetterTopicReplay{Topic: topic, EventIDs: []string{}}
+	route, err := parseTemplate(c.RoutingKey)
+	if err != nil {
+		return out, fmt.Errorf("routing_key: %w", err)
+	}
 	conn, err := c.dialDeadLetters(pipeline)
 	if err != nil {
 		return out, err
@@ -136,6 +140,9 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 			}
 		}
 		dest := md[plugins.DeadLetterTopicHeader]
+		if dest == "" && md[plugins.DeadLetterStageHeader] == plugins.DeadLetterPublishStage {
+			dest, _ = route.render(md) // the sink's routing key, as Publish renders it
+		}
 		switch {
 		case !plugins.MatchesReason(f.Reason, md[plugins.DeadLetterReasonHeader], md[plugins.DeadLetterErrorHeader]),
 			f.Limit > 0 && out.Replayed >= f.Limit:
