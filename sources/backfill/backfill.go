@@ -235,6 +235,7 @@ type Runner struct {
 	req     *Request
 	chunks  []chunk
 	checked time.Time
+	exists  bool // the request table exists
 }
 
 // chunk is admitted rows whose progress is recorded once the window's
@@ -259,13 +260,23 @@ func (r *Runner) Load(ctx context.Context, q Querier) (*Request, error) {
 		return r.req, nil
 	}
 	r.checked = time.Now()
+	if !r.exists {
+		// Ask the catalog first: a query on a missing table would log an
+		// error on the server every second.
+		if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, r.t.Requests).Scan(&r.exists); err != nil || !r.exists {
+			return nil, err
+		}
+	}
 	var req Request
 	var sent int64
 	err := q.QueryRow(ctx, `SELECT id, id_type, coalesce(start_lsn::text, ''), total, sent FROM `+r.t.Requests+`
 		WHERE pipeline = $1 AND finished_at IS NULL AND replay = $2 ORDER BY id LIMIT 1`, r.pipeline, !r.Resets).Scan(&req.ID, &req.IDType, &req.StartLSN, &req.Total, &sent)
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42P01":
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // dropped since
+		r.exists = false
 		return nil, nil
 	case err != nil:
 		return nil, err
