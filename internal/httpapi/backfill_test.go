@@ -72,14 +72,20 @@ func backfillDuringLive(t *testing.T, f *controlFixture, name, yaml string) resp
 		return n >= 300+1000+300
 	})
 	var first, replayed, fresh []testenv.Received
+	interleaved, pendingLive := 0, 0 // live events that arrived between backfilled ones
 	for i, m := range coll.All() {
 		switch {
 		case m.Header.Get("probe") != "":
 		case i < 300:
 			first = append(first, m)
 		case m.Header.Get("ferry-replay") == "true":
+			if len(replayed) > 0 {
+				interleaved += pendingLive
+			}
+			pendingLive = 0
 			replayed = append(replayed, m)
 		default:
+			pendingLive++
 			fresh = append(fresh, m)
 		}
 	}
@@ -90,8 +96,8 @@ func backfillDuringLive(t *testing.T, f *controlFixture, name, yaml string) resp
 	if !strings.Contains(string(a.raw), `"action": "backfill"`) {
 		t.Fatalf("audit: %s", a.raw)
 	}
-	t.Logf("%s backfill beside 1000 live events at 500/s: %d re-sent with ferry-replay, %d live, each once, per-aggregate order kept",
-		name, len(replayed), len(fresh))
+	t.Logf("%s backfill beside 1000 live events at 500/s: %d re-sent with ferry-replay, %d live (%d of them arrived between backfilled ones), each once, per-aggregate order kept",
+		name, len(replayed), len(fresh), interleaved)
 	return r
 }
 
@@ -279,5 +285,7 @@ func TestXid8BackfillAcrossPause(t *testing.T) {
 		err := f.e.Pool.QueryRow(ctx, `SELECT count(*) FROM ferry_backfills WHERE finished_at IS NULL`).Scan(&open)
 		return err == nil && open == 0
 	})
-	t.Logf("backfill across a pause: all %d rows arrived, %d twice (a chunk in flight at the pause)", len(old), twice)
+	// (JetStream's duplicate window drops most re-sends of the rows acked
+	// past the recorded progress, so twice counts only what it let through.)
+	t.Logf("backfill across a pause: all %d rows arrived, %d seen twice", len(old), twice)
 }

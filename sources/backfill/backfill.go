@@ -235,10 +235,11 @@ type Runner struct {
 	req     *Request
 	chunks  []chunk
 	checked time.Time
-	exists  bool // the request table exists
+	exists  bool      // the request table exists
+	written time.Time // progress last written
 }
 
-// chunk is admitted rows whose progress is recorded once the window's
+// chunk is an admitted row, whose progress is recorded once the window's
 // acked prefix reaches mark.
 type chunk struct {
 	last int64
@@ -302,23 +303,40 @@ func (r *Runner) ChunkSQL(selectList, outboxTable, idColumn string) string {
 // Args are ChunkSQL's arguments for up to limit rows.
 func (r *Runner) Args(limit int) []any { return []any{r.req.ID, r.req.next, limit} }
 
-// Admitted tells the runner the chunk read (n rows of the limit asked, the
-// last with seq last) was admitted; the window's prefix reaches mark once
-// they were all acked.
-func (r *Runner) Admitted(n, limit int, last int64, mark uint64) {
-	if n > 0 {
-		r.req.next = last
-		r.chunks = append(r.chunks, chunk{last: last, mark: mark})
-	}
+// AdmitRow tells the runner the row with seq was admitted to the window,
+// whose acked prefix reaches mark once it and every message before it were
+// acked. Rows are admitted in seq order.
+func (r *Runner) AdmitRow(seq int64, mark uint64) {
+	r.req.next = seq
+	r.chunks = append(r.chunks, chunk{last: seq, mark: mark})
+}
+
+// ChunkRead tells the runner a chunk of n rows was read for a limit: a
+// short chunk was the request's last.
+func (r *Runner) ChunkRead(n, limit int) {
 	if n < limit {
 		r.req.exhausted = true
 	}
 }
 
-// Record writes the progress of the chunks the window acked (prefix is the
-// acked prefix's mark), and finishes the request once all of it was. It
-// returns the rows sent in the request just finished, or -1.
+// recordEvery bounds how often progress is written while a backfill
+// runs: the loops call Record at every turn.
+const recordEvery = 200 * time.Millisecond
+
+// Record writes the progress of the rows the window acked (prefix is the
+// acked prefix's mark) at most every recordEvery, and finishes the request
+// once all of it was. It returns the rows sent in the request just
+// finished, or -1.
 func (r *Runner) Record(ctx context.Context, q Querier, prefix uint64) (int64, error) {
+	return r.record(ctx, q, prefix, false)
+}
+
+// Flush is Record without the wait: at shutdown, after the window drained.
+func (r *Runner) Flush(ctx context.Context, q Querier, prefix uint64) (int64, error) {
+	return r.record(ctx, q, prefix, true)
+}
+
+func (r *Runner) record(ctx context.Context, q Querier, prefix uint64, now bool) (int64, error) {
 	if r.req == nil {
 		return -1, nil
 	}
@@ -326,14 +344,18 @@ func (r *Runner) Record(ctx context.Context, q Querier, prefix uint64) (int64, e
 	for done < len(r.chunks) && r.chunks[done].mark <= prefix {
 		done++
 	}
+	last := done == len(r.chunks) && r.req.exhausted
+	if (done == 0 && !last) || (!now && !last && time.Since(r.written) < recordEvery) {
+		return -1, nil
+	}
 	if done > 0 {
-		last := r.chunks[done-1].last
-		if _, err := q.Exec(ctx, `UPDATE `+r.t.Requests+` SET sent = $2 WHERE id = $1 AND sent < $2`, r.req.ID, last); err != nil {
+		if _, err := q.Exec(ctx, `UPDATE `+r.t.Requests+` SET sent = $2 WHERE id = $1 AND sent < $2`, r.req.ID, r.chunks[done-1].last); err != nil {
 			return -1, err
 		}
+		r.written = time.Now()
 		r.chunks = append(r.chunks[:0], r.chunks[done:]...)
 	}
-	if !r.req.exhausted || len(r.chunks) > 0 {
+	if !last {
 		return -1, nil
 	}
 	if _, err := q.Exec(ctx, `UPDATE `+r.t.Requests+` SET finished_at = now() WHERE id = $1`, r.req.ID); err != nil {

@@ -33,15 +33,22 @@ func TestBackfillFilterJSON(t *testing.T) {
 func TestBackfillRunnerMarks(t *testing.T) {
 	r := NewRunner(TablesFor("public.outbox"), "p")
 	r.req = &Request{ID: 7}
-	r.Admitted(3, 3, 3, 10) // seq 1..3, acked once the prefix reaches 10
-	r.Admitted(2, 3, 5, 14) // seq 4..5, fewer than asked: the last chunk
+	for seq := int64(1); seq <= 3; seq++ {
+		r.AdmitRow(seq, uint64(7+seq)) // acked once the prefix reaches 8, 9, 10
+	}
+	r.ChunkRead(3, 3)
+	if !r.Pending() {
+		t.Fatal("not pending after a full chunk")
+	}
+	r.AdmitRow(5, 14) // seq 4 was deleted from the outbox meanwhile
+	r.ChunkRead(1, 3)
 	if r.Pending() {
 		t.Fatal("pending after a short chunk")
 	}
 	if got := r.Args(3); got[1] != int64(5) {
 		t.Fatalf("next seq %v, want 5", got[1])
 	}
-	if len(r.chunks) != 2 || r.chunks[0] != (chunk{last: 3, mark: 10}) || r.chunks[1] != (chunk{last: 5, mark: 14}) {
+	if len(r.chunks) != 4 || r.chunks[2] != (chunk{last: 3, mark: 10}) || r.chunks[3] != (chunk{last: 5, mark: 14}) {
 		t.Fatalf("chunks: %+v", r.chunks)
 	}
 	if r.t.Requests != `"public"."ferry_backfills"` {

@@ -150,21 +150,31 @@ func (st *streamer) backfillStep(ctx context.Context) error {
 		msg := s.table.Message(r, "backfill", readAt)
 		backfill.Mark(msg.Metadata)
 		if err := st.admit(ctx, r.Key(), Position{}, msg); err != nil {
-			if i > 0 {
-				bf.Admitted(i, limit, chunk[i-1].seq, s.admitted)
-			}
 			if ctx.Err() != nil {
 				return nil // the stream loop finishes the session
 			}
 			return err
 		}
+		bf.AdmitRow(chunk[i].seq, s.admitted)
 	}
-	var last int64
-	if len(chunk) > 0 {
-		last = chunk[len(chunk)-1].seq
-	}
-	bf.Admitted(len(chunk), limit, last, s.admitted)
+	bf.ChunkRead(len(chunk), limit)
 	return nil
+}
+
+// recordBackfill records the progress of the backfill and the reset at
+// shutdown, after the window drained, so a resume goes on from there.
+func (s *Source) recordBackfill() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, mark, _ := s.win.Prefix()
+	for _, r := range []*backfill.Runner{s.backfill, s.reset} {
+		if r == nil {
+			continue
+		}
+		if _, err := r.Flush(ctx, s.pool, uint64(mark)); err != nil {
+			s.log.Warn("record backfill progress at shutdown", "err", redact.Error(err))
+		}
+	}
 }
 
 // resetToTime goes back in time: the slot cannot, so the rows still in the
@@ -257,14 +267,15 @@ func (s *Source) sendReset(ctx context.Context) error {
 			return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
 		}
 		var chunk []outbox.Row
-		var last int64
+		var seqs []int64
 		for rows.Next() {
-			r, err := s.scanSnapshotRow(rows, &last)
+			var seq int64
+			r, err := s.scanSnapshotRow(rows, &seq)
 			if err != nil {
 				rows.Close()
 				return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
 			}
-			chunk = append(chunk, r)
+			chunk, seqs = append(chunk, r), append(seqs, seq)
 		}
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
@@ -274,9 +285,10 @@ func (s *Source) sendReset(ctx context.Context) error {
 			if err := s.admitSnapshotRow(ctx, chunk[i].Key(), s.table.Message(&chunk[i], "reset", readAt)); err != nil {
 				return err
 			}
+			rr.AdmitRow(seqs[i], s.admitted)
 		}
 		sent += len(chunk)
-		rr.Admitted(len(chunk), backfillChunk, last, s.admitted)
+		rr.ChunkRead(len(chunk), backfillChunk)
 	}
 	s.log.Info("reset: rows of the outbox table read again; streaming on from the slot", "rows", sent, "skip_until", s.skipUntil.String())
 	return nil

@@ -381,6 +381,7 @@ func (st *streamer) finish() error {
 			return nil
 		}
 	}
+	s.recordBackfill()
 	if err := st.sendStatus(); err != nil {
 		s.log.Error("confirm progress at shutdown", "err", redact.Error(err))
 		return nil

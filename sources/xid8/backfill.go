@@ -123,18 +123,24 @@ func (s *Source) backfillStep(ctx context.Context, pool *pgxpool.Pool) bool {
 		if err := s.win.Admit(ctx, r.Key(), s.read, msg); err != nil {
 			// Stopping: what was admitted is recorded once acked; the
 			// rest is read again from the recorded progress.
-			if i > 0 {
-				bf.Admitted(i, limit, chunk[i-1].seq, uint64(s.win.Admitted()))
-			}
 			return true
 		}
+		bf.AdmitRow(r.seq, uint64(s.win.Admitted()))
 	}
-	var last int64
-	if len(chunk) > 0 {
-		last = chunk[len(chunk)-1].seq
-	}
-	bf.Admitted(len(chunk), limit, last, uint64(s.win.Admitted()))
+	bf.ChunkRead(len(chunk), limit)
 	return true
+}
+
+// recordBackfill records the backfill's progress at shutdown, after the
+// window drained, so a resume goes on from there.
+func (s *Source) recordBackfill(ctx context.Context, pool *pgxpool.Pool) {
+	if s.backfill == nil {
+		return
+	}
+	_, mark, _ := s.win.Prefix()
+	if _, err := s.backfill.Flush(ctx, pool, uint64(mark)); err != nil {
+		s.log.Warn("record backfill progress at shutdown", "err", redact.Error(err))
+	}
 }
 
 type backfillRow struct {

@@ -185,6 +185,7 @@ func (s *Source) run(ctx context.Context) {
 		if err := s.commit(commitCtx, pool); err != nil {
 			s.log.Error("record progress at shutdown", "err", redact.Error(err))
 		}
+		s.recordBackfill(commitCtx, pool)
 		cancel()
 		outbox.ClosePool(pool)
 	}
