@@ -129,8 +129,10 @@ type Source struct {
 
 	confirmed atomic.Uint64 // the LSN last confirmed to the server
 
-	backfill *backfill.Runner // owned by the stream goroutine; see backfill.go
-	reset    *backfill.Runner // owned by the run goroutine; see backfill.go
+	// Backfills beside the stream, and resets to a time sent before it;
+	// owned by the run goroutine (sessions and their streams). See backfill.go.
+	backfill *backfill.Runner
+	reset    *backfill.Runner
 }
 
 type pendingTx struct {
