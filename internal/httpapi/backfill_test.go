@@ -156,7 +156,8 @@ func TestXid8BackfillBadInput(t *testing.T) {
 // run counts the 550 rows it reads again; on resume exactly the last 500
 // and the 50 arrive, each once, in per-aggregate order — the rows read
 // again first, then the slot's stream without the listed rows it sends
-// again — and events written after the resume follow.
+// again — and events written after the resume follow. A reset replaced by
+// a later one before the resume is not sent.
 func TestResetWalToTime(t *testing.T) {
 	f := startControlOn(t, adminToken, true, nil, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
 	ctx := context.Background()
@@ -186,6 +187,16 @@ func TestResetWalToTime(t *testing.T) {
 		t.Fatalf("dry run: %d %s", dry.code, dry.raw)
 	}
 	waitDedupForgotten(t, f.e.NATS, f.e.Subject+".wt")
+	// A reset to an earlier time, replaced by the next one before the
+	// pipeline resumed: only the last one is sent.
+	var start time.Time
+	if err := f.e.Pool.QueryRow(ctx, `SELECT created_at FROM outbox WHERE id = $1`, written[0].OutboxID).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do(t, "PATCH", "/api/v1/pipelines/wt/offsets", adminToken, "application/json",
+		fmt.Sprintf(`{"to": "time", "time": %q}`, start.Format(time.RFC3339Nano))); r.code != 200 || r.body["resend_events"] != 1050.0 {
+		t.Fatalf("reset to the start: %d %s", r.code, r.raw)
+	}
 	r := f.do(t, "PATCH", "/api/v1/pipelines/wt/offsets", adminToken, "application/json", body)
 	if r.code != 200 || r.body["resend_events"] != 550.0 || r.body["applied"] != true {
 		t.Fatalf("reset: %d %s", r.code, r.raw)

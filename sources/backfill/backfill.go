@@ -390,3 +390,20 @@ func (r *Runner) ListedIDs(ctx context.Context, q interface {
 
 // Mark sets the replay header on a backfilled message's metadata.
 func Mark(md map[string]string) { md[plugins.ReplayHeader] = "true" }
+
+// CancelResets finishes the pipeline's resets not sent yet: a later reset
+// replaces them. It returns how many it cancelled.
+func CancelResets(ctx context.Context, conn *pgx.Conn, t Tables, pipeline string) (int64, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.Requests).Scan(&exists); err != nil || !exists {
+		return 0, err
+	}
+	tag, err := conn.Exec(ctx, `UPDATE `+t.Requests+` SET finished_at = now() WHERE pipeline = $1 AND NOT replay AND finished_at IS NULL`, pipeline)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := conn.Exec(ctx, `DELETE FROM `+t.Rows+` b USING `+t.Requests+` r WHERE b.backfill_id = r.id AND r.pipeline = $1 AND NOT r.replay`, pipeline); err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}

@@ -210,6 +210,12 @@ func (c *Config) resetToTime(ctx context.Context, pipeline string, r plugins.Off
 	if err != nil {
 		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
 	}
+	if !r.DryRun {
+		// The latest reset wins over one not sent yet.
+		if _, err := backfill.CancelResets(ctx, conn, backfill.TablesFor(c.Table), pipeline); err != nil {
+			return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+		}
+	}
 	t := r.Time
 	where, args := backfill.Where(c.Columns, "o", plugins.BackfillFilter{From: &t}, 1)
 	sel := fmt.Sprintf(`SELECT o.%s::text, row_number() OVER (ORDER BY %s) FROM %s AS o WHERE %s`,

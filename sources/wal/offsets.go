@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/backfill"
 )
 
 const positionWant = `{"lsn": "<LSN past the slot's confirmed_flush_lsn, e.g. 0/16B3748>"}`
@@ -168,6 +169,13 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 	var reached string
 	if err := conn.QueryRow(ctx, `SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)`, slot, to.String()).Scan(&reached); err != nil {
 		return plugins.ResetResult{}, fmt.Errorf("reset: advance slot %s: %w", slot, redact.Error(err))
+	}
+	// A reset to a time not sent yet would re-send rows behind the new
+	// position: this reset replaces it.
+	if n, err := backfill.CancelResets(ctx, conn, backfill.TablesFor(c.Table), pipeline); err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: cancel the reset to a time not sent yet: %w", redact.Error(err))
+	} else if n > 0 {
+		res.Note += "; it replaces the reset to a time not sent yet"
 	}
 	res.To["confirmed_flush_lsn"] = reached
 	res.Applied = true
