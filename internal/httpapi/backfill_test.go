@@ -300,3 +300,47 @@ func TestXid8BackfillAcrossPause(t *testing.T) {
 	// past the recorded progress, so twice counts only what it let through.)
 	t.Logf("backfill across a pause: all %d rows arrived, %d seen twice", len(old), twice)
 }
+
+// A window of one (max_in_flight: 1, strict order) still backfills.
+func TestXid8BackfillWindowOfOne(t *testing.T) {
+	f := startControl(t, adminToken)
+	subject := f.e.Subject + ".b1"
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_B1", 100*time.Millisecond, subject)
+	y := f.pipelineYAML("b1", "") + "limits: {max_in_flight: 1}\n"
+	if r := f.do(t, "PUT", "/api/v1/pipelines/b1/config", adminToken, "application/yaml", y); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	old := writeEvents(t, f, 30, 3)
+	coll.WaitFor(t, 60*time.Second, "30 events", func(m []testenv.Received) bool { return len(m) >= 30 })
+	testenv.Eventually(t, 20*time.Second, "the cursor at the last event", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/b1/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return fmt.Sprint(pos["id"]) == fmt.Sprint(old[len(old)-1].OutboxID)
+	})
+	waitDedupForgotten(t, f.e.NATS, subject)
+	if r := f.do(t, "POST", "/api/v1/pipelines/b1/backfill", adminToken, "application/json", `{"aggregate_id": "agg-1"}`); r.code != 200 || r.body["backfill_events"] != 10.0 {
+		t.Fatalf("backfill: %d %s", r.code, r.raw)
+	}
+	coll.WaitFor(t, 60*time.Second, "10 backfilled", func(m []testenv.Received) bool {
+		n := 0
+		for _, r := range m {
+			if r.Header.Get("ferry-replay") == "true" {
+				n++
+			}
+		}
+		return n >= 10
+	})
+	var replayed []testenv.Received
+	for _, m := range coll.All() {
+		if m.Header.Get("ferry-replay") == "true" {
+			replayed = append(replayed, m)
+		}
+	}
+	var want []sourcetest.Written
+	for i, w := range old {
+		if i%3 == 1 {
+			want = append(want, w)
+		}
+	}
+	assertExactly(t, "backfilled", want, sourcetest.Decode(t, replayed))
+}

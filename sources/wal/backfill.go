@@ -116,7 +116,8 @@ func (st *streamer) backfillStep(ctx context.Context) error {
 			return nil // rows it lists may not be streamed yet
 		}
 	}
-	limit := min(backfillChunk, s.win.Room()/2)
+	room := s.win.Room()
+	limit := min(backfillChunk, max(room/2, min(room, 1))) // a window of one still backfills
 	if limit <= 0 {
 		return nil
 	}

@@ -90,7 +90,8 @@ func (s *Source) backfillStep(ctx context.Context, pool *pgxpool.Pool) bool {
 	if req == nil {
 		return false
 	}
-	limit := min(s.cfg.BatchSize, s.win.Room()/2)
+	room := s.win.Room()
+	limit := min(s.cfg.BatchSize, max(room/2, min(room, 1))) // a window of one still backfills
 	if !bf.Pending() || limit <= 0 {
 		return true
 	}
