@@ -232,23 +232,35 @@ func TestResetWalToTime(t *testing.T) {
 
 // A backfill outlives a pause: paused while it is being sent, the
 // pipeline goes on with it when resumed, from the progress it recorded;
-// every listed row arrives marked (a chunk in flight at the pause may
-// arrive twice), and the request finishes.
+// every listed row arrives marked (rows acked past the recorded progress
+// may arrive twice), and the request finishes.
 func TestXid8BackfillAcrossPause(t *testing.T) {
 	f := startControl(t, adminToken)
+	backfillAcrossPause(t, f, "bp", f.pipelineYAML("bp", ""), func(last sourcetest.Written) bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/bp/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return fmt.Sprint(pos["id"]) == fmt.Sprint(last.OutboxID)
+	})
+}
+
+// The same for wal, whose stream confirms its slot meanwhile.
+func TestWalBackfillAcrossPause(t *testing.T) {
+	f := startControlOn(t, adminToken, true, nil, sourcetest.Harness{Type: wal.Name, Schema: wal.Schema})
+	y := fmt.Sprintf("name: wp\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wp}\n", f.e.DSN, f.e.NATS, f.e.Subject)
+	backfillAcrossPause(t, f, "wp", y, func(sourcetest.Written) bool { return true })
+}
+
+func backfillAcrossPause(t *testing.T, f *controlFixture, name, yaml string, delivered func(last sourcetest.Written) bool) {
+	t.Helper()
 	ctx := context.Background()
-	subject := f.e.Subject + ".bp"
-	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_BP", 100*time.Millisecond, subject)
-	if r := f.do(t, "PUT", "/api/v1/pipelines/bp/config", adminToken, "application/yaml", f.pipelineYAML("bp", "")); r.code != 201 {
+	subject := f.e.Subject + "." + name
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_"+strings.ToUpper(name), 100*time.Millisecond, subject)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/"+name+"/config", adminToken, "application/yaml", yaml); r.code != 201 {
 		t.Fatalf("create: %d %s", r.code, r.raw)
 	}
 	old := writeEvents(t, f, 3000, 30)
 	coll.WaitFor(t, 90*time.Second, "3000 events", func(m []testenv.Received) bool { return len(m) >= 3000 })
-	testenv.Eventually(t, 20*time.Second, "the cursor at the last event", func() bool {
-		r := f.do(t, "GET", "/api/v1/pipelines/bp/offsets", adminToken, "", "")
-		pos, _ := r.body["position"].(map[string]any)
-		return fmt.Sprint(pos["id"]) == fmt.Sprint(old[len(old)-1].OutboxID)
-	})
+	testenv.Eventually(t, 20*time.Second, "the progress at the last event", func() bool { return delivered(old[len(old)-1]) })
 	waitDedupForgotten(t, f.e.NATS, subject)
 	replays := func(m []testenv.Received) map[int64]int {
 		var rs []testenv.Received
@@ -263,21 +275,24 @@ func TestXid8BackfillAcrossPause(t *testing.T) {
 		}
 		return seen
 	}
-	if r := f.do(t, "POST", "/api/v1/pipelines/bp/backfill", adminToken, "application/json", `{"aggregate_type": "order"}`); r.code != 200 || r.body["backfill_events"] != 3000.0 {
+	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/backfill", adminToken, "application/json", `{"aggregate_type": "order"}`); r.code != 200 || r.body["backfill_events"] != 3000.0 {
 		t.Fatalf("backfill: %d %s", r.code, r.raw)
 	}
 	coll.WaitFor(t, 60*time.Second, "part of the backfill", func(m []testenv.Received) bool { return len(replays(m)) >= 200 })
-	if r := f.do(t, "POST", "/api/v1/pipelines/bp/pause", adminToken, "", ""); r.code != 200 {
+	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/pause", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("pause: %d %s", r.code, r.raw)
 	}
-	f.waitStopped(t, "bp")
+	f.waitStopped(t, name)
 	var sent, total int64
-	if err := f.e.Pool.QueryRow(ctx, `SELECT sent, total FROM ferry_backfills`).Scan(&sent, &total); err != nil {
+	if err := f.e.Pool.QueryRow(ctx, `SELECT sent, total FROM ferry_backfills WHERE pipeline = $1`, name).Scan(&sent, &total); err != nil {
 		t.Fatal(err)
 	}
 	atPause := len(replays(coll.All()))
 	t.Logf("paused with %d of %d backfilled rows arrived, %d recorded", atPause, total, sent)
-	if r := f.do(t, "POST", "/api/v1/pipelines/bp/resume", adminToken, "", ""); r.code != 200 {
+	if sent == 0 {
+		t.Errorf("no progress recorded at the pause")
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/resume", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("resume: %d %s", r.code, r.raw)
 	}
 	coll.WaitFor(t, 90*time.Second, "every backfilled row", func(m []testenv.Received) bool { return len(replays(m)) >= 3000 })
@@ -298,7 +313,7 @@ func TestXid8BackfillAcrossPause(t *testing.T) {
 	})
 	// (JetStream's duplicate window drops most re-sends of the rows acked
 	// past the recorded progress, so twice counts only what it let through.)
-	t.Logf("backfill across a pause: all %d rows arrived, %d seen twice", len(old), twice)
+	t.Logf("%s backfill across a pause: all %d rows arrived, %d seen twice", name, len(old), twice)
 }
 
 // A window of one (max_in_flight: 1, strict order) still backfills.
