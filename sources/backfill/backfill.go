@@ -97,7 +97,8 @@ type Spec struct {
 	// numbering them in the order to send them (row_number() over it).
 	Select string
 	Args   []any
-	// IDType is the outbox id column's type (format_type), to join on.
+	// IDType is the outbox id column's type (format_type), recorded with
+	// the request for operators; the runner reads it from the catalog.
 	IDType string
 	// StartLSN, when set, holds the backfill back until the source read
 	// the stream past it (wal: every row the request lists was streamed).
@@ -191,8 +192,10 @@ func filterJSON(f plugins.BackfillFilter) map[string]any {
 	return m
 }
 
-// IDType reads the type of the outbox table's id column.
-func IDType(ctx context.Context, conn *pgx.Conn, table, column string) (string, error) {
+// IDType reads the type of the outbox table's id column from the catalog.
+func IDType(ctx context.Context, conn interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, table, column string) (string, error) {
 	var typ string
 	err := conn.QueryRow(ctx, `SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
 		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`, outbox.Quote(table), column).Scan(&typ)
@@ -211,7 +214,6 @@ type Querier interface {
 // Request is the backfill a source is sending.
 type Request struct {
 	ID       int64
-	IDType   string
 	StartLSN string // "" when none
 	Total    int64
 	// next is the seq of the last row admitted.
@@ -226,6 +228,10 @@ type Request struct {
 type Runner struct {
 	t        Tables
 	pipeline string
+	// table and idColumn are the outbox table and the column the rows
+	// are listed by; idType is its type, read from the catalog (never from
+	// the request table: it goes into the statement).
+	table, idColumn, idType string
 	// CheckEvery bounds how often the request table is read while no
 	// backfill runs.
 	CheckEvery time.Duration
@@ -246,9 +252,10 @@ type chunk struct {
 	mark uint64
 }
 
-// NewRunner returns a runner for the pipeline's requests in t.
-func NewRunner(t Tables, pipeline string) *Runner {
-	return &Runner{t: t, pipeline: pipeline, CheckEvery: time.Second}
+// NewRunner returns a runner for the pipeline's requests on the outbox
+// table, listed by idColumn.
+func NewRunner(table, idColumn, pipeline string) *Runner {
+	return &Runner{t: TablesFor(table), table: table, idColumn: idColumn, pipeline: pipeline, CheckEvery: time.Second}
 }
 
 // Wake makes the next Load read the request table.
@@ -270,8 +277,8 @@ func (r *Runner) Load(ctx context.Context, q Querier) (*Request, error) {
 	}
 	var req Request
 	var sent int64
-	err := q.QueryRow(ctx, `SELECT id, id_type, coalesce(start_lsn::text, ''), total, sent FROM `+r.t.Requests+`
-		WHERE pipeline = $1 AND finished_at IS NULL AND replay = $2 ORDER BY id LIMIT 1`, r.pipeline, !r.Resets).Scan(&req.ID, &req.IDType, &req.StartLSN, &req.Total, &sent)
+	err := q.QueryRow(ctx, `SELECT id, coalesce(start_lsn::text, ''), total, sent FROM `+r.t.Requests+`
+		WHERE pipeline = $1 AND finished_at IS NULL AND replay = $2 ORDER BY id LIMIT 1`, r.pipeline, !r.Resets).Scan(&req.ID, &req.StartLSN, &req.Total, &sent)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -281,6 +288,11 @@ func (r *Runner) Load(ctx context.Context, q Querier) (*Request, error) {
 		return nil, nil
 	case err != nil:
 		return nil, err
+	}
+	if r.idType == "" {
+		if r.idType, err = IDType(ctx, q, r.table, r.idColumn); err != nil {
+			return nil, err
+		}
 	}
 	req.next = sent
 	r.req = &req
@@ -294,10 +306,10 @@ func (r *Runner) Pending() bool { return r.req != nil && !r.req.exhausted }
 // source's columns of the outbox table aliased o, then b.seq) joined to
 // the request's rows, $1 the request, $2 the last seq admitted, $3 the
 // most rows. Rows deleted from the outbox since the request are skipped.
-func (r *Runner) ChunkSQL(selectList, outboxTable, idColumn string) string {
+func (r *Runner) ChunkSQL(selectList string) string {
 	return fmt.Sprintf(`SELECT %s FROM %s AS b JOIN %s AS o ON o.%s = b.outbox_id::%s
 		WHERE b.backfill_id = $1 AND b.seq > $2 ORDER BY b.seq LIMIT $3`,
-		selectList, r.t.Rows, outbox.Quote(outboxTable), pgx.Identifier{idColumn}.Sanitize(), r.req.IDType)
+		selectList, r.t.Rows, outbox.Quote(r.table), pgx.Identifier{r.idColumn}.Sanitize(), r.idType)
 }
 
 // Args are ChunkSQL's arguments for up to limit rows.

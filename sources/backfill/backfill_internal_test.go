@@ -31,7 +31,7 @@ func TestBackfillFilterJSON(t *testing.T) {
 // A runner asks for the rows after the last admitted, and stops asking
 // after a chunk shorter than asked for.
 func TestBackfillRunnerMarks(t *testing.T) {
-	r := NewRunner(TablesFor("public.outbox"), "p")
+	r := NewRunner("public.outbox", "id", "p")
 	r.req = &Request{ID: 7}
 	for seq := int64(1); seq <= 3; seq++ {
 		r.AdmitRow(seq, uint64(7+seq)) // acked once the prefix reaches 8, 9, 10

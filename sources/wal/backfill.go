@@ -78,7 +78,7 @@ func (st *streamer) backfillStep(ctx context.Context) error {
 		return nil // the initial snapshot first
 	}
 	if s.backfill == nil {
-		s.backfill = backfill.NewRunner(backfill.TablesFor(s.cfg.Table), s.env.Pipeline)
+		s.backfill = backfill.NewRunner(s.cfg.Table, s.cfg.Columns.ID, s.env.Pipeline)
 	}
 	bf := s.backfill
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -121,7 +121,7 @@ func (st *streamer) backfillStep(ctx context.Context) error {
 	if limit <= 0 {
 		return nil
 	}
-	rows, err := s.pool.Query(qctx, bf.ChunkSQL(s.snapshotColumns("b.seq"), s.cfg.Table, s.cfg.Columns.ID), bf.Args(limit)...)
+	rows, err := s.pool.Query(qctx, bf.ChunkSQL(s.snapshotColumns("b.seq")), bf.Args(limit)...)
 	if err != nil {
 		s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
 		return nil
@@ -241,7 +241,7 @@ func (s *Source) sendReset(ctx context.Context) error {
 		return nil
 	}
 	if s.reset == nil {
-		s.reset = backfill.NewRunner(backfill.TablesFor(s.cfg.Table), s.env.Pipeline)
+		s.reset = backfill.NewRunner(s.cfg.Table, s.cfg.Columns.ID, s.env.Pipeline)
 		s.reset.Resets = true
 	}
 	rr := s.reset
@@ -269,7 +269,7 @@ func (s *Source) sendReset(ctx context.Context) error {
 	}
 	sent := 0
 	for rr.Pending() {
-		rows, err := s.pool.Query(ctx, rr.ChunkSQL(s.snapshotColumns("b.seq"), s.cfg.Table, s.cfg.Columns.ID), rr.Args(backfillChunk)...)
+		rows, err := s.pool.Query(ctx, rr.ChunkSQL(s.snapshotColumns("b.seq")), rr.Args(backfillChunk)...)
 		if err != nil {
 			return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
 		}

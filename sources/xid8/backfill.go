@@ -68,7 +68,7 @@ var _ plugins.Backfiller = (*Config)(nil)
 // a backfill is under way (the read loop then polls at poll_interval).
 func (s *Source) backfillStep(ctx context.Context, pool *pgxpool.Pool) bool {
 	if s.backfill == nil {
-		s.backfill = backfill.NewRunner(backfill.TablesFor(s.cfg.Table), s.env.Pipeline)
+		s.backfill = backfill.NewRunner(s.cfg.Table, s.cfg.joinColumn(), s.env.Pipeline)
 	}
 	bf := s.backfill
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
@@ -96,7 +96,7 @@ func (s *Source) backfillStep(ctx context.Context, pool *pgxpool.Pool) bool {
 		return true
 	}
 	xact := "o." + pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
-	sql := bf.ChunkSQL(s.cfg.Columns.Select("o", "b.seq", xact+"::text", "clock_timestamp()"), s.cfg.Table, s.cfg.joinColumn())
+	sql := bf.ChunkSQL(s.cfg.Columns.Select("o", "b.seq", xact+"::text", "clock_timestamp()"))
 	rows, err := pool.Query(ctx, sql, bf.Args(limit)...)
 	if err != nil {
 		s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
