@@ -17,8 +17,23 @@ type Offsets struct {
 	// NewestDeliveredCreatedAt is the created_at of the newest delivered
 	// event still in the outbox table; nil when none is known.
 	NewestDeliveredCreatedAt *time.Time `json:"newest_delivered_created_at"`
+	// Backfills are the backfills (and wal resets to a time) not finished
+	// yet, oldest first.
+	Backfills []BackfillProgress `json:"backfills,omitempty"`
 	// Note explains what a field cannot say.
 	Note string `json:"note,omitempty"`
+}
+
+// BackfillProgress is how far a backfill got.
+type BackfillProgress struct {
+	ID          int64          `json:"id"`
+	Filter      map[string]any `json:"filter"`
+	RequestedAt time.Time      `json:"requested_at"`
+	// Reset: a wal reset to a time, sent when the pipeline resumes.
+	Reset bool `json:"reset"`
+	// Total rows listed, and how many of them (in order) were delivered.
+	Total int64 `json:"total_events"`
+	Sent  int64 `json:"sent_events"`
 }
 
 // Reset targets.

@@ -419,3 +419,21 @@ func CancelResets(ctx context.Context, conn *pgx.Conn, t Tables, pipeline string
 	}
 	return tag.RowsAffected(), nil
 }
+
+// Pending lists the pipeline's unfinished requests, oldest first (none
+// when the table does not exist).
+func Pending(ctx context.Context, conn *pgx.Conn, t Tables, pipeline string) ([]plugins.BackfillProgress, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.Requests).Scan(&exists); err != nil || !exists {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, `SELECT id, filter, requested_at, NOT replay, total, sent FROM `+t.Requests+`
+		WHERE pipeline = $1 AND finished_at IS NULL ORDER BY id`, pipeline)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (plugins.BackfillProgress, error) {
+		var p plugins.BackfillProgress
+		return p, r.Scan(&p.ID, &p.Filter, &p.RequestedAt, &p.Reset, &p.Total, &p.Sent)
+	})
+}

@@ -76,11 +76,16 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 		}
 		return plugins.Offsets{}, fmt.Errorf("offsets: %w", redact.Error(err))
 	}
+	backfills, err := backfill.Pending(ctx, conn, backfill.TablesFor(c.Table), pipeline)
+	if err != nil {
+		return plugins.Offsets{}, fmt.Errorf("offsets: backfills: %w", redact.Error(err))
+	}
 	return plugins.Offsets{
 		Position: map[string]any{"slot": slot, "active": s.active, "confirmed_flush_lsn": s.confirmed.String(),
 			"restart_lsn": s.restart.String(), "current_wal_lsn": s.current.String(),
 			"retained_wal_bytes": s.retained, "unconfirmed_wal_bytes": s.unflushed},
-		Note: "the WAL does not say when a change was created: newest_delivered_created_at is not known for wal",
+		Backfills: backfills,
+		Note:      "the WAL does not say when a change was created: newest_delivered_created_at is not known for wal",
 	}, nil
 }
 

@@ -70,6 +70,16 @@ func offsetsSub(sub, name string, o *offsetFlags, c *apiClient, format string, s
 			fmt.Fprintf(tw, "%s\t%v\n", k, orDash(pos[k]))
 		}
 		fmt.Fprintf(tw, "newest_delivered_created_at\t%v\n", orDash(out["newest_delivered_created_at"]))
+		if bfs, ok := out["backfills"].([]any); ok {
+			for _, b := range bfs {
+				m, _ := b.(map[string]any)
+				what := "backfill"
+				if m["reset"] == true {
+					what = "reset to a time"
+				}
+				fmt.Fprintf(tw, "%s %v\t%v of %v events sent (%s)\n", what, m["id"], m["sent_events"], m["total_events"], compact(m["filter"]))
+			}
+		}
 		if n, ok := out["note"].(string); ok && n != "" {
 			fmt.Fprintf(tw, "note\t%s\n", n)
 		}
