@@ -17,8 +17,23 @@ type Offsets struct {
 	// NewestDeliveredCreatedAt is the created_at of the newest delivered
 	// event still in the outbox table; nil when none is known.
 	NewestDeliveredCreatedAt *time.Time `json:"newest_delivered_created_at"`
+	// Backfills are the backfills (and wal resets to a time) not finished
+	// yet, oldest first.
+	Backfills []BackfillProgress `json:"backfills,omitempty"`
 	// Note explains what a field cannot say.
 	Note string `json:"note,omitempty"`
+}
+
+// BackfillProgress is how far a backfill got.
+type BackfillProgress struct {
+	ID          int64          `json:"id"`
+	Filter      map[string]any `json:"filter"`
+	RequestedAt time.Time      `json:"requested_at"`
+	// Reset: a wal reset to a time, sent when the pipeline resumes.
+	Reset bool `json:"reset"`
+	// Total rows listed, and how many of them (in order) were delivered.
+	Total int64 `json:"total_events"`
+	Sent  int64 `json:"sent_events"`
 }
 
 // Reset targets.
@@ -148,4 +163,83 @@ type Backfiller interface {
 	// Backfill queues the matching delivered rows for delivery again and
 	// returns how many.
 	Backfill(ctx context.Context, pipeline string, f BackfillFilter) (int64, error)
+}
+
+// Headers the pipeline sets on an event it sends to its dead-letter topic
+// (the pipelines package writes them; sinks read them back on replay).
+const (
+	DeadLetterReasonHeader = "dead_letter_reason" // no_route, oversize, transform_error, …
+	DeadLetterErrorHeader  = "dead_letter_error"  // the error text
+	DeadLetterTopicHeader  = "dead_letter_topic"  // where the event was going ("" for the sink's default)
+	DeadLetterStageHeader  = "dead_letter_stage"  // the stage that failed: "publish" or a transform's
+	// DeadLetterPayloadBytesHeader says the payload was dropped (too large
+	// for the broker) and how large it was: such a dead letter cannot be
+	// replayed.
+	DeadLetterPayloadBytesHeader = "dead_letter_payload_bytes"
+)
+
+// IsDeadLetterHeader reports whether a header was added when the event was
+// dead-lettered (the pipeline's and Watermill's poison queue's): a replay
+// drops them, so the event reaches its destination as it was first meant to.
+func IsDeadLetterHeader(key string) bool {
+	return strings.HasPrefix(key, "dead_letter_") || strings.HasSuffix(key, "_poisoned")
+}
+
+// MatchesReason reports whether a dead letter's reason or error text
+// contains want (case-insensitive); an empty want matches all.
+func MatchesReason(want, reason, errText string) bool {
+	if want == "" {
+		return true
+	}
+	w := strings.ToLower(want)
+	return strings.Contains(strings.ToLower(reason), w) || strings.Contains(strings.ToLower(errText), w)
+}
+
+// DeadLetterPublishStage is the stage header of an event the broker
+// refused: its destination is the topic header, or the sink's default.
+const DeadLetterPublishStage = "publish"
+
+// NoDestinationNote explains why a dead letter that failed before a
+// destination was chosen (in a transform) stays on the dead-letter topic.
+const NoDestinationNote = "dead letters naming no destination (an empty dead_letter_topic: they failed before a route was chosen, " +
+	"e.g. no_route or a transform error) stay: fix the cause, then send them again from the outbox with a backfill"
+
+// DeadLetterTopicCount is what the broker tells of a pipeline's dead-letter
+// topic.
+type DeadLetterTopicCount struct {
+	Topic string `json:"topic"`
+	// Count is how many dead letters wait on it; nil when the broker cannot
+	// tell (Note says why).
+	Count *int64 `json:"count"`
+	Note  string `json:"note,omitempty"`
+}
+
+// DeadLetterTopicReplay is what a replay of a dead-letter topic did (or,
+// dry, would do).
+type DeadLetterTopicReplay struct {
+	Topic string `json:"topic"`
+	// Replayed is how many were republished to their destination and
+	// removed from the dead-letter topic.
+	Replayed int `json:"replayed_events"`
+	// EventIDs are the replayed events' ids, in replay order.
+	EventIDs []string `json:"event_ids"`
+	// Kept is how many were read and left on the dead-letter topic: not
+	// matching the filter, past the limit, naming no destination, without
+	// their payload, or refused again by the broker.
+	Kept int    `json:"kept_events"`
+	Note string `json:"note,omitempty"`
+}
+
+// DeadLetterTopicKeeper is implemented by sink configs whose broker keeps a
+// pipeline's dead-letter topic readable: the API counts the dead letters
+// and replays them without the pipeline running here. Methods connect on
+// their own and are safe for concurrent use.
+type DeadLetterTopicKeeper interface {
+	// CountDeadLetterTopic counts what waits on topic.
+	CountDeadLetterTopic(ctx context.Context, pipeline, topic string) (DeadLetterTopicCount, error)
+	// ReplayDeadLetterTopic reads topic oldest first and republishes each
+	// dead letter matching f (up to f.Limit; 0 is all) to the destination
+	// its DeadLetterTopicHeader names, without the dead-letter headers,
+	// and, once the broker confirmed it, removes it from topic.
+	ReplayDeadLetterTopic(ctx context.Context, pipeline, topic string, f DeadLetterFilter) (DeadLetterTopicReplay, error)
 }

@@ -299,7 +299,29 @@ type DeadLettersView struct {
 	Source      string               `json:"source"`
 	Total       int64                `json:"total"`
 	DeadLetters []plugins.DeadLetter `json:"dead_letters"`
-	Note        string               `json:"note,omitempty"`
+	// DeadLetterTopic is what the broker tells of the pipeline's
+	// dead-letter topic, when it has one.
+	DeadLetterTopic *plugins.DeadLetterTopicCount `json:"dead_letter_topic,omitempty"`
+	Note            string                        `json:"note,omitempty"`
+}
+
+// countDeadLetterTopic asks the sink's broker about the pipeline's
+// dead-letter topic; what it cannot tell is in the note.
+func (c *api) countDeadLetterTopic(ctx context.Context, name string, spec *pipelines.Spec) *plugins.DeadLetterTopicCount {
+	if spec.DeadLetter == nil {
+		return nil
+	}
+	topic := spec.DeadLetter.Topic
+	k, ok := spec.Sink.Config.(plugins.DeadLetterTopicKeeper)
+	if !ok {
+		return &plugins.DeadLetterTopicCount{Topic: topic,
+			Note: "the " + spec.Sink.Type + " sink cannot read its dead-letter topic back here: count and replay them with the broker's tools"}
+	}
+	n, err := k.CountDeadLetterTopic(ctx, name, topic)
+	if err != nil {
+		return &plugins.DeadLetterTopicCount{Topic: topic, Note: "the broker could not be asked: " + redact.String(err.Error())}
+	}
+	return &n
 }
 
 func (c *api) getDeadLetters(w http.ResponseWriter, r *http.Request, p principal) {
@@ -318,14 +340,18 @@ func (c *api) getDeadLetters(w http.ResponseWriter, r *http.Request, p principal
 		return
 	}
 	out := DeadLettersView{Pipeline: v.Name, Source: spec.Source.Type, DeadLetters: []plugins.DeadLetter{}}
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	out.DeadLetterTopic = c.countDeadLetterTopic(ctx, v.Name, spec)
 	k, ok := spec.Source.Config.(plugins.DeadLetterKeeper)
 	if !ok {
 		out.Note = "the " + spec.Source.Type + " source parks no events; failed deliveries go to the sink's dead-letter destination when one is configured"
+		if out.DeadLetterTopic != nil {
+			out.Note = "the " + spec.Source.Type + " source parks no events; undeliverable events go to the dead-letter topic " + spec.DeadLetter.Topic + " (dead_letter_topic)"
+		}
 		writeJSON(w, http.StatusOK, out)
 		return
 	}
-	ctx, cancel := ctxTimeout(r)
-	defer cancel()
 	list, total, err := k.DeadLetters(ctx, v.Name, f)
 	if err != nil {
 		writeProblem(w, requestProblem(err))
@@ -340,10 +366,15 @@ func (c *api) getDeadLetters(w http.ResponseWriter, r *http.Request, p principal
 
 // ReplayView is POST …/dead-letters/replay's answer.
 type ReplayView struct {
-	Pipeline string  `json:"pipeline"`
-	DryRun   bool    `json:"dry_run"`
-	Replayed int     `json:"replayed_events"`
-	IDs      []int64 `json:"outbox_ids"`
+	Pipeline string `json:"pipeline"`
+	DryRun   bool   `json:"dry_run"`
+	// Replayed counts both the source's unparked events and the dead
+	// letters republished from the dead-letter topic.
+	Replayed int `json:"replayed_events"`
+	// IDs are the unparked events' outbox ids (poll).
+	IDs []int64 `json:"outbox_ids"`
+	// DeadLetterTopic is the replay of the pipeline's dead-letter topic.
+	DeadLetterTopic *plugins.DeadLetterTopicReplay `json:"dead_letter_topic,omitempty"`
 }
 
 func (c *api) replayDeadLetters(w http.ResponseWriter, r *http.Request, p principal) {
@@ -361,29 +392,59 @@ func (c *api) replayDeadLetters(w http.ResponseWriter, r *http.Request, p princi
 		writeProblem(w, prob)
 		return
 	}
-	k, ok := spec.Source.Config.(plugins.DeadLetterKeeper)
-	if !ok {
-		writeProblem(w, &problem{code: http.StatusUnprocessableEntity, msg: "the " + spec.Source.Type + " source parks no events to replay"})
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
-	defer cancel()
-	ids, err := k.ReplayDeadLetters(ctx, v.Name, f)
-	if err != nil {
-		writeProblem(w, requestProblem(err))
-		return
-	}
-	if ids == nil {
-		ids = []int64{}
-	}
-	if !f.DryRun && len(ids) > 0 {
-		detail := fmt.Sprintf("%d dead letters replayed (reason %q, limit %d)", len(ids), f.Reason, f.Limit)
-		if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionDeadLetterReplay, v.Name, v.Tenant, detail); err != nil {
-			c.log().Error("audit a dead-letter replay", "pipeline", v.Name, "tenant", v.Tenant, "err", redact.Error(err))
+	k, parks := spec.Source.Config.(plugins.DeadLetterKeeper)
+	dlq, readable := spec.Sink.Config.(plugins.DeadLetterTopicKeeper)
+	readable = readable && spec.DeadLetter != nil
+	if !parks && !readable {
+		msg := "the " + spec.Source.Type + " source parks no events to replay"
+		switch {
+		case spec.DeadLetter == nil:
+			msg += ", and the pipeline has no dead_letter topic"
+		default:
+			msg += ", and the " + spec.Sink.Type + " sink cannot read its dead-letter topic back: replay them with the broker's tools"
 		}
-		c.log().Info("dead letters replayed", "pipeline", v.Name, "tenant", v.Tenant, "events", len(ids), "reason", f.Reason, "token_id", p.actor.TokenID)
+		writeProblem(w, &problem{code: http.StatusUnprocessableEntity, msg: msg})
+		return
 	}
-	writeJSON(w, http.StatusOK, ReplayView{Pipeline: v.Name, DryRun: f.DryRun, Replayed: len(ids), IDs: ids})
+	ctx, cancel := context.WithTimeout(r.Context(), 120*time.Second)
+	defer cancel()
+	view := ReplayView{Pipeline: v.Name, DryRun: f.DryRun, IDs: []int64{}}
+	if parks {
+		ids, err := k.ReplayDeadLetters(ctx, v.Name, f)
+		if err != nil {
+			writeProblem(w, requestProblem(err))
+			return
+		}
+		if ids != nil {
+			view.IDs = ids
+		}
+		view.Replayed = len(ids)
+	}
+	if readable {
+		res, err := dlq.ReplayDeadLetterTopic(ctx, v.Name, spec.DeadLetter.Topic, f)
+		if res.Replayed > 0 && !f.DryRun {
+			c.auditReplay(ctx, p, v, f, fmt.Sprintf("%d dead letters republished from topic %s (reason %q, limit %d)", res.Replayed, res.Topic, f.Reason, f.Limit))
+		}
+		if err != nil {
+			writeProblem(w, &problem{code: http.StatusServiceUnavailable,
+				msg: fmt.Sprintf("dead-letter topic %s: %d replayed, then: %s", spec.DeadLetter.Topic, res.Replayed, redact.String(err.Error()))})
+			return
+		}
+		view.DeadLetterTopic = &res
+		view.Replayed += res.Replayed
+	}
+	if !f.DryRun && len(view.IDs) > 0 {
+		c.auditReplay(ctx, p, v, f, fmt.Sprintf("%d dead letters replayed (reason %q, limit %d)", len(view.IDs), f.Reason, f.Limit))
+	}
+	writeJSON(w, http.StatusOK, view)
+}
+
+// auditReplay records a dead-letter replay and logs it.
+func (c *api) auditReplay(ctx context.Context, p principal, v PipelineView, f plugins.DeadLetterFilter, detail string) {
+	if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionDeadLetterReplay, v.Name, v.Tenant, detail); err != nil {
+		c.log().Error("audit a dead-letter replay", "pipeline", v.Name, "tenant", v.Tenant, "err", redact.Error(err))
+	}
+	c.log().Info("dead letters replayed", "pipeline", v.Name, "tenant", v.Tenant, "detail", detail, "reason", f.Reason, "token_id", p.actor.TokenID)
 }
 
 // backfillBody is POST …/backfill.

@@ -164,23 +164,11 @@ func (b *bootstrap) readSnapshot(ctx context.Context, delivered *keySet, snapsho
 		return err
 	}
 	defer rows.Close()
-	c := b.cfg.Columns
 	for rows.Next() {
-		var v [outbox.NumFields]outbox.Text
-		extra := make([]outbox.Text, len(c.Carried()))
-		var readAt time.Time
-		dest := []any{&readAt}
-		for i := range v {
-			dest = append(dest, &v[i])
-		}
-		for i := range extra {
-			dest = append(dest, &extra[i])
-		}
-		if err := rows.Scan(dest...); err != nil {
+		r, err := s.scanSnapshotRow(rows)
+		if err != nil {
 			return err
 		}
-		r := c.DecodeText(s.typeMap, s.layout.OID, v, extra)
-		r.DBReadAt = readAt
 		key := rowKey(&r)
 		if delivered.has(key) {
 			continue
@@ -200,6 +188,22 @@ func (b *bootstrap) readSnapshot(ctx context.Context, delivered *keySet, snapsho
 func (b *bootstrap) snapshotSQL() string {
 	c := b.cfg.Columns
 	q := func(n string) string { return "o." + pgx.Identifier{n}.Sanitize() }
+	order := "o.ctid"
+	switch {
+	case slices.Contains([]uint32{pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID}, b.stream.layout.OID[outbox.FieldID]):
+		order = q(c.ID)
+	case c.CreatedAt != "":
+		order = q(c.CreatedAt) + ", o.ctid"
+	}
+	return "SELECT " + b.stream.snapshotColumns() + " FROM " + outbox.Quote(b.cfg.Table) + " AS o ORDER BY " + order
+}
+
+// snapshotColumns is the select list scanSnapshotRow reads, over the
+// outbox table aliased o, then the lead expressions. The initial snapshot,
+// backfills and resets to a time read rows through it.
+func (s *streamer) snapshotColumns(lead ...string) string {
+	c := s.cfg.Columns
+	q := func(n string) string { return "o." + pgx.Identifier{n}.Sanitize() }
 	cols := []string{"clock_timestamp()"}
 	for _, name := range c.Names() {
 		if name == "" {
@@ -211,14 +215,29 @@ func (b *bootstrap) snapshotSQL() string {
 	for _, e := range c.Carried() { // columns.extra, then the aggregate version
 		cols = append(cols, q(e)+"::text")
 	}
-	order := "o.ctid"
-	switch {
-	case slices.Contains([]uint32{pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID}, b.stream.layout.OID[outbox.FieldID]):
-		order = q(c.ID)
-	case c.CreatedAt != "":
-		order = q(c.CreatedAt) + ", o.ctid"
+	return strings.Join(append(cols, lead...), ", ")
+}
+
+// scanSnapshotRow decodes a row of snapshotColumns, then scans the lead
+// expressions' values into lead.
+func (s *streamer) scanSnapshotRow(rows pgx.Rows, lead ...any) (outbox.Row, error) {
+	c := s.cfg.Columns
+	var v [outbox.NumFields]outbox.Text
+	extra := make([]outbox.Text, len(c.Carried()))
+	var readAt time.Time
+	dest := []any{&readAt}
+	for i := range v {
+		dest = append(dest, &v[i])
 	}
-	return "SELECT " + strings.Join(cols, ", ") + " FROM " + outbox.Quote(b.cfg.Table) + " AS o ORDER BY " + order
+	for i := range extra {
+		dest = append(dest, &extra[i])
+	}
+	if err := rows.Scan(append(dest, lead...)...); err != nil {
+		return outbox.Row{}, err
+	}
+	r := c.DecodeText(s.typeMap, s.layout.OID, v, extra)
+	r.DBReadAt = readAt
+	return r, nil
 }
 
 // rowKey identifies a row across the snapshot passes and the stream: its

@@ -10,14 +10,15 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/backfill"
 )
 
 const positionWant = `{"lsn": "<LSN past the slot's confirmed_flush_lsn, e.g. 0/16B3748>"}`
 
 // noBack explains why a wal pipeline's progress cannot go back.
-const noBack = "a wal pipeline cannot go back: its replication slot only moves forward and the WAL behind it is gone. " +
-	"To re-send rows still in the outbox table, pause the pipeline and use the xid8 or poll source on the same table, " +
-	"or create the pipeline again with initial_snapshot: true after deleting it with ?purge=true"
+const noBack = "a wal pipeline's slot cannot go back: it only moves forward and the WAL behind it is gone. " +
+	`To re-send rows still in the outbox table, reset to a time ({"to": "time", "time": …}: they are read again from the table) ` +
+	"or backfill them beside live traffic (POST /api/v1/pipelines/{name}/backfill)"
 
 func (c *Config) slotName(pipeline string) string {
 	if c.Slot != "" {
@@ -75,11 +76,16 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 		}
 		return plugins.Offsets{}, fmt.Errorf("offsets: %w", redact.Error(err))
 	}
+	backfills, err := backfill.Pending(ctx, conn, backfill.TablesFor(c.Table), pipeline)
+	if err != nil {
+		return plugins.Offsets{}, fmt.Errorf("offsets: backfills: %w", redact.Error(err))
+	}
 	return plugins.Offsets{
 		Position: map[string]any{"slot": slot, "active": s.active, "confirmed_flush_lsn": s.confirmed.String(),
 			"restart_lsn": s.restart.String(), "current_wal_lsn": s.current.String(),
 			"retained_wal_bytes": s.retained, "unconfirmed_wal_bytes": s.unflushed},
-		Note: "the WAL does not say when a change was created: newest_delivered_created_at is not known for wal",
+		Backfills: backfills,
+		Note:      "the WAL does not say when a change was created: newest_delivered_created_at is not known for wal",
 	}, nil
 }
 
@@ -106,9 +112,9 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 		}
 		target = &l
 	case plugins.ResetToTime:
-		return plugins.ResetResult{}, &plugins.RequestError{Field: "to", Unsupported: true,
-			Msg: "a wal pipeline cannot be reset to a time: the WAL does not map times to positions, and " + noBack +
-				`; to skip what is waiting use {"to": "latest"} or {"to": "position", "position": {"lsn": …}}`}
+		// The slot cannot go back: the rows still in the table are read
+		// again (see resetToTime).
+		return c.resetToTime(ctx, pipeline, r)
 	default:
 		return plugins.ResetResult{}, &plugins.RequestError{Field: "to", Msg: fmt.Sprintf("must be time, position or latest, got %q", r.To)}
 	}
@@ -168,6 +174,13 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 	var reached string
 	if err := conn.QueryRow(ctx, `SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)`, slot, to.String()).Scan(&reached); err != nil {
 		return plugins.ResetResult{}, fmt.Errorf("reset: advance slot %s: %w", slot, redact.Error(err))
+	}
+	// A reset to a time not sent yet would re-send rows behind the new
+	// position: this reset replaces it.
+	if n, err := backfill.CancelResets(ctx, conn, backfill.TablesFor(c.Table), pipeline); err != nil {
+		return plugins.ResetResult{}, fmt.Errorf("reset: cancel the reset to a time not sent yet: %w", redact.Error(err))
+	} else if n > 0 {
+		res.Note += "; it replaces the reset to a time not sent yet"
 	}
 	res.To["confirmed_flush_lsn"] = reached
 	res.Applied = true

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/backfill"
 	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/window"
@@ -56,6 +57,11 @@ type streamer struct {
 
 	confirmed atomic.Uint64 // the LSN last confirmed to the server
 	pending   pendingTxs
+
+	// Backfills beside the stream, and resets to a time sent before it;
+	// owned by the run goroutine (sessions and their streams). See backfill.go.
+	backfill *backfill.Runner
+	reset    *backfill.Runner
 }
 
 func newStreamer(cfg *Config, env plugins.Env, log *slog.Logger, slots *slotManager) *streamer {
@@ -234,6 +240,11 @@ func (s *streamer) run(ctx context.Context, conn *pgconn.PgConn, slot string) er
 				if err := st.promote(ctx); err != nil {
 					return err
 				}
+			}
+		}
+		if !st.inTx {
+			if err := st.backfillStep(ctx); err != nil {
+				return err
 			}
 		}
 		if !deadline.Equal(st.nextStatus) {
@@ -509,6 +520,7 @@ func (st *streamSession) finish() error {
 			return nil
 		}
 	}
+	s.recordBackfill()
 	if err := st.sendStatus(); err != nil {
 		s.log.Error("confirm progress at shutdown", "err", redact.Error(err))
 		return nil

@@ -307,6 +307,11 @@ func (s *Source) session(ctx context.Context) error {
 			"slot", slots.slot)
 	}
 
+	if st.exists {
+		if err := s.stream.sendReset(ctx); err != nil {
+			return err
+		}
+	}
 	conn, err := connectReplication(ctx, s.cfg.DSN, s.env.Pipeline)
 	if err != nil {
 		return err

@@ -250,6 +250,15 @@ func (w *Window[P]) Prefix() (pos P, mark Mark, ok bool) {
 	return w.prefix, w.popped, w.hasPrefix
 }
 
+// Admitted is how many messages were admitted since creation: the Mark
+// Prefix returns once every one of them was acked (or given up), so a source
+// can tell when a given message and all before it were delivered.
+func (w *Window[P]) Admitted() Mark {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.popped + Mark(len(w.entries)-w.head)
+}
+
 // Recorded tells the window that progress up to mark is durable: messages
 // up to it will not be sent again after a crash, so they stop counting.
 func (w *Window[P]) Recorded(mark Mark) {

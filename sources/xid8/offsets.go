@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/backfill"
 	"github.com/ferryhq/ferry/sources/outbox"
 )
 
@@ -87,6 +88,9 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 		return plugins.Offsets{}, fmt.Errorf("offsets: %w", redact.Error(err))
 	}
 	out.Position["undelivered_events"] = pending
+	if out.Backfills, err = backfill.Pending(ctx, conn, backfill.TablesFor(c.Table), pipeline); err != nil {
+		return plugins.Offsets{}, fmt.Errorf("offsets: backfills: %w", redact.Error(err))
+	}
 	return out, nil
 }
 

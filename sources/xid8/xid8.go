@@ -35,6 +35,7 @@ import (
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/internal/retry"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/backfill"
 	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
 	"github.com/ferryhq/ferry/sources/window"
@@ -85,6 +86,8 @@ type Source struct {
 	cursorMu sync.Mutex // guards committed, read by the health and retention loops
 	health   pgsource.LastHealth
 	batches  *pgsource.BatchMetrics
+
+	backfill *backfill.Runner // owned by readLoop; see backfill.go
 }
 
 // New returns a source; it does no I/O until Subscribe.
@@ -158,6 +161,7 @@ func (s *Source) run(readCtx context.Context) {
 		if err := s.commit(commitCtx, pool); err != nil {
 			s.log.Error("record progress at shutdown", "err", redact.Error(err))
 		}
+		s.recordBackfill(commitCtx, pool)
 		cancel()
 		pgsource.ClosePool(pool)
 	}
@@ -286,6 +290,9 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 			s.read = pos
 		}
 		d := nextPoll(len(rows), s.cfg.BatchSize, s.listening.Load(), lastWake, s.cfg.PollInterval, s.cfg.IdlePollInterval)
+		if s.backfillStep(ctx, pool) {
+			d = min(d, s.cfg.PollInterval)
+		}
 		if d > s.cfg.PollInterval && s.heldBack(ctx, pool) {
 			// Committed rows wait behind an open transaction, whose end
 			// sends no notification: keep polling.

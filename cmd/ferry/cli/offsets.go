@@ -31,7 +31,7 @@ func registerOffsetFlags(fs interface {
 	fs.StringVar(&o.toPosition, "to-position", "", `reset: move to the source's own position, as JSON (xid8 {"xact_id":"…","id":N}, poll {"id":N}, wal {"lsn":"…"})`)
 	fs.BoolVar(&o.toLatest, "to-latest", false, "reset: skip everything not yet delivered")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "reset, dead-letters --replay: say what would happen, change nothing")
-	fs.BoolVar(&o.replay, "replay", false, "dead-letters: unpark them so the pipeline delivers each once more")
+	fs.BoolVar(&o.replay, "replay", false, "dead-letters: unpark them (poll), and republish the dead-letter topic's to their destinations, each once more")
 	fs.StringVar(&o.reason, "reason", "", "dead-letters: only those whose reason contains this")
 	fs.IntVar(&o.limit, "limit", 0, "dead-letters: at most this many (listing: 100 by default; --replay: all)")
 	fs.StringVar(&o.from, "from", "", "backfill: events created at or after this RFC 3339 time")
@@ -70,6 +70,16 @@ func offsetsSub(sub, name string, o *offsetFlags, c *apiClient, format string, s
 			fmt.Fprintf(tw, "%s\t%v\n", k, orDash(pos[k]))
 		}
 		fmt.Fprintf(tw, "newest_delivered_created_at\t%v\n", orDash(out["newest_delivered_created_at"]))
+		if bfs, ok := out["backfills"].([]any); ok {
+			for _, b := range bfs {
+				m, _ := b.(map[string]any)
+				what := "backfill"
+				if m["reset"] == true {
+					what = "reset to a time"
+				}
+				fmt.Fprintf(tw, "%s %v\t%v of %v events sent (%s)\n", what, m["id"], m["sent_events"], m["total_events"], compact(m["filter"]))
+			}
+		}
 		if n, ok := out["note"].(string); ok && n != "" {
 			fmt.Fprintf(tw, "note\t%s\n", n)
 		}
@@ -184,11 +194,22 @@ func offsetsSub(sub, name string, o *offsetFlags, c *apiClient, format string, s
 				verb = "would replay"
 			}
 			fmt.Fprintf(stdout, "%s: %s %v dead letters: outbox ids %s\n", name, verb, out["replayed_events"], compact(out["outbox_ids"]))
+			if d, ok := out["dead_letter_topic"].(map[string]any); ok {
+				fmt.Fprintf(stdout, "dead-letter topic %v: %s %v, kept %v, event ids %s\n", d["topic"], verb, d["replayed_events"], d["kept_events"], compact(d["event_ids"]))
+				if n, _ := d["note"].(string); n != "" {
+					fmt.Fprintf(stdout, "note: %s\n", n)
+				}
+			}
 			return 0
 		}
 		var out struct {
-			Total       int64 `json:"total"`
-			Note        string
+			Total           int64 `json:"total"`
+			Note            string
+			DeadLetterTopic *struct {
+				Topic string `json:"topic"`
+				Count *int64 `json:"count"`
+				Note  string `json:"note"`
+			} `json:"dead_letter_topic"`
 			DeadLetters []struct {
 				OutboxID      int64     `json:"outbox_id"`
 				AggregateType string    `json:"aggregate_type"`
@@ -221,6 +242,16 @@ func offsetsSub(sub, name string, o *offsetFlags, c *apiClient, format string, s
 		fmt.Fprintf(stdout, "%d shown of %d", len(out.DeadLetters), out.Total)
 		if out.Note != "" {
 			fmt.Fprintf(stdout, " (%s)", out.Note)
+		}
+		if d := out.DeadLetterTopic; d != nil {
+			count := "unknown"
+			if d.Count != nil {
+				count = strconv.FormatInt(*d.Count, 10)
+			}
+			fmt.Fprintf(stdout, "\ndead-letter topic %s: %s waiting", d.Topic, count)
+			if d.Note != "" {
+				fmt.Fprintf(stdout, " (%s)", d.Note)
+			}
 		}
 		fmt.Fprintf(stdout, "\nreplay them with: ferry pipelines dead-letters %s --replay\n", name)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
@@ -92,13 +93,29 @@ func TestPipelinesResetCLI(t *testing.T) {
 	if len(seen) != 50 {
 		t.Errorf("%d distinct events re-sent, want 50", len(seen))
 	}
-	// xid8 parks nothing and cannot backfill beside live traffic: both say so.
+	// xid8 parks nothing: it says so.
 	if code, out, errOut := run("pipelines", "dead-letters", "rs", "--url", url); code != 0 || !strings.Contains(out, "0 shown of 0") || !strings.Contains(out, "parks no events") {
 		t.Errorf("dead-letters: %d %s %s", code, out, errOut)
 	}
-	if code, _, errOut := run("pipelines", "backfill", "rs", "--from", ts, "--url", url); code != 1 || !strings.Contains(errOut, "reset its offsets to a time") {
-		t.Errorf("backfill on xid8: %d %s", code, errOut)
+	// A backfill of the same 50 while the pipeline runs: counted once the
+	// cursor is recorded past them, then sent again marked ferry-replay.
+	testenv.Eventually(t, 20*time.Second, "the dry backfill to count 50", func() bool {
+		_, out, _ := run("pipelines", "backfill", "rs", "--from", ts, "--dry-run", "--url", url)
+		return strings.Contains(out, "rs: 50 events would be sent again (dry run)")
+	})
+	waitDedupForgotten(t, e.NATS, subject)
+	if code, out, errOut := run("pipelines", "backfill", "rs", "--from", ts, "--url", url); code != 0 || !strings.Contains(out, "rs: 50 events queued for sending again") {
+		t.Fatalf("backfill: %d %s %s", code, out, errOut)
 	}
+	coll.WaitFor(t, 60*time.Second, "the 50 backfilled", func(m []testenv.Received) bool {
+		n := 0
+		for _, r := range m {
+			if r.Header.Get("ferry-replay") == "true" {
+				n++
+			}
+		}
+		return n >= 50
+	})
 	if code, _, errOut := run("pipelines", "backfill", "rs", "--url", url); code != 2 {
 		t.Errorf("backfill without a filter: %d %s", code, errOut)
 	}
@@ -127,4 +144,60 @@ func waitDedupForgotten(t *testing.T, url, subject string) {
 		ack, err := js.PublishMsg(ctx, msg)
 		return err == nil && !ack.Duplicate
 	})
+}
+
+// ferry pipelines dead-letters on a pipeline with a RabbitMQ dead-letter
+// topic: the count from the broker, then --replay once the missing queue
+// is bound, each dead letter once at its routing key.
+func TestPipelinesDeadLetterTopicCLI(t *testing.T) {
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	in := startStoreInstance(t, "solo", e.DSN)
+	t.Setenv("FERRY_TOKEN", cpAdmin)
+	url := "http://" + in.addr
+	u := testenv.AMQPURL(t)
+	exchange, dlq, key := testenv.Name("ferry_dlx"), testenv.Name("ferry_dlq"), testenv.Name("orders")
+	conn, err := amqp.Dial(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(dlq, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(dlq, dlq, exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = ch.QueueDelete(dlq, false, false, false) })
+	y := fmt.Sprintf("name: dq\nsource: {type: xid8, dsn: %q, poll_interval: 20ms}\nsink: {type: rabbitmq, url: %q, exchange: %s, routing_key: %s}\ndead_letter: {topic: %s}\n",
+		e.DSN, u, exchange, key, dlq)
+	if code, body := in.api("POST", "/api/v1/pipelines", y, nil); code != 201 {
+		t.Fatalf("%d %s", code, body)
+	}
+	ctx := context.Background()
+	for i := range 6 {
+		if _, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i%2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := fmt.Sprintf("dead-letter topic %s: 6 waiting", dlq)
+	testenv.Eventually(t, 60*time.Second, "6 dead letters counted", func() bool {
+		_, out, _ := run("pipelines", "dead-letters", "dq", "--url", url)
+		return strings.Contains(out, want)
+	})
+	coll := testenv.CollectAMQP(t, u, exchange, key)
+	code, out, errOut := run("pipelines", "dead-letters", "dq", "--replay", "--url", url)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("dead-letter topic %s: replayed 6, kept 0", dlq)) {
+		t.Fatalf("replay: %d %s %s", code, out, errOut)
+	}
+	testenv.Eventually(t, 30*time.Second, "6 at the routing key", func() bool { return coll.Len() >= 6 })
+	if _, out, _ := run("pipelines", "dead-letters", "dq", "--url", url); !strings.Contains(out, fmt.Sprintf("dead-letter topic %s: 0 waiting", dlq)) {
+		t.Fatalf("after the replay: %s", out)
+	}
 }
