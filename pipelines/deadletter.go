@@ -11,15 +11,15 @@ import (
 	"github.com/ferryhq/ferry/plugins"
 )
 
-// Headers on a dead-lettered event, besides Watermill's reason_poisoned.
+// Headers on a dead-lettered event, besides Watermill's reason_poisoned:
+// the names are plugins' (DeadLetter…Header), which the sinks' dead-letter
+// replay reads back.
 const (
-	HeaderDeadLetterReason = "dead_letter_reason" // no_route, oversize, transform_error, …
-	HeaderDeadLetterStage  = "dead_letter_stage"  // the stage that failed
-	HeaderDeadLetterTopic  = "dead_letter_topic"  // where the event was going
-	HeaderDeadLetterError  = "dead_letter_error"  // the error text
-	// HeaderDeadLetterPayloadBytes replaces a payload too large for the
-	// broker: the event goes without it, saying how large it was.
-	HeaderDeadLetterPayloadBytes = "dead_letter_payload_bytes"
+	HeaderDeadLetterReason       = plugins.DeadLetterReasonHeader
+	HeaderDeadLetterStage        = plugins.DeadLetterStageHeader
+	HeaderDeadLetterTopic        = plugins.DeadLetterTopicHeader
+	HeaderDeadLetterError        = plugins.DeadLetterErrorHeader
+	HeaderDeadLetterPayloadBytes = plugins.DeadLetterPayloadBytesHeader
 )
 
 // deadLetterable decides what goes to the dead-letter topic once the retry
