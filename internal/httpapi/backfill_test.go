@@ -178,6 +178,14 @@ func TestResetWalToTime(t *testing.T) {
 	if r := f.do(t, "PATCH", "/api/v1/pipelines/wt/offsets", adminToken, "application/json", body); r.code != 409 {
 		t.Fatalf("reset while running: %d %s", r.code, r.raw)
 	}
+	// Until the initial snapshot's slot is promoted, a stop drops the
+	// temporary slot and the next start reads the snapshot again (by
+	// design): the reset needs the permanent slot.
+	testenv.Eventually(t, 30*time.Second, "the permanent slot in the offsets", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/wt/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return r.code == 200 && pos["slot"] == "ferry_wt"
+	})
 	if r := f.do(t, "POST", "/api/v1/pipelines/wt/pause", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("pause: %d %s", r.code, r.raw)
 	}

@@ -25,12 +25,20 @@ func AMQPURL(t testing.TB) string {
 	if u == "" {
 		u = DefaultAMQPURL
 	}
-	conn, err := amqp.Dial(u)
-	if err != nil {
-		t.Fatalf("RabbitMQ at %s: %v (start it, or set $AMQP_URL)", redactURL(u), err)
+	// Another test package may be in its broker-down scenario (StopRabbitMQ)
+	// right now: wait out a bounded outage before giving up.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		conn, err := amqp.Dial(u)
+		if err == nil {
+			conn.Close()
+			return u
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("RabbitMQ at %s: %v (start it, or set $AMQP_URL)", redactURL(u), err)
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
-	conn.Close()
-	return u
 }
 
 // RabbitMQControllable reports whether the tests can stop and start the
