@@ -588,6 +588,7 @@ func (w *worker) markLoop(ctx context.Context) {
 	t := time.NewTicker(w.s.cfg.MarkInterval)
 	defer t.Stop()
 	ticking := true
+	failing := false
 	resume := func() {
 		if !ticking {
 			t.Reset(w.s.cfg.MarkInterval)
@@ -609,8 +610,16 @@ func (w *worker) markLoop(ctx context.Context) {
 			}
 		}
 		err := w.mark(ctx)
-		if err != nil && ctx.Err() == nil {
+		switch {
+		case err != nil && ctx.Err() == nil:
+			// Delivered rows stay unpublished: the lease expires and they
+			// go out again, so the pipeline is not healthy meanwhile.
 			w.s.log.Warn("mark delivered rows; will retry", "err", redact.Error(err))
+			w.s.env.Report.Failing(fmt.Errorf("mark delivered rows: %w", err), w.s.cfg.MarkInterval)
+			failing = true
+		case err == nil && failing:
+			w.s.env.Report.Recovered()
+			failing = false
 		}
 		if err == nil && w.idle() {
 			t.Stop()

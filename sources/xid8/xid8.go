@@ -367,6 +367,7 @@ func (s *Source) commitLoop(ctx context.Context, pool *pgxpool.Pool) {
 	t := time.NewTicker(s.cfg.CommitInterval)
 	defer t.Stop()
 	ticking := true
+	failing := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -382,8 +383,17 @@ func (s *Source) commitLoop(ctx context.Context, pool *pgxpool.Pool) {
 			}
 		}
 		err := s.commit(ctx, pool)
-		if err != nil && ctx.Err() == nil {
+		switch {
+		case err != nil && ctx.Err() == nil:
+			// Events still flow, but a restart would send them again: the
+			// pipeline is not healthy until progress is recorded (a dropped
+			// offsets table, a read-only database).
 			s.log.Warn("record progress; will retry", "err", redact.Error(err))
+			s.env.Report.Failing(fmt.Errorf("record progress: %w", err), s.cfg.CommitInterval)
+			failing = true
+		case err == nil && failing:
+			s.env.Report.Recovered()
+			failing = false
 		}
 		if err == nil && s.win.Unrecorded() == 0 {
 			// Recorded up to the prefix; the next ack that moves it signals
