@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -31,6 +32,21 @@ type Pipeline struct {
 	report  plugins.Reporter
 	// tracer starts each publish's span; nil when tracing is off.
 	tracer *tracing.Publisher
+	// headersWarned is when a row with unreadable headers was last logged
+	// (Unix nanoseconds): one line a minute, however many rows.
+	headersWarned atomic.Int64
+}
+
+// warnHeaders logs that an event goes without its row's headers, at most
+// once a minute per pipeline; the event carries MetaHeadersError.
+func (p *Pipeline) warnHeaders(msg *message.Message, why string) {
+	now := time.Now().UnixNano()
+	last := p.headersWarned.Load()
+	if now-last < int64(time.Minute) || !p.headersWarned.CompareAndSwap(last, now) || p.Log == nil {
+		return
+	}
+	p.Log.Warn("event delivered without its row's headers (the event carries header "+plugins.MetaHeadersError+"; logged once a minute)",
+		"outbox_id", msg.Metadata.Get(plugins.MetaOutboxID), "reason", why)
 }
 
 // Stage is one transform with the name used in logs and metrics.
@@ -138,6 +154,9 @@ func (p *Pipeline) Handle(msg *message.Message) error {
 		// A row the source could not decode: no transform may see it and it
 		// is never published as an event; the dead-letter topic takes it.
 		return &StageError{Stage: StageRead, Err: plugins.Permanent(plugins.ReasonUndecodableRow, errors.New(why))}
+	}
+	if why := msg.Metadata.Get(plugins.MetaHeadersError); why != "" {
+		p.warnHeaders(msg, why)
 	}
 	obs := p.metrics
 	readAt, readErr := plugins.ParseTime(msg.Metadata.Get(plugins.MetaReadAt))

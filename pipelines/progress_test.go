@@ -10,6 +10,7 @@ import (
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -74,5 +75,29 @@ func TestProgressNotRecordedIsNotHealthy(t *testing.T) {
 				return status(t, sup, "orders").State == pipelines.StateRunning
 			})
 		})
+	}
+}
+
+// A row whose headers column is not a JSON object is delivered without
+// those headers, and says so in a header the consumer sees.
+func TestUnreadableHeadersAreVisible(t *testing.T) {
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	ctx := context.Background()
+	if _, err := e.Pool.Exec(ctx, `ALTER TABLE outbox ALTER headers TYPE text`); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{`nope`, `{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`} {
+		if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, headers) VALUES ('order', 'o-1', 'T', '{}', $1)`, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Start(t, e.YAML("headers", 100))
+	e.Coll.WaitFor(t, 30*time.Second, "2 events", func(m []testenv.Received) bool { return len(m) >= 2 })
+	got := e.Coll.All()
+	if why := got[0].Header.Get(plugins.MetaHeadersError); !strings.Contains(why, "not a JSON object") {
+		t.Errorf("first event's %s header %q, want the reason", plugins.MetaHeadersError, why)
+	}
+	if got[1].Header.Get(plugins.MetaHeadersError) != "" || got[1].Header.Get("traceparent") == "" {
+		t.Errorf("second event's headers %v, want its traceparent and no error", got[1].Header)
 	}
 }

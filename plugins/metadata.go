@@ -56,6 +56,11 @@ const (
 	// nanoseconds (clock_timestamp() returned with the rows), so commit→read
 	// is measured on one clock.
 	MetaDBReadAt = "ferry_db_read_at"
+	// MetaHeadersError, set by a source, says the row's headers could not
+	// be read (the headers column is not a JSON object) and why: the event
+	// is delivered without them, with this header, and the pipeline logs
+	// a warning. Not internal: consumers see it.
+	MetaHeadersError = "ferry-headers-error"
 	// MetaCommitAt is the event's commit time on the database clock, in Unix
 	// nanoseconds, when the source knows it (wal). Without it, created_at
 	// stands in for the commit.

@@ -297,8 +297,11 @@ func (t Table) EventID(r *Row) string {
 }
 
 // MetaHeadersError is set instead of the row's headers when its headers
-// column is not a JSON object; the event still flows.
-const MetaHeadersError = "ferry_headers_error"
+// column is not a JSON object; the event still flows. It is a header the
+// consumer sees (not ferry_-internal), so a lost traceparent or tenant
+// header does not go unnoticed; the pipeline also logs it (see
+// plugins.MetaHeadersError).
+const MetaHeadersError = plugins.MetaHeadersError
 
 // Message turns r into a Watermill message. position is the source-specific
 // position rendered as text; readAt is the relay clock at read.
