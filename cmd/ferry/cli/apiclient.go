@@ -27,8 +27,8 @@ func (a *apiFlags) register(fs *flag.FlagSet) {
 	if def == "" {
 		def = "http://127.0.0.1:9090"
 	}
-	fs.StringVar(&a.url, "url", def, "a running ferry's --http address (else $FERRY_URL)")
-	fs.StringVar(&a.tokenFile, "token-file", "", "file holding the API token (else $FERRY_TOKEN)")
+	fs.StringVar(&a.url, "url", def, "a running ferry's --http address: a URL, host:port, :port or a port (else $FERRY_URL)")
+	fs.StringVar(&a.tokenFile, "token-file", "", "file holding the API token (else the token itself in $FERRY_TOKEN)")
 	fs.StringVar(&a.output, "o", "table", "output: table, json or yaml")
 }
 
@@ -48,7 +48,7 @@ func (a *apiFlags) client() (*apiClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &apiClient{base: strings.TrimSuffix(a.url, "/") + "/api/v1", token: tok, http: &http.Client{Timeout: 30 * time.Second}}, nil
+	return &apiClient{base: strings.TrimSuffix(apiURL(a.url), "/") + "/api/v1", token: tok, http: &http.Client{Timeout: 30 * time.Second}}, nil
 }
 
 // apiToken is the API token from file, else $FERRY_TOKEN (empty when
@@ -79,7 +79,13 @@ type apiError struct {
 func (e *apiError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d %s: %s", e.Status, http.StatusText(e.Status), e.Message)
+	if e.Status == http.StatusUnauthorized {
+		b.WriteString(" (give the token with --token-file FILE, or the token itself in $FERRY_TOKEN)")
+	}
 	for _, d := range e.Details {
+		if d.Line == 0 && (d.Message == e.Message || d.Path+": "+d.Message == e.Message) {
+			continue // the message already says it
+		}
 		b.WriteString("\n  ")
 		if d.Line > 0 {
 			fmt.Fprintf(&b, "line %d: ", d.Line)
