@@ -221,3 +221,38 @@ func TestHTTPBindsLoopbackByDefault(t *testing.T) {
 		t.Fatalf("listening on:\n%s", out)
 	}
 }
+
+// A reload refused as invalid leaves the old configuration running: the
+// metrics say so until a reload succeeds.
+func TestRefusedReloadShowsOnMetrics(t *testing.T) {
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	dir := t.TempDir()
+	file := filepath.Join(dir, "p.yaml")
+	good := e.YAML("reload", 100)
+	os.WriteFile(file, []byte(good), 0o600)
+	addr := freeAddr(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join([]string{"run", "-c", dir, "--http", addr}, "\x1f"))
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	metric := func(want string) func() bool {
+		return func() bool { return strings.Contains(get(t, "http://"+addr+"/metrics"), want) }
+	}
+	testenv.Eventually(t, 30*time.Second, "reload ok 1 at start", metric("\nferry_config_reload_ok 1\n"))
+	os.WriteFile(file, []byte(good+"  not: [valid\n"), 0o600)
+	cmd.Process.Signal(syscall.SIGHUP)
+	testenv.Eventually(t, 30*time.Second, "reload ok 0 after the refused reload", metric("\nferry_config_reload_ok 0\n"))
+	if !strings.Contains(get(t, "http://"+addr+"/metrics"), "\nferry_config_reload_failures_total 1\n") {
+		t.Errorf("failures not counted")
+	}
+	os.WriteFile(file, []byte(good), 0o600)
+	cmd.Process.Signal(syscall.SIGHUP)
+	testenv.Eventually(t, 30*time.Second, "reload ok 1 after the fix", metric("\nferry_config_reload_ok 1\n"))
+	if !strings.Contains(out.String(), "reload refused") {
+		t.Errorf("the refused reload is not logged:\n%s", out.String())
+	}
+}

@@ -109,12 +109,23 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		specs = nil // the converger handed them to the supervisor
 	}
+	// A refused reload leaves the old configuration running while the
+	// files say otherwise: visible on /metrics, not only in the log.
+	reloadOK := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_config_reload_ok",
+		Help: "1 while what runs is what the pipeline files say; 0 after a refused reload (SIGHUP, --watch), until one succeeds."})
+	reloadFailures := prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_config_reload_failures_total",
+		Help: "Reloads refused because the new configuration is invalid."})
+	reloadOK.Set(1)
+	reg.MustRegister(reloadOK, reloadFailures)
 	logReload := func(why string) {
 		res, err := reload()
 		if err != nil {
+			reloadOK.Set(0)
+			reloadFailures.Inc()
 			log.Error("reload refused: the new configuration is invalid; nothing changed", "trigger", why, "err", err)
 			return
 		}
+		reloadOK.Set(1)
 		log.Info("reloaded", "trigger", why, "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped, "unchanged", len(res.Unchanged))
 	}
 
