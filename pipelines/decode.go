@@ -17,22 +17,17 @@ import (
 var nodeType = reflect.TypeOf(yaml.Node{})
 
 // decode checks n for keys out's type does not have, then decodes n over out
-// (whose current values are the defaults). Problems are recorded, not returned.
-// decode decodes n over out. It returns false when nothing was decoded (a
-// ${VAR} could not be filled in), so out holds only its defaults.
-func (d *decoder) decode(n *yaml.Node, path string, out any) bool {
-	before := len(d.errs)
+// (whose current values are the defaults). Problems are recorded, not
+// returned. A ${VAR} that cannot be filled in leaves its key at the default
+// and the rest is decoded, so every other problem shows too.
+func (d *decoder) decode(n *yaml.Node, path string, out any) {
 	d.interpolate(n, path, reflect.TypeOf(out))
-	if len(d.errs) > before {
-		return false
-	}
 	// Unknown keys are errors, but decoding goes on (yaml.v3 skips them), so
 	// one typo does not hide every other problem behind "missing" errors.
 	d.checkKeys(n, path, reflect.TypeOf(out))
 	if err := n.Decode(out); err != nil {
 		d.typeErrors(err, path)
 	}
-	return true
 }
 
 // checkKeys reports every mapping key under n that the Go type t does not
@@ -242,6 +237,9 @@ func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
 		v, err := expandVars(n.Value, d.lookup)
 		if err != nil {
 			d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Path: path, Msg: err.Error()})
+			// Decoded as null: the key keeps its default, and Validate's
+			// problems with it are left out (the error above says why).
+			n.Tag, n.Value, n.Style = "!!null", "", 0
 			return
 		}
 		if v != n.Value {

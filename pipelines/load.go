@@ -80,7 +80,10 @@ func (l Loader) Load(paths ...string) ([]*Spec, error) {
 		specs, tenants = append(specs, s...), append(tenants, t...)
 		errs = append(errs, e...)
 	}
+	// A name is checked even in a document with other problems, so every
+	// problem shows at once.
 	errs = append(errs, uniqueNames(specs)...)
+	specs = valid(specs)
 	errs = append(errs, applyTenants(specs, tenants)...)
 	if len(errs) > 0 {
 		slices.SortStableFunc(errs, func(a, b *Error) int {
@@ -99,6 +102,7 @@ func (l Loader) Load(paths ...string) ([]*Spec, error) {
 func (l Loader) LoadBytes(name string, data []byte) ([]*Spec, error) {
 	specs, tenants, errs := l.parse(name, data)
 	errs = append(errs, uniqueNames(specs)...)
+	specs = valid(specs)
 	errs = append(errs, applyTenants(specs, tenants)...)
 	if len(errs) > 0 {
 		joined := make([]error, len(errs))
@@ -143,10 +147,19 @@ func expand(paths []string) ([]string, error) {
 	return files, nil
 }
 
+// valid leaves out the documents that failed to load (kept until then
+// for uniqueNames).
+func valid(specs []*Spec) []*Spec {
+	return slices.DeleteFunc(specs, func(s *Spec) bool { return s.broken })
+}
+
 func uniqueNames(specs []*Spec) []*Error {
 	seen := map[string]*Spec{}
 	var errs []*Error
 	for _, s := range specs {
+		if s.Name == "" || !pipelineName.MatchString(s.Name) {
+			continue // its own error says so
+		}
 		if first, dup := seen[s.Name]; dup {
 			errs = append(errs, &Error{File: s.File, Line: s.Line, Path: "name",
 				Msg: fmt.Sprintf("pipeline name %q is already used at %s:%d", s.Name, first.File, first.Line)})
@@ -246,7 +259,7 @@ func (l Loader) parse(file string, data []byte) ([]*Spec, []*TenantSpec, []*Erro
 		}
 		s, e := l.parseDocument(file, root.Content[0])
 		if s != nil {
-			specs = append(specs, s)
+			specs = append(specs, s) // a broken one only names itself: see valid
 		}
 		errs = append(errs, e...)
 	}
@@ -360,7 +373,7 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 		d.fail("ownership", "must be exclusive or shared, got %q", doc.Ownership)
 	}
 	if len(d.errs) > 0 {
-		return nil, d.errs
+		return &Spec{Name: doc.Name, File: file, Line: root.Line, broken: true}, d.errs
 	}
 	// The document as Ferry understood it, variables filled in: a reload
 	// restarts a pipeline only when this changed.
@@ -491,16 +504,15 @@ func (d *decoder) component(reg *plugins.Registry, kind plugins.Kind, n *yaml.No
 	}
 	cfg := f.NewConfig()
 	before := len(d.errs)
-	if d.decode(rest, path, cfg) {
-		// Validate even after decoding errors, so every problem shows at
-		// once — but not about a key that failed to decode: its value is
-		// still the default, and the decoding error says what is wrong.
-		failed := map[string]bool{}
-		for _, e := range d.errs[before:] {
-			failed[e.Path] = true
-		}
-		d.validateExcept(path, cfg.Validate(), failed)
+	d.decode(rest, path, cfg)
+	// Validate even after decoding errors, so every problem shows at once —
+	// but not about a key that failed to decode: its value is still the
+	// default, and the decoding error says what is wrong.
+	failed := map[string]bool{}
+	for _, e := range d.errs[before:] {
+		failed[e.Path] = true
 	}
+	d.validateExcept(path, cfg.Validate(), failed)
 	return Component{Type: typ, Path: path, Factory: f, Config: cfg}, len(d.errs) == before
 }
 

@@ -24,6 +24,9 @@ import (
 type Spec struct {
 	// Name is unique across all loaded files.
 	Name string
+	// broken marks a document that failed to load, kept by the loader only
+	// to check its name against the others.
+	broken bool
 	// Tenant is the team owning the pipeline; optional.
 	Tenant string
 	// File and Line locate the pipeline's document.
