@@ -197,10 +197,8 @@ func friendlyType(goType string) string {
 	case strings.HasPrefix(goType, "map["):
 		return "a mapping"
 	}
-	if i := strings.LastIndex(goType, "."); i >= 0 {
-		goType = goType[i+1:]
-	}
-	return strings.ToLower(goType) + " settings (a mapping)"
+	// A struct: its Go name means nothing to someone writing YAML.
+	return "a mapping of settings"
 }
 
 func friendlyKind(tag, value string) string {

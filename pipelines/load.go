@@ -516,6 +516,22 @@ func (d *decoder) component(reg *plugins.Registry, kind plugins.Kind, n *yaml.No
 	return Component{Type: typ, Path: path, Factory: f, Config: cfg}, len(d.errs) == before
 }
 
+// skipped reports whether path is in skip or under a path in it: a section
+// that failed to decode holds defaults, so its keys' problems are noise.
+func skipped(skip map[string]bool, path string) bool {
+	for p := path; p != ""; {
+		if skip[p] {
+			return true
+		}
+		i := strings.LastIndexAny(p, ".[")
+		if i < 0 {
+			return false
+		}
+		p = p[:i]
+	}
+	return false
+}
+
 // validate turns a Validate error into located errors under prefix.
 func (d *decoder) validate(prefix string, err error) { d.validateExcept(prefix, err, nil) }
 
@@ -531,7 +547,7 @@ func (d *decoder) validateExcept(prefix string, err error, skip map[string]bool)
 			}
 			msg = fe.Msg
 		}
-		if skip[p] {
+		if skipped(skip, p) {
 			continue
 		}
 		d.fail(p, "%s", msg)
