@@ -343,6 +343,9 @@ func arrow(source, sink string) string {
 	if source == "" {
 		return sink
 	}
+	if strings.Contains(source, "→") { // a baseline: it names its publisher
+		return source + " (" + sink + ")"
+	}
 	return source + "→" + sink
 }
 
@@ -597,7 +600,7 @@ func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, syste
 	ferry := system == SystemFerry
 	fwd := b == BaselineForwarder
 	kind := map[string]string{BaselineRouter: "wm", BaselineBatch1000: "wmk", BaselineForwarder: "wmf", BaselineFerrySink: "wms"}[b]
-	label := fmt.Sprintf("drain watermill-sql %s", arrow(baselineSource(b, sink), sink))
+	label := "drain watermill-sql " + arrow(baselineSource(b, sink), sink)
 	if ferry {
 		kind, label = "fwm", fmt.Sprintf("drain ferry watermill_sql (forwarder envelopes) →%s", sink)
 	}
