@@ -257,6 +257,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer s.close()
 	r.s = s
 	r.rep.Services = append([]string{s.pgInfo}, s.notes...)
+	r.rep.Services = append(r.rep.Services, "PostgreSQL µs/event: user+system CPU from /proc/<pid>/stat of the bench database's backends other than the bench's own sessions, sampled over each drain (pg_stat_statements is not used); — when the server's processes are not on this machine")
 	r.rep.LoadBefore = loadAverage()
 
 	var errs []error
