@@ -14,11 +14,15 @@
 //   - idle: 100 idle pipelines in one process; their CPU and the queries
 //     they cause.
 //
-// Baselines, per sink: watermill-sql (its PostgreSQL subscriber with its
-// xid8 schema, batch 100, in a Watermill router publishing through the same
-// Ferry sink) and the ceiling (the broker client alone, maximum
-// pipelining, no database). Every system under test runs in a child
-// process, so CPU time and peak RSS are its own (see child.go).
+// Baselines, per sink: watermill-sql — what a Watermill user builds: its
+// PostgreSQL subscriber with its xid8 schema, batch 100, in a Watermill
+// router whose handler forwards to Watermill's publisher for the broker
+// (watermill-nats JetStream, watermill-kafka, watermill-amqp); also at batch
+// 1000, as Watermill's forwarder, and (labelled) through the Ferry sink —
+// and the ceiling (the broker client alone, maximum pipelining, no
+// database). Every system under test runs in a child process, so CPU time
+// and peak RSS are its own (see child.go); the PostgreSQL backends serving
+// it are measured beside it (see pgcpu.go).
 //
 // It is lab code: it imports the product packages it measures and the embedded
 // servers (internal/pgcluster, internal/natsserver), never chaos or a test
@@ -83,6 +87,9 @@ type Options struct {
 	// Systems to measure: ferry, watermill-sql, ceiling. Default all; a
 	// ratio needs its baseline.
 	Systems []string
+	// Baselines are the watermill-sql builds drain measures (Baselines;
+	// default DefaultBaselines). Ferry's ratio is to BaselineRouter.
+	Baselines []string
 
 	// Events is the drain backlog. Default 200,000.
 	Events int
@@ -116,7 +123,9 @@ type Options struct {
 	ProfileDir string
 
 	// Services: $DATABASE_URL (else a throwaway cluster), $NATS_URL (else
-	// in-process), $KAFKA_BROKERS (else kfake), $AMQP_URL.
+	// the machine's server at 127.0.0.1:4222 when it answers, else
+	// in-process; "in-process" forces that), $KAFKA_BROKERS (else kfake),
+	// $AMQP_URL.
 	DatabaseURL, NATSURL, KafkaBrokers, AMQPURL string
 
 	// Verify reads every event back from the broker (drain, steady) and
@@ -137,6 +146,7 @@ func DefaultOptions() Options {
 		Sources:       Sources,
 		Sinks:         Sinks,
 		Systems:       Systems,
+		Baselines:     DefaultBaselines,
 		Events:        200000,
 		Rate:          2000,
 		Duration:      30 * time.Second,
@@ -189,6 +199,9 @@ func (o *Options) validate() error {
 	check("sources", o.Sources, Sources)
 	check("sinks", o.Sinks, Sinks)
 	check("systems", o.Systems, Systems)
+	if slices.Contains(o.Systems, SystemWatermill) {
+		check("baselines", o.Baselines, Baselines)
+	}
 	if o.Events < 1 || o.Rate < 1 || o.Duration <= 0 || o.Writers < 1 || o.IdlePipelines < 1 || o.IdleDuration <= 0 {
 		errs = append(errs, errors.New("events, rate, duration, writers, idle pipelines and idle duration must be positive"))
 	}
@@ -244,6 +257,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer s.close()
 	r.s = s
 	r.rep.Services = append([]string{s.pgInfo}, s.notes...)
+	r.rep.Services = append(r.rep.Services, "PostgreSQL µs/event: user+system CPU from /proc/<pid>/stat of the bench database's backends other than the bench's own sessions, sampled over each drain (pg_stat_statements is not used); — when the server's processes are not on this machine")
 	r.rep.LoadBefore = loadAverage()
 
 	var errs []error
@@ -330,6 +344,9 @@ func arrow(source, sink string) string {
 	if source == "" {
 		return sink
 	}
+	if strings.Contains(source, "→") { // a baseline: it names its publisher
+		return source + " (" + sink + ")"
+	}
 	return source + "→" + sink
 }
 
@@ -342,16 +359,19 @@ func (r *runner) drainScenario(ctx context.Context) error {
 				errs = append(errs, r.record(ScenarioDrain, SystemCeiling, "", sink, m, err))
 			}
 			if r.wants(SystemWatermill) {
-				m, err := r.watermillDrain(ctx, sink, rep, SystemWatermill, false)
-				errs = append(errs, r.record(ScenarioDrain, SystemWatermill, "", sink, m, err))
-				// The comparison Watermill users ask for: its forwarder
-				// (watermill-sql subscriber → forwarder → broker), and Ferry's
-				// watermill_sql source on the same kind of table.
-				m, err = r.watermillDrain(ctx, sink, rep, SystemWatermill, true)
-				errs = append(errs, r.record(ScenarioDrain, SystemWatermill, sourceForwarder, sink, m, err))
-				if r.wants(SystemFerry) {
-					m, err := r.watermillDrain(ctx, sink, rep, SystemFerry, true)
-					errs = append(errs, r.record(ScenarioDrain, SystemFerry, watermillsql.Name, sink, m, err))
+				for _, b := range Baselines {
+					if !slices.Contains(r.o.Baselines, b) {
+						continue
+					}
+					m, err := r.watermillDrain(ctx, sink, rep, SystemWatermill, b)
+					errs = append(errs, r.record(ScenarioDrain, SystemWatermill, baselineSource(b, sink), sink, m, err))
+					// The comparison Watermill users ask for: its forwarder
+					// (watermill-sql subscriber → forwarder → broker), and Ferry's
+					// watermill_sql source on the same kind of table.
+					if b == BaselineForwarder && r.wants(SystemFerry) {
+						m, err := r.watermillDrain(ctx, sink, rep, SystemFerry, b)
+						errs = append(errs, r.record(ScenarioDrain, SystemFerry, watermillsql.Name, sink, m, err))
+					}
 				}
 			}
 			for _, src := range r.sources() {
@@ -522,23 +542,68 @@ func (r *runner) ferryDrain(ctx context.Context, scenario, source, sink string, 
 	return m, nil
 }
 
-// sourceForwarder labels the baseline that is Watermill's forwarder.
-const sourceForwarder = "forwarder"
+// Baselines are the watermill-sql builds drain measures (Options.Baselines),
+// in report order.
+const (
+	// BaselineRouter is what a Watermill user builds: the watermill-sql
+	// subscriber (batch 100, its default) in a router whose handler forwards
+	// to Watermill's publisher for the broker. Ferry's "× watermill-sql" is
+	// its ratio to this one.
+	BaselineRouter = "router"
+	// BaselineBatch1000 is the same with the subscriber reading 1,000 rows
+	// at a time.
+	BaselineBatch1000 = "router-1000"
+	// BaselineForwarder is Watermill's components/forwarder (envelopes in
+	// watermill-sql's table → Watermill's publisher); with system ferry it is
+	// measured against Ferry's watermill_sql source on the same envelopes.
+	BaselineForwarder = "forwarder"
+	// BaselineFerrySink is the router build publishing through the Ferry
+	// sink instead of Watermill's publisher: the subscriber's cost apart.
+	BaselineFerrySink = "ferry-sink"
+)
+
+var (
+	Baselines        = []string{BaselineRouter, BaselineBatch1000, BaselineForwarder, BaselineFerrySink}
+	DefaultBaselines = []string{BaselineRouter, BaselineBatch1000, BaselineForwarder}
+)
+
+// watermillPublisherName is the Watermill module that publishes to sink.
+func watermillPublisherName(sink string) string {
+	switch sink {
+	case nats.Name:
+		return "watermill-nats"
+	case kafka.Name:
+		return "watermill-kafka"
+	case rabbitmq.Name:
+		return "watermill-amqp"
+	}
+	return "watermill-" + sink
+}
+
+// baselineSource labels baseline b into sink in the report's source column.
+func baselineSource(b, sink string) string {
+	switch b {
+	case BaselineBatch1000:
+		return "batch 1000 → " + watermillPublisherName(sink)
+	case BaselineForwarder:
+		return "forwarder → " + watermillPublisherName(sink)
+	case BaselineFerrySink:
+		return "batch 100 → Ferry sink"
+	}
+	return "batch 100 → " + watermillPublisherName(sink)
+}
 
 // watermillDrain prefills n rows into watermill-sql's table and drains them
-// through the baseline (system watermill-sql), or through Ferry's
-// watermill_sql source (system ferry). With fwd the rows are forwarder
-// envelopes, drained by Watermill's forwarder or by Ferry with forwarder: true.
-func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, system string, fwd bool) (Measurement, error) {
+// through baseline b (system watermill-sql), or — b being the forwarder —
+// through Ferry's watermill_sql source with forwarder: true (system ferry).
+func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, system, b string) (Measurement, error) {
 	n := r.o.Events
 	ferry := system == SystemFerry
-	kind := "wm"
-	label := fmt.Sprintf("drain watermill-sql →%s", sink)
-	switch {
-	case ferry:
+	fwd := b == BaselineForwarder
+	kind := map[string]string{BaselineRouter: "wm", BaselineBatch1000: "wmk", BaselineForwarder: "wmf", BaselineFerrySink: "wms"}[b]
+	label := "drain watermill-sql " + arrow(baselineSource(b, sink), sink)
+	if ferry {
 		kind, label = "fwm", fmt.Sprintf("drain ferry watermill_sql (forwarder envelopes) →%s", sink)
-	case fwd:
-		kind, label = "wmf", fmt.Sprintf("drain watermill forwarder →%s", sink)
 	}
 	id := r.nextID(ScenarioDrain, kind, sink)
 	topic := "bench_" + id
@@ -565,7 +630,13 @@ func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, syste
 		return Measurement{}, err
 	}
 	j := job{System: SystemWatermill, Mode: modeDrain, Expect: n, Sink: sink, SinkYAML: sinkYAML(t, r.set[sink]), DSN: r.s.dsn,
-		Topic: topic, Forwarder: fwd}
+		Topic: topic, Forwarder: fwd, Destination: destination(t), Publisher: publisherWatermill, Batch: watermillBatch}
+	switch b {
+	case BaselineBatch1000:
+		j.Batch = 1000
+	case BaselineFerrySink:
+		j.Publisher = publisherFerry
+	}
 	if ferry {
 		j = job{System: SystemFerry, Mode: modeDrain, Expect: n, Pipelines: r.watermillPipelineYAML(id, topic, fwd, t)}
 	}
@@ -574,11 +645,9 @@ func (r *runner) watermillDrain(ctx context.Context, sink string, rep int, syste
 		return m, err
 	}
 	m.Scenario, m.System, m.Sink, m.Repeat = ScenarioDrain, SystemWatermill, sink, rep
-	switch {
-	case ferry:
-		m.System, m.Source = SystemFerry, watermillsql.Name
-	case fwd:
-		m.Source = sourceForwarder
+	m.Source, m.Baseline = baselineSource(b, sink), b
+	if ferry {
+		m.System, m.Source, m.Baseline = SystemFerry, watermillsql.Name, ""
 	}
 	return m, r.verify(ctx, label, &m, t, n, r.o.Verify)
 }
@@ -622,12 +691,17 @@ func (r *runner) spawn(id string, j job) (*proc, error) {
 
 // drainChild runs j until the child reports done, showing its progress.
 func (r *runner) drainChild(ctx context.Context, id, label string, j job, n int) (Measurement, error) {
+	ctx, cancel := context.WithTimeout(ctx, drainTimeout(n))
+	defer cancel()
+	// The database's CPU for the system (none for the ceiling).
+	var pg *pgCPU
+	if j.System != SystemCeiling {
+		pg = startPGCPU(ctx, r.s.pool)
+	}
 	p, err := r.spawn(id, j)
 	if err != nil {
 		return Measurement{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, drainTimeout(n))
-	defer cancel()
 	var start time.Time
 	var done childMsg
 	for {
@@ -646,6 +720,16 @@ func (r *runner) drainChild(ctx context.Context, id, label string, j job, n int)
 			done = msg
 			break
 		}
+		if pg != nil {
+			pg.tick(ctx)
+		}
+	}
+	var pgSecs float64
+	var pgBackends int
+	pgOK := false
+	if pg != nil {
+		pg.sample(ctx)
+		pgSecs, pgBackends, pgOK = pg.seconds()
 	}
 	rss, err := p.finish(time.Minute)
 	if err != nil {
@@ -653,6 +737,9 @@ func (r *runner) drainChild(ctx context.Context, id, label string, j job, n int)
 	}
 	secs := float64(done.Last-done.Start) / 1e9
 	m := Measurement{Events: int(done.Acked), Seconds: secs, CPUSeconds: done.CPU, PeakRSS: rss}
+	if pgOK {
+		m.PGCPUSeconds, m.PGBackends = pgSecs, pgBackends
+	}
 	if secs > 0 {
 		m.EventsPerSec = float64(n) / secs
 	}

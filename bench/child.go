@@ -63,6 +63,12 @@ type job struct {
 	// envelopes from Topic, instead of a router handler publishing each
 	// message.
 	Forwarder bool `json:"forwarder,omitempty"`
+	// Baseline: the publisher its handler forwards to (publisherWatermill,
+	// default, or publisherFerry), the topic it publishes to, and the
+	// subscriber's batch size (0: watermillBatch).
+	Publisher   string `json:"publisher,omitempty"`
+	Destination string `json:"destination,omitempty"`
+	Batch       int    `json:"batch,omitempty"`
 	// Ceiling steady: publish Rate events/s for Duration.
 	Rate     int           `json:"rate,omitempty"`
 	Duration time.Duration `json:"duration,omitempty"`
@@ -462,14 +468,7 @@ func (p *proc) cpuSeconds() (float64, error) {
 	if i < 0 {
 		return 0, errors.New("unexpected /proc stat")
 	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, errors.New("unexpected /proc stat")
-	}
-	var utime, stime int64
-	fmt.Sscan(f[11], &utime)
-	fmt.Sscan(f[12], &stime)
-	return float64(utime+stime) / clockTicks, nil
+	return statCPU(s[i+1:])
 }
 
 // clockTicks is USER_HZ, 100 on every Linux architecture Go supports.

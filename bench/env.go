@@ -100,7 +100,7 @@ func startServices(ctx context.Context, o *Options, sinks []string) (s *services
 		return nil, err
 	}
 	pc.MaxConns = 16
-	pc.ConnConfig.RuntimeParams["application_name"] = "ferry-bench"
+	pc.ConnConfig.RuntimeParams["application_name"] = benchApplication
 	if s.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return nil, err
 	}
@@ -127,17 +127,37 @@ func startServices(ctx context.Context, o *Options, sinks []string) (s *services
 	return s, nil
 }
 
+// machineNATS is where the bench looks for the machine's NATS server when
+// $NATS_URL is unset.
+const machineNATS = "nats://127.0.0.1:4222"
+
+// NATSInProcess as $NATS_URL makes the bench use its in-process server even
+// when the machine's answers.
+const NATSInProcess = "in-process"
+
+// startNATS uses $NATS_URL, else the machine's server when it answers with
+// JetStream, else — labelled in the report — an in-process server, which
+// shares the bench parent's CPU and flatters nobody's comparison.
 func (s *services) startNATS(o *Options) error {
 	s.natsURL = o.NATSURL
-	if s.natsURL == "" {
-		srv, err := natsserver.Start(0, "")
-		if err != nil {
+	switch {
+	case s.natsURL == NATSInProcess:
+		if err := s.startNATSInProcess(); err != nil {
 			return err
 		}
-		s.natsSrv, s.natsURL = srv, srv.URL()
-		s.notes = append(s.notes, "NATS: in-process JetStream server (file storage)")
-	} else {
+		s.notes = append(s.notes, "NATS: in-process JetStream server (file storage) inside the bench's parent process, as $NATS_URL="+NATSInProcess+" asks")
+	case s.natsURL != "":
 		s.notes = append(s.notes, "NATS: $NATS_URL "+redact.String(s.natsURL))
+	default:
+		if version, ok := natsAnswers(machineNATS); ok {
+			s.natsURL = machineNATS
+			s.notes = append(s.notes, fmt.Sprintf("NATS %s at %s: the machine's JetStream server (a separate process)", version, machineNATS))
+			break
+		}
+		if err := s.startNATSInProcess(); err != nil {
+			return err
+		}
+		s.notes = append(s.notes, "NATS: in-process JetStream server (file storage) inside the bench's parent process — a fallback: no JetStream server answered at "+machineNATS)
 	}
 	nc, err := natsgo.Connect(s.natsURL)
 	if err != nil {
@@ -145,7 +165,44 @@ func (s *services) startNATS(o *Options) error {
 	}
 	s.nc = nc
 	s.js, err = jetstream.New(nc)
-	return err
+	if err != nil {
+		return err
+	}
+	if s.natsSrv == nil && !strings.HasPrefix(s.notes[len(s.notes)-1], "NATS ") {
+		if v := nc.ConnectedServerVersion(); v != "" {
+			s.notes[len(s.notes)-1] += " (NATS " + v + ")"
+		}
+	}
+	return nil
+}
+
+func (s *services) startNATSInProcess() error {
+	srv, err := natsserver.Start(0, "")
+	if err != nil {
+		return err
+	}
+	s.natsSrv, s.natsURL = srv, srv.URL()
+	return nil
+}
+
+// natsAnswers reports whether a NATS server with JetStream answers at url,
+// and its version.
+func natsAnswers(url string) (string, bool) {
+	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second), natsgo.NoReconnect())
+	if err != nil {
+		return "", false
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return "", false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return "", false
+	}
+	return nc.ConnectedServerVersion(), true
 }
 
 func (s *services) startKafka(ctx context.Context, o *Options) error {

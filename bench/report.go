@@ -67,6 +67,8 @@ type Measurement struct {
 	Source   string `json:"source,omitempty"`
 	Sink     string `json:"sink"`
 	Repeat   int    `json:"repeat"`
+	// Baseline is the watermill-sql build (system watermill-sql).
+	Baseline string `json:"baseline,omitempty"`
 	// Events measured (drain: the backlog; steady: written in the window).
 	Events       int     `json:"events"`
 	Seconds      float64 `json:"seconds"`
@@ -74,11 +76,16 @@ type Measurement struct {
 	// CPUSeconds the system's process used for the events (drain: from
 	// start to the last ack; steady: its share of the window; idle: over
 	// the window).
-	CPUSeconds float64  `json:"cpu_seconds"`
-	PeakRSS    int64    `json:"peak_rss_bytes,omitempty"`
-	Latency    *Latency `json:"latency,omitempty"`
-	Idle       *Idle    `json:"idle,omitempty"`
-	Pipelines  int      `json:"pipelines,omitempty"`
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// PGCPUSeconds is the CPU the PostgreSQL backends serving the system
+	// used over the same window, PGBackends how many (drain and
+	// backlog-memory, with the server on this machine; see pgCPU).
+	PGCPUSeconds float64  `json:"pg_cpu_seconds,omitempty"`
+	PGBackends   int      `json:"pg_backends,omitempty"`
+	PeakRSS      int64    `json:"peak_rss_bytes,omitempty"`
+	Latency      *Latency `json:"latency,omitempty"`
+	Idle         *Idle    `json:"idle,omitempty"`
+	Pipelines    int      `json:"pipelines,omitempty"`
 	// Delivery check: how (ids read back, or the broker's count), and what.
 	Verified   string `json:"verified,omitempty"`
 	Delivered  int    `json:"delivered"`
@@ -131,7 +138,10 @@ func (m Measurement) line() string {
 			fmt.Fprintf(&b, ", p50 %.1fms p99 %.1fms max %.1fms", m.Latency.P50, m.Latency.P99, m.Latency.Max)
 		}
 		if m.Events > 0 {
-			fmt.Fprintf(&b, ", %.2f CPU-s/10k", m.CPUSeconds/float64(m.Events)*1e4)
+			fmt.Fprintf(&b, ", %.1f CPU µs/event", m.CPUSeconds/float64(m.Events)*1e6)
+			if m.PGBackends > 0 {
+				fmt.Fprintf(&b, " + PostgreSQL %.1f µs/event (%d backends)", m.PGCPUSeconds/float64(m.Events)*1e6, m.PGBackends)
+			}
 		}
 		if m.PeakRSS > 0 {
 			fmt.Fprintf(&b, ", peak RSS %s", mb(m.PeakRSS))
@@ -179,11 +189,15 @@ type Row struct {
 	// Latency of the repeat with the median p99; P99Max is the worst p99.
 	Latency *Latency `json:"latency,omitempty"`
 	P99Max  float64  `json:"p99_max_ms,omitempty"`
-	// CPUPer10k is CPU-seconds per 10,000 events (median).
-	CPUPer10k float64 `json:"cpu_seconds_per_10k,omitempty"`
-	PeakRSS   int64   `json:"peak_rss_bytes,omitempty"`
-	Idle      *Idle   `json:"idle,omitempty"`
-	Pipelines int     `json:"pipelines,omitempty"`
+	// CPUPer10k is CPU-seconds per 10,000 events (median); CPUPerEvent the
+	// same in µs per event, and PGCPUPerEvent the PostgreSQL backends'
+	// (median of the measurements that have it).
+	CPUPer10k     float64 `json:"cpu_seconds_per_10k,omitempty"`
+	CPUPerEvent   float64 `json:"cpu_us_per_event,omitempty"`
+	PGCPUPerEvent float64 `json:"pg_cpu_us_per_event,omitempty"`
+	PeakRSS       int64   `json:"peak_rss_bytes,omitempty"`
+	Idle          *Idle   `json:"idle,omitempty"`
+	Pipelines     int     `json:"pipelines,omitempty"`
 }
 
 // summarise groups measurements into rows and checks the targets.
@@ -206,7 +220,8 @@ func (rep *Report) summarise() {
 	}
 	baseline := func(system string, m Measurement) (Measurement, bool) {
 		for _, b := range rep.Measurements {
-			if b.Scenario == m.Scenario && b.System == system && b.Sink == m.Sink && b.Repeat == m.Repeat {
+			if b.Scenario == m.Scenario && b.System == system && b.Sink == m.Sink && b.Repeat == m.Repeat &&
+				(system != SystemWatermill || b.Baseline == BaselineRouter) {
 				return b, true
 			}
 		}
@@ -217,13 +232,16 @@ func (rep *Report) summarise() {
 		ms := groups[k]
 		row := Row{Scenario: k.scenario, System: k.system, Source: k.source, Sink: k.sink, Runs: len(ms), Events: ms[0].Events,
 			Pipelines: ms[0].Pipelines}
-		var eps, vsw, ofc, cpu []float64
+		var eps, vsw, ofc, cpu, pgcpu []float64
 		for _, m := range ms {
 			if m.EventsPerSec > 0 {
 				eps = append(eps, m.EventsPerSec)
 			}
 			if m.Events > 0 {
 				cpu = append(cpu, m.CPUSeconds/float64(m.Events)*1e4)
+				if m.PGBackends > 0 {
+					pgcpu = append(pgcpu, m.PGCPUSeconds/float64(m.Events)*1e6)
+				}
 			}
 			row.PeakRSS = max(row.PeakRSS, m.PeakRSS)
 			if k.system != SystemFerry || k.scenario == ScenarioIdle {
@@ -242,8 +260,10 @@ func (rep *Report) summarise() {
 		row.VsWatermill, row.VsWatermillMin, row.VsWatermillMax = medianRange(vsw)
 		row.OfCeiling, row.OfCeilingMin, row.OfCeilingMax = medianRange(ofc)
 		row.CPUPer10k, _, _ = medianRange(cpu)
+		row.CPUPerEvent = row.CPUPer10k * 100
+		row.PGCPUPerEvent, _, _ = medianRange(pgcpu)
 		if k.scenario == ScenarioIdle {
-			row.CPUPer10k = 0
+			row.CPUPer10k, row.CPUPerEvent, row.PGCPUPerEvent = 0, 0, 0
 			row.Idle = ms[0].Idle
 		}
 		withLat := slices.DeleteFunc(slices.Clone(ms), func(m Measurement) bool { return m.Latency == nil })
@@ -394,11 +414,11 @@ func (rep *Report) Met() bool {
 }
 
 // columns of the table, shared by the text and markdown renderings.
-var columns = []string{"scenario", "source", "sink", "system", "events", "events/s", "× watermill-sql", "% of ceiling", "p50 / p99 ms", "CPU-s/10k", "peak RSS"}
+var columns = []string{"scenario", "source", "sink", "system", "events", "events/s", "× watermill-sql", "% of ceiling", "p50 / p99 ms", "CPU µs/event", "PostgreSQL µs/event", "peak RSS"}
 
 func (rep *Report) cells(r Row) []string {
 	dash := "—"
-	c := []string{r.Scenario, cmp.Or(r.Source, dash), r.Sink, r.System, fmt.Sprint(r.Events), dash, dash, dash, dash, dash, mb(r.PeakRSS)}
+	c := []string{r.Scenario, cmp.Or(r.Source, dash), r.Sink, r.System, fmt.Sprint(r.Events), dash, dash, dash, dash, dash, dash, mb(r.PeakRSS)}
 	if r.Scenario == ScenarioIdle {
 		c[4] = fmt.Sprintf("%d pipelines", r.Pipelines)
 		if r.Idle != nil {
@@ -421,11 +441,14 @@ func (rep *Report) cells(r Row) []string {
 			c[8] += fmt.Sprintf(" (worst p99 %.1f)", r.P99Max)
 		}
 	}
-	if r.CPUPer10k > 0 {
-		c[9] = fmt.Sprintf("%.2f", r.CPUPer10k)
+	if r.CPUPerEvent > 0 {
+		c[9] = fmt.Sprintf("%.1f", r.CPUPerEvent)
+	}
+	if r.PGCPUPerEvent > 0 {
+		c[10] = fmt.Sprintf("%.1f", r.PGCPUPerEvent)
 	}
 	if r.System == SystemCeiling {
-		c[10] = dash // prebuilt messages: its memory says nothing
+		c[11] = dash // prebuilt messages: its memory says nothing
 	}
 	return c
 }

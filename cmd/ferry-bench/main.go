@@ -1,7 +1,8 @@
 // Command ferry-bench measures Ferry end to end — drain rate, commit→ack
-// latency, peak RSS and idle cost of each source × sink — against a
-// watermill-sql pipeline and the bare broker client measured in the same
-// run (package bench; docs/performance.md). It is a lab binary, apart from
+// latency, peak RSS, CPU per event and idle cost of each source × sink —
+// against the Watermill build of the same relay (watermill-sql subscriber →
+// router → Watermill's publisher) and the bare broker client measured in
+// the same run (package bench; docs/performance.md). It is a lab binary, apart from
 // the shipped ferry command so that ferry links none of the bench's
 // baselines, data generators or in-process brokers.
 //
@@ -47,8 +48,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: drain, steady, backlog-memory, idle")
 	sources := fs.String("sources", strings.Join(def.Sources, ","), "sources: xid8, poll, wal")
-	sinks := fs.String("sinks", strings.Join(def.Sinks, ","), "sinks: nats, kafka (kfake in-process unless $KAFKA_BROKERS), rabbitmq ($AMQP_URL)")
+	sinks := fs.String("sinks", strings.Join(def.Sinks, ","), "sinks: nats ($NATS_URL, else the machine's server at 127.0.0.1:4222, else in-process), kafka (kfake in-process unless $KAFKA_BROKERS), rabbitmq ($AMQP_URL)")
 	systems := fs.String("systems", strings.Join(def.Systems, ","), "systems to measure: ferry, watermill-sql (baseline), ceiling (broker client alone)")
+	baselines := fs.String("baselines", strings.Join(def.Baselines, ","), "drain: watermill-sql builds to measure: router (batch 100 → Watermill's publisher; the ratio's baseline), router-1000 (batch 1000), forwarder (Watermill's forwarder, with Ferry's watermill_sql source beside it), ferry-sink (batch 100 → the Ferry sink)")
 	quick := fs.Bool("quick", false, "smoke run: every scenario at a tiny size, first source into first sink")
 	events := fs.Int("events", def.Events, "drain: rows in the backlog")
 	rate := fs.Int("rate", def.Rate, "steady: events per second the writers commit")
@@ -75,6 +77,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	o := def
 	o.Scenarios, o.Sources, o.Sinks, o.Systems = split(*scenarios), split(*sources), split(*sinks), split(*systems)
+	o.Baselines = split(*baselines)
 	o.Events, o.Rate, o.Duration, o.Writers = *events, *rate, *duration, *writers
 	o.IdlePipelines, o.IdleDuration, o.Repeat = *idle, *idleFor, *repeat
 	o.MaxInFlight, o.CeilingWindow, o.Verify, o.Set = *maxInFlight, *window, *verify, set
