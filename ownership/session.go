@@ -74,6 +74,8 @@ func connectConfig(dsn, instance string) (*pgx.ConnConfig, error) {
 // the only state known for sure. When nothing was held, a failure on a
 // connection left over from earlier (the server may have ended it while
 // idle) is retried once on a new one: nothing was at stake.
+//
+// The caller holds s.mu.
 func (s *Session) use(ctx context.Context, f func(ctx context.Context, conn *pgx.Conn) error) error {
 	for attempt := 0; ; attempt++ {
 		reused := s.conn != nil
@@ -92,13 +94,16 @@ func (s *Session) use(ctx context.Context, f func(ctx context.Context, conn *pgx
 		}
 		sctx, cancel := context.WithTimeout(ctx, statementTimeout)
 		err := f(sctx, s.conn)
+		timedOut := sctx.Err() != nil
 		cancel()
 		if err == nil {
 			return nil
 		}
 		hadClaims := len(s.claims) > 0
 		s.drop(fmt.Errorf("ownership connection lost: %w", err))
-		if !reused || hadClaims || attempt > 0 || ctx.Err() != nil {
+		// A connection that did not answer in time is no leftover closed
+		// while idle: the server or the network is what fails.
+		if !reused || hadClaims || attempt > 0 || timedOut || ctx.Err() != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/redact"
@@ -61,15 +62,18 @@ func (s *Supervisor) releaseAll() {
 		entries = append(entries, e)
 	}
 	s.mu.Unlock()
-	for _, e := range entries {
-		s.release(e)
-	}
+	// Every pipeline has stopped: ending the lock sessions releases all
+	// their locks at once, one close per database rather than an unlock
+	// per pipeline, and leaves the claims lost (their Release is a no-op).
 	s.mu.Lock()
 	sessions := s.lockSess
 	s.lockSess = nil
 	s.mu.Unlock()
 	for _, ls := range sessions {
 		ls.Close()
+	}
+	for _, e := range entries {
+		s.release(e)
 	}
 	if s.registry != nil {
 		s.registry.Leave()
@@ -241,10 +245,15 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 
 	// One statement per lock session says which locks it still holds; a
 	// session that does not answer has lost them all.
+	// The sessions are checked side by side: each may take the full
+	// statement timeout to be found half-open.
 	dsns, groups := byLockDSN(owned)
+	var checks sync.WaitGroup
 	for _, dsn := range dsns {
-		_ = s.lockSession(dsn).Check(ctx) // the claims say what was lost, and why
+		ls := s.lockSession(dsn)
+		checks.Go(func() { _ = ls.Check(ctx) }) // the claims say what was lost, and why
 	}
+	checks.Wait()
 	kept := owned[:0]
 	for _, e := range owned {
 		if err := e.lock.Lost(); err != nil {
