@@ -2,11 +2,13 @@ package ownership_test
 
 import (
 	"context"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/ownership"
 )
@@ -163,5 +165,40 @@ func TestSessionHoldsManyLocks(t *testing.T) {
 	n, locks = locksOf(t, pool, "a")
 	if pid, held := onlyCount(locks); n != 1 || held != 10 || pid == pidA {
 		t.Fatalf("a: %d sessions, locks per session %v (old pid %d); want one new session holding 10", n, locks, pidA)
+	}
+}
+
+// A lock session whose connection goes half-open (the peer answers
+// nothing and no error comes) is found dead by Check within its statement
+// timeout, and every claim on it is lost.
+func TestSessionHalfOpen(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.Postgres(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := faultproxy.Start(t, u.Host)
+	u.Host = p.Addr()
+	s := ownership.NewSession(u.String(), "a")
+	t.Cleanup(s.Close)
+	keys := []int64{ownership.LockKey("x"), ownership.LockKey("y"), ownership.LockKey("z")}
+	claims, err := s.TryLock(ctx, keys, 0)
+	if err != nil || len(claims) != 3 {
+		t.Fatalf("took %d of 3 locks: %v", len(claims), err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole()
+	start := time.Now()
+	if err := s.Check(ctx); err == nil {
+		t.Fatal("Check found a half-open session alive")
+	}
+	t.Logf("half-open lock session found dead after %s", time.Since(start).Round(time.Millisecond))
+	for _, k := range keys {
+		if claims[k].Lost() == nil {
+			t.Errorf("claim on %d not lost with its half-open session", k)
+		}
 	}
 }
