@@ -78,6 +78,9 @@ func connectConfig(dsn, instance string) (*pgx.ConnConfig, error) {
 // The caller holds s.mu.
 func (s *Session) use(ctx context.Context, f func(ctx context.Context, conn *pgx.Conn) error) error {
 	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return err // before any statement: the session stays as it is
+		}
 		reused := s.conn != nil
 		if s.conn == nil {
 			cfg, err := connectConfig(s.dsn, s.instance)
@@ -92,7 +95,10 @@ func (s *Session) use(ctx context.Context, f func(ctx context.Context, conn *pgx
 				return err
 			}
 		}
-		sctx, cancel := context.WithTimeout(ctx, statementTimeout)
+		// A statement started runs to its end or its timeout: cancelling it
+		// midway would break the connection, and with it the locks of every
+		// other pipeline on it (at shutdown, while they still drain).
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
 		err := f(sctx, s.conn)
 		timedOut := sctx.Err() != nil
 		cancel()
@@ -103,7 +109,7 @@ func (s *Session) use(ctx context.Context, f func(ctx context.Context, conn *pgx
 		s.drop(fmt.Errorf("ownership connection lost: %w", err))
 		// A connection that did not answer in time is no leftover closed
 		// while idle: the server or the network is what fails.
-		if !reused || hadClaims || attempt > 0 || timedOut || ctx.Err() != nil {
+		if !reused || hadClaims || attempt > 0 || timedOut {
 			return err
 		}
 	}

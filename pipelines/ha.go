@@ -244,9 +244,9 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 	s.mu.Unlock()
 
 	// One statement per lock session says which locks it still holds; a
-	// session that does not answer has lost them all.
-	// The sessions are checked side by side: each may take the full
-	// statement timeout to be found half-open.
+	// session that does not answer has lost them all. The sessions are
+	// checked side by side: each may take the full statement timeout to be
+	// found half-open.
 	dsns, groups := byLockDSN(owned)
 	var checks sync.WaitGroup
 	for _, dsn := range dsns {
@@ -254,6 +254,9 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 		checks.Go(func() { _ = ls.Check(ctx) }) // the claims say what was lost, and why
 	}
 	checks.Wait()
+	if ctx.Err() != nil {
+		return // stopping: what a check missed is no loss
+	}
 	kept := owned[:0]
 	for _, e := range owned {
 		if err := e.lock.Lost(); err != nil {
