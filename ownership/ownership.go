@@ -2,9 +2,11 @@
 // with each pipeline owned by exactly one of them at a time.
 //
 // Ownership is a PostgreSQL session advisory lock on the pipeline's source
-// database, held on a dedicated connection: a dead instance's connection
-// closes and its locks go with it, and an instance that loses its
-// connection has lost ownership. Instances also heartbeat into a small
+// database, held on the instance's lock session there (Session: one
+// connection per database holding all of the instance's locks on it): a
+// dead instance's connection closes and its locks go with it, and an
+// instance that loses its connection has lost ownership of every pipeline
+// locked on it. Instances also heartbeat into a small
 // table on a coordination database, so each can compute its fair share
 // (pipelines ÷ live instances, rounded up) and hand back the excess: adding
 // an instance moves work onto it.
@@ -18,8 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"net"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,7 +35,8 @@ func LockKey(pipeline string) int64 {
 	return int64(h.Sum64() &^ (1 << 63)) // non-negative: pg_locks shows it as two oids
 }
 
-// Lock is an advisory lock held on its own connection.
+// Lock is an advisory lock held on its own connection, for a one-off
+// holder (a purge); an instance's pipelines share a Session per database.
 type Lock struct {
 	conn *pgx.Conn
 	key  int64
@@ -58,19 +59,10 @@ func ApplicationName(instance string) string {
 // and holder names that session's instance (its application_name when it
 // is not an instance's; empty if the server does not show it).
 func TryLock(ctx context.Context, dsn, instance string, key int64) (l *Lock, holder string, err error) {
-	cfg, err := pgx.ParseConfig(dsn)
+	cfg, err := connectConfig(dsn, instance)
 	if err != nil {
 		return nil, "", err
 	}
-	cfg.RuntimeParams["application_name"] = ApplicationName(instance)
-	// A network partition must end the lock's session in seconds, not after
-	// the kernel's two-hour keepalive: until it ends, the server keeps the
-	// lock for an owner that may be gone, and no standby can take over.
-	cfg.RuntimeParams["tcp_keepalives_idle"] = "5"
-	cfg.RuntimeParams["tcp_keepalives_interval"] = "2"
-	cfg.RuntimeParams["tcp_keepalives_count"] = "3"
-	cfg.RuntimeParams["tcp_user_timeout"] = "10000"
-	cfg.DialFunc = (&net.Dialer{KeepAlive: 5 * time.Second, Timeout: 10 * time.Second}).DialContext
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, "", err
@@ -109,13 +101,7 @@ func holderOf(ctx context.Context, conn *pgx.Conn, key int64) (holder string, he
 	if err != nil {
 		return "", false, err
 	}
-	if app == nil {
-		return "", true, nil // a session this role cannot see
-	}
-	if in, ok := strings.CutPrefix(*app, "ferry owner "); ok {
-		return in, true, nil
-	}
-	return *app, true, nil
+	return holderName(app), true, nil
 }
 
 // Held checks the lock's connection is alive: if it is not, the lock is

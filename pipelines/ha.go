@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/redact"
@@ -61,12 +62,60 @@ func (s *Supervisor) releaseAll() {
 		entries = append(entries, e)
 	}
 	s.mu.Unlock()
+	// Every pipeline has stopped: ending the lock sessions releases all
+	// their locks at once, one close per database rather than an unlock
+	// per pipeline, and leaves the claims lost (their Release is a no-op).
+	s.mu.Lock()
+	sessions := s.lockSess
+	s.lockSess = nil
+	s.mu.Unlock()
+	for _, ls := range sessions {
+		ls.Close()
+	}
 	for _, e := range entries {
 		s.release(e)
 	}
 	if s.registry != nil {
 		s.registry.Leave()
 	}
+}
+
+// lockSession is this instance's lock session on dsn: one per database,
+// holding the lock of every pipeline it owns there.
+func (s *Supervisor) lockSession(dsn string) *ownership.Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lockSess == nil {
+		s.lockSess = map[string]*ownership.Session{}
+	}
+	ls, ok := s.lockSess[dsn]
+	if !ok {
+		ls = ownership.NewSession(dsn, s.opts.Ownership.Instance)
+		s.lockSess[dsn] = ls
+	}
+	return ls
+}
+
+// byLockDSN groups es by their lock database, keeping their order within
+// each group; the groups come in the order of their first entry.
+func byLockDSN(es []*entry) (dsns []string, groups map[string][]*entry) {
+	groups = map[string][]*entry{}
+	for _, e := range es {
+		dsn := plugins.SourceHA(e.spec.Source.Config).LockDSN // exclusive() checked it is set
+		if _, ok := groups[dsn]; !ok {
+			dsns = append(dsns, dsn)
+		}
+		groups[dsn] = append(groups[dsn], e)
+	}
+	return dsns, groups
+}
+
+func lockKeys(es []*entry) []int64 {
+	keys := make([]int64, len(es))
+	for i, e := range es {
+		keys[i] = ownership.LockKey(e.spec.Name)
+	}
+	return keys
 }
 
 // Coordination is the state of the coordination database as the last
@@ -194,9 +243,23 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 	}
 	s.mu.Unlock()
 
+	// One statement per lock session says which locks it still holds; a
+	// session that does not answer has lost them all. The sessions are
+	// checked side by side: each may take the full statement timeout to be
+	// found half-open.
+	dsns, groups := byLockDSN(owned)
+	var checks sync.WaitGroup
+	for _, dsn := range dsns {
+		ls := s.lockSession(dsn)
+		checks.Go(func() { _ = ls.Check(ctx) }) // the claims say what was lost, and why
+	}
+	checks.Wait()
+	if ctx.Err() != nil {
+		return // stopping: what a check missed is no loss
+	}
 	kept := owned[:0]
 	for _, e := range owned {
-		if err := e.lock.Held(ctx); err != nil {
+		if err := e.lock.Lost(); err != nil {
 			// Another instance may own it already: stop at once.
 			s.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", redact.Error(err))
 			s.toStandby(e)
@@ -206,6 +269,9 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 		kept = append(kept, e)
 	}
 	owned = kept
+	if ctx.Err() != nil {
+		return
+	}
 
 	share := exclusive // degraded: no fair share, run what can be locked
 	if live, ok := s.beat(ctx, len(owned)); ok {
@@ -222,17 +288,22 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 		return
 	}
 	rand.Shuffle(len(unowned), func(i, j int) { unowned[i], unowned[j] = unowned[j], unowned[i] })
-	for i, e := range unowned {
+	dsns, groups = byLockDSN(unowned)
+	for _, dsn := range dsns {
 		if ctx.Err() != nil {
 			return
 		}
-		if len(owned) >= share {
-			s.findOwners(ctx, o, unowned[i:])
-			return
+		es := groups[dsn]
+		if room := share - len(owned); room > 0 {
+			took, others, ok := s.takeOver(ctx, o, dsn, es, room)
+			if !ok {
+				continue // the database did not answer: backing_off
+			}
+			owned = append(owned, took...)
+			s.findOwners(ctx, o, dsn, others, true)
+			continue
 		}
-		if s.takeOver(ctx, o, e) {
-			owned = append(owned, e)
-		}
+		s.findOwners(ctx, o, dsn, es, false)
 	}
 }
 
@@ -240,27 +311,33 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 // once known: ownership moves when instances come and go.
 const ownerRecheck = 30 * time.Second
 
-// findOwners looks up who owns the pipelines this instance leaves to others
-// (it is at its fair share), for the status: standby names the owner; one
+// findOwners looks up who owns the pipelines of es (all locked on dsn)
+// this instance does not run, for the status: standby names the owner; one
 // whose database cannot be reached is backing_off; one nobody owns waits
-// for an instance with room, which says so.
-func (s *Supervisor) findOwners(ctx context.Context, o *Ownership, es []*entry) {
+// for an instance with room, which says so. All of es are looked up in one
+// statement. Unless tried (this round just tried to lock them), an owner
+// found recently is not looked up again.
+func (s *Supervisor) findOwners(ctx context.Context, o *Ownership, dsn string, es []*entry, tried bool) {
+	var ask []*entry
+	s.mu.Lock()
 	for _, e := range es {
-		s.mu.Lock()
-		fresh := e.status.State == StateStandby && e.status.Owner != "" && time.Since(e.ownerChecked) < ownerRecheck
+		fresh := !tried && e.status.State == StateStandby && e.status.Owner != "" && time.Since(e.ownerChecked) < ownerRecheck
 		if !fresh {
 			e.ownerChecked = time.Time{}
+			ask = append(ask, e)
 		}
-		s.mu.Unlock()
-		if fresh || ctx.Err() != nil {
-			continue
-		}
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		holder, held, err := ownership.Holder(lctx, plugins.SourceHA(e.spec.Source.Config).LockDSN, ownership.LockKey(e.spec.Name))
-		cancel()
+	}
+	s.mu.Unlock()
+	if len(ask) == 0 || ctx.Err() != nil {
+		return
+	}
+	holders, err := s.lockSession(dsn).Holders(ctx, lockKeys(ask))
+	if ctx.Err() != nil {
+		return
+	}
+	for _, e := range ask {
+		holder, held := holders[ownership.LockKey(e.spec.Name)]
 		switch {
-		case ctx.Err() != nil:
-			return
 		case err != nil:
 			s.mu.Lock()
 			e.setState(StateBackingOff)
@@ -290,41 +367,46 @@ func (s *Supervisor) setStandby(e *entry, holder string) {
 	e.rep.reset()
 }
 
-// takeOver tries to own and start e. A lock another instance holds leaves
-// e standby, naming that instance; a source database that cannot be
-// reached puts e in backing_off with the error until a later round gets
-// through.
-func (s *Supervisor) takeOver(ctx context.Context, o *Ownership, e *entry) bool {
-	lockDSN := plugins.SourceHA(e.spec.Source.Config).LockDSN // exclusive() checked it is set
-	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	l, holder, err := ownership.TryLock(lctx, lockDSN, o.Instance, ownership.LockKey(e.spec.Name))
-	cancel()
+// takeOver tries to own and start up to room of es (all locked on dsn),
+// in order, with one statement on the instance's lock session there. It
+// returns those it started and those it could not lock (others), whose
+// owners the caller looks up. A source database that cannot be reached
+// puts all of es in backing_off with the error until a later round gets
+// through (ok false).
+func (s *Supervisor) takeOver(ctx context.Context, o *Ownership, dsn string, es []*entry, room int) (started, others []*entry, ok bool) {
+	claims, err := s.lockSession(dsn).TryLock(ctx, lockKeys(es), room)
 	if err != nil {
 		if ctx.Err() != nil {
-			return false
+			return nil, nil, false
+		}
+		for _, e := range es {
+			s.mu.Lock()
+			e.setState(StateBackingOff)
+			e.status.Owner, e.ownerChecked = "", time.Time{}
+			s.mu.Unlock()
+			e.rep.Failing(fmt.Errorf("take ownership on the source database: %w", err), o.Interval)
+		}
+		return nil, nil, false
+	}
+	for _, e := range es {
+		c := claims[ownership.LockKey(e.spec.Name)]
+		if c == nil {
+			others = append(others, e)
+			continue
 		}
 		s.mu.Lock()
-		e.setState(StateBackingOff)
-		e.status.Owner, e.ownerChecked = "", time.Time{}
+		e.lock = c
+		e.status.Owner = o.Instance
 		s.mu.Unlock()
-		e.rep.Failing(fmt.Errorf("take ownership on the source database: %w", err), o.Interval)
-		return false
+		s.log.Info("took ownership", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "instance", o.Instance)
+		if err := s.start(e); err != nil {
+			s.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", redact.Error(err))
+			s.release(e)
+			continue
+		}
+		started = append(started, e)
 	}
-	if l == nil {
-		s.setStandby(e, holder)
-		return false
-	}
-	s.mu.Lock()
-	e.lock = l
-	e.status.Owner = o.Instance
-	s.mu.Unlock()
-	s.log.Info("took ownership", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "instance", o.Instance)
-	if err := s.start(e); err != nil {
-		s.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", redact.Error(err))
-		s.release(e)
-		return false
-	}
-	return true
+	return started, others, true
 }
 
 // toStandby stops e here (draining it) and gives up its ownership.

@@ -109,8 +109,9 @@ type Supervisor struct {
 	mu        sync.Mutex
 	pipelines map[string]*entry
 	tenants   map[string]*tenantLimiter
-	registry  *ownership.Registry // set by the ownership coordinator
-	coord     Coordination        // the coordination database as the last round found it
+	registry  *ownership.Registry           // set by the ownership coordinator
+	lockSess  map[string]*ownership.Session // by lock DSN: one per database (ha.go)
+	coord     Coordination                  // the coordination database as the last round found it
 }
 
 // tenantLimiter is shared by every pipeline of one tenant.
@@ -161,7 +162,7 @@ type entry struct {
 
 	pipeline       *Pipeline
 	handlerRunning bool
-	lock           *ownership.Lock    // held while this instance owns the pipeline
+	lock           *ownership.Claim   // held while this instance owns the pipeline
 	ownerChecked   time.Time          // when status.Owner was last looked up (standby)
 	probed         plugins.Health     // the supervisor's own backlog measurement (health.go)
 	probing        bool               // a measurement is under way
