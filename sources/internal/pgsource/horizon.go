@@ -58,3 +58,34 @@ func (h Horizon) Details() map[string]any {
 	return map[string]any{"pid": h.PID, "database": h.Database, "user": h.User, "application": h.Application,
 		"state": h.State, "xact_start": h.XactStart, "query": h.Query, "age_seconds": h.Age.Seconds()}
 }
+
+// horizonReading is a database's last OldestTransaction answer.
+type horizonReading struct {
+	at time.Time
+	h  Horizon
+	ok bool
+}
+
+// OldestTransaction is the server's oldest transaction as measured by any
+// pipeline on the database within fresh: the horizon is the same for all of
+// them, so a thousand pipelines' health loops ask the server once per
+// interval, not a thousand times. One caller measures while the others wait
+// for its answer.
+func (p *Pool) OldestTransaction(ctx context.Context, fresh time.Duration) (Horizon, bool, error) {
+	db := p.db
+	db.horizonMu.Lock()
+	defer db.horizonMu.Unlock()
+	if r := db.horizon; !r.at.IsZero() && time.Since(r.at) < fresh {
+		h := r.h
+		if r.ok {
+			h.Age += time.Since(r.at)
+		}
+		return h, r.ok, nil
+	}
+	h, ok, err := OldestTransaction(ctx, p)
+	if err != nil {
+		return h, ok, err
+	}
+	db.horizon = horizonReading{at: time.Now(), h: h, ok: ok}
+	return h, ok, nil
+}
