@@ -21,8 +21,9 @@ type Many struct {
 	MostSessions int
 }
 
-// StartMany creates the tables with e.H.Schema and starts the pipelines.
-func StartMany(t testing.TB, e *Env, n int) *Many {
+// StartMany creates the tables with e.H.Schema and starts the pipelines;
+// edit, if not nil, may change pipeline i's YAML.
+func StartMany(t testing.TB, e *Env, n int, edit func(i int, yaml string) string) *Many {
 	t.Helper()
 	m := &Many{E: e, N: n}
 	var docs []string
@@ -34,7 +35,11 @@ func StartMany(t testing.TB, e *Env, n int) *Many {
 		if _, err := e.Pool.Exec(context.Background(), ddl); err != nil {
 			t.Fatalf("create %s: %v", m.Table(i), err)
 		}
-		docs = append(docs, strings.Replace(e.YAML(fmt.Sprintf("many-%d", i), 100), "table: "+e.Table+"\n", "table: "+m.Table(i)+"\n", 1))
+		y := strings.Replace(e.YAML(fmt.Sprintf("many-%d", i), 100), "table: "+e.Table+"\n", "table: "+m.Table(i)+"\n", 1)
+		if edit != nil {
+			y = edit(i, y)
+		}
+		docs = append(docs, y)
 	}
 	e.Start(t, strings.Join(docs, "---\n"))
 	return m

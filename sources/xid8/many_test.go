@@ -19,7 +19,7 @@ func TestManyPipelinesShareOnePool(t *testing.T) {
 	h := harness
 	h.Extra = "" // the default polling: LISTEN, idle_poll_interval 5s
 	const n = 200
-	m := relaytest.StartMany(t, relaytest.Setup(t, h), n)
+	m := relaytest.StartMany(t, relaytest.Setup(t, h), n, nil)
 	for i := range n {
 		m.Insert(t, i, 1)
 	}

@@ -120,8 +120,8 @@ type Pool struct {
 // poll), opening it (sized by env.DatabaseConnections, idle connections
 // closed after ConnIdleTime, connecting bounded by queryTimeout) if this is
 // the first pipeline on the database. The pipeline's share is conns
-// statements at once, capped by limits.max_connections and by the pool's
-// size. prepare then runs within queryTimeout; if it fails, the share is
+// statements at once, capped by limits.max_connections and by one less
+// than the pool's size. prepare then runs within queryTimeout; if it fails, the share is
 // released and its error returned.
 func OpenPool(ctx context.Context, dsn string, env plugins.Env, conns int, queryTimeout time.Duration,
 	prepare func(context.Context, *Pool) error) (*Pool, error) {
@@ -151,7 +151,9 @@ func OpenPool(ctx context.Context, dsn string, env plugins.Env, conns int, query
 	}
 	db.refs++
 	databases.Unlock()
-	share := min(Connections(conns, env.MaxConnections), db.pool.Config().MaxConns)
+	// One pipeline never holds the whole pool: the others' statements
+	// always have a connection to wait for.
+	share := min(Connections(conns, env.MaxConnections), max(db.pool.Config().MaxConns-1, 1))
 	p := &Pool{db: db, share: make(chan struct{}, max(share, 1)), pipeline: env.Pipeline}
 	prepCtx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
