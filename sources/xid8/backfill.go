@@ -69,6 +69,9 @@ var _ plugins.Backfiller = (*Config)(nil)
 func (s *Source) backfillStep(ctx context.Context, pool *pgsource.Pool) bool {
 	if s.backfill == nil {
 		s.backfill = backfill.NewRunner(s.cfg.Table, s.cfg.joinColumn(), s.env.Pipeline)
+		s.backfill.Exists = func(ctx context.Context, table string) (bool, error) {
+			return pool.RelationExists(ctx, table, s.backfill.CheckEvery)
+		}
 	}
 	bf := s.backfill
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)

@@ -89,3 +89,32 @@ func (p *Pool) OldestTransaction(ctx context.Context, fresh time.Duration) (Hori
 	db.horizon = horizonReading{at: time.Now(), h: h, ok: ok}
 	return h, ok, nil
 }
+
+// relationReading is a database's last answer on whether a relation exists.
+type relationReading struct {
+	at     time.Time
+	exists bool
+}
+
+// RelationExists reports whether the relation name (as to_regclass reads
+// it) exists, as any pipeline on the database found within fresh: the
+// pipelines of a schema share its backfill request table, and a thousand
+// of them need not each ask the catalog every second whether it was
+// created.
+func (p *Pool) RelationExists(ctx context.Context, name string, fresh time.Duration) (bool, error) {
+	db := p.db
+	db.relationsMu.Lock()
+	defer db.relationsMu.Unlock()
+	if r, ok := db.relations[name]; ok && time.Since(r.at) < fresh {
+		return r.exists, nil
+	}
+	var exists bool
+	if err := p.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
+		return false, err
+	}
+	if db.relations == nil {
+		db.relations = map[string]relationReading{}
+	}
+	db.relations[name] = relationReading{at: time.Now(), exists: exists}
+	return exists, nil
+}

@@ -75,6 +75,9 @@ type database struct {
 
 	horizonMu sync.Mutex // held while one caller refreshes the horizon
 	horizon   horizonReading
+
+	relationsMu sync.Mutex // held while one caller asks the catalog
+	relations   map[string]relationReading
 }
 
 // DatabaseKey is what makes two connection strings one database for the
