@@ -273,6 +273,26 @@ func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &shareTx{Tx: tx, release: release}, nil
 }
 
+// SendBatch sends b's statements in one round trip, which the server runs
+// as one implicit transaction; the share's slot is held until the results
+// are closed. The error is ctx's, when it ended before a slot was free.
+func (p *Pool) SendBatch(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+	if err := p.acquire(ctx); err != nil {
+		return nil, err
+	}
+	return &shareBatch{BatchResults: p.db.pool.SendBatch(ctx, b), release: p.releaser()}, nil
+}
+
+type shareBatch struct {
+	pgx.BatchResults
+	release func()
+}
+
+func (b *shareBatch) Close() error {
+	defer b.release()
+	return b.BatchResults.Close()
+}
+
 type shareRows struct {
 	pgx.Rows
 	release func()
