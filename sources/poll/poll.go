@@ -35,7 +35,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/redact"
@@ -766,16 +765,18 @@ func (s *Source) Flow() plugins.Flow {
 
 // Probe measures the backlog once, without running (ferry doctor).
 func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
-	pool, err := pgxpool.New(ctx, s.cfg.DSN)
+	// One statement at a time in the database's shared pool: a thousand
+	// pipelines starting together do not open a thousand sessions to measure.
+	pool, err := pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 1, s.cfg.QueryTimeout, func(context.Context, *pgsource.Pool) error { return nil })
 	if err != nil {
 		return plugins.Health{}, err
 	}
-	defer pool.Close()
+	defer pgsource.ClosePool(pool)
 	if err := s.prepare(ctx, pool); err != nil {
 		return plugins.Health{}, err
 	}
 	return s.measure(ctx, pool, func(ctx context.Context) (pgsource.Horizon, bool, error) {
-		return pgsource.OldestTransaction(ctx, pool)
+		return pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
 	})
 }
 

@@ -29,7 +29,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
@@ -495,14 +494,16 @@ func (s *Source) committedCursor() Position {
 func (s *Source) Flow() plugins.Flow { return pgsource.Flow(s.win.Stats()) }
 
 // Probe measures the backlog past the stored cursor once, without running
-// (ferry doctor). It creates nothing: a pipeline that never ran has its
-// whole table as backlog.
+// (ferry doctor, a pipeline starting or standing by), with one statement at
+// a time in the database's shared pool: a thousand pipelines starting
+// together do not open a thousand sessions to measure. It creates nothing:
+// a pipeline that never ran has its whole table as backlog.
 func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
-	pool, err := pgxpool.New(ctx, s.cfg.DSN)
+	pool, err := pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 1, s.cfg.QueryTimeout, func(context.Context, *pgsource.Pool) error { return nil })
 	if err != nil {
 		return plugins.Health{}, err
 	}
-	defer pool.Close()
+	defer pgsource.ClosePool(pool)
 	var xactText string
 	var pos Position
 	err = pool.QueryRow(ctx, `SELECT xact_id::text, id FROM `+outbox.Quote(s.cfg.OffsetsTable)+` WHERE pipeline = $1`, s.env.Pipeline).Scan(&xactText, &pos.ID)
@@ -518,7 +519,7 @@ func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
 	if err != nil {
 		return h, err
 	}
-	hz, ok, err := pgsource.OldestTransaction(ctx, pool)
+	hz, ok, err := pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
 	return withHorizon(h, hz, ok), err
 }
 
