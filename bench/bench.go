@@ -37,6 +37,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -878,6 +879,27 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 		return Measurement{}, err
 	}
 	defer p.kill()
+	// The most sessions Ferry holds from its start to the end of the
+	// window: starting pipelines must not open more than idle ones hold.
+	var peak atomic.Int64
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if a, err := dbActivity(sampleCtx, pool); err == nil {
+				peak.Store(max(peak.Load(), a.ferryConns))
+			}
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	defer func() { stopSampling(); <-sampled }()
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	r.prog.note(label + ": starting")
@@ -917,7 +939,9 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 		return Measurement{}, err
 	}
 	secs := time.Since(t0).Seconds()
-	conns := max(x0.ferryConns, x1.ferryConns)
+	stopSampling()
+	<-sampled
+	conns := max(x0.ferryConns, x1.ferryConns, peak.Load())
 	rss, err := p.finish(time.Minute)
 	if err != nil {
 		return Measurement{}, fmt.Errorf("child: %w", err)

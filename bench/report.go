@@ -104,8 +104,9 @@ type Idle struct {
 	// block being one.
 	XactPerSec float64 `json:"xact_per_sec"`
 	RowsPerSec float64 `json:"rows_returned_per_sec"`
-	// Connections are the server sessions Ferry held (pg_stat_activity,
-	// application_name ferry:…), the most seen at either end of the window.
+	// Connections are the most server sessions Ferry held (pg_stat_activity,
+	// application_name ferry:…) from its start to the window's end, sampled
+	// every 250ms.
 	Connections int64 `json:"server_connections"`
 	// StartSeconds is how long the process took from its start until every
 	// pipeline was running.
