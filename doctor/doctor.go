@@ -320,11 +320,22 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 		return c, ""
 	}
 	defer conn.Close(context.Background())
-	var n int
-	var since *time.Time
-	var clients []string
-	err = conn.QueryRow(ctx, `SELECT count(*), min(backend_start), COALESCE(array_agg(DISTINCT COALESCE(host(client_addr), 'local')) FILTER (WHERE pid IS NOT NULL), '{}')
-		FROM pg_stat_activity WHERE application_name = $1`, "ferry:"+spec.Name).Scan(&n, &since, &clients)
+	// A pipeline's own sessions anywhere on the server; the shared pool's on
+	// this database (it serves every xid8 and poll pipeline there).
+	sessions := func(name string, thisDatabase bool) (n int, since *time.Time, clients []string, err error) {
+		err = conn.QueryRow(ctx, `SELECT count(*), min(backend_start), COALESCE(array_agg(DISTINCT COALESCE(host(client_addr), 'local')) FILTER (WHERE pid IS NOT NULL), '{}')
+		FROM pg_stat_activity WHERE application_name = $1 AND (NOT $2 OR datname = current_database())`, name, thisDatabase).Scan(&n, &since, &clients)
+		return n, since, clients, err
+	}
+	n, since, clients, err := sessions("ferry:"+spec.Name, false)
+	var shared int
+	var sharedSince *time.Time
+	var sharedClients []string
+	if err == nil && n == 0 {
+		// xid8 and poll pipelines read through their database's shared
+		// pool, whose sessions are named ferry:pool.
+		shared, sharedSince, sharedClients, err = sessions("ferry:pool", true)
+	}
 	if err != nil {
 		c.Status, c.Evidence = Unknown, []string{"cannot read pg_stat_activity: " + err.Error()}
 		return c, ""
@@ -337,7 +348,13 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 			c.Action = "ask that instance: ferry doctor --url <its --http address> (or ferry lag); resume it if paused"
 			return c, ""
 		}
-		c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s on the source database: no Ferry instance is running this pipeline", spec.Name))
+		if shared > 0 {
+			c.Status = OK
+			c.Evidence = append(c.Evidence, fmt.Sprintf("%d session(s) of a Ferry instance's pool for this database (ferry:pool, shared by its xid8 and poll pipelines) connected since %s from %s; whether it runs %s: ferry doctor --url <its --http address>",
+				shared, sharedSince.Format(time.RFC3339), strings.Join(sharedClients, ", "), spec.Name))
+			return c, ""
+		}
+		c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s or ferry:pool on the source database: no Ferry instance is running this pipeline", spec.Name))
 		c.Action = "start it: ferry run -c <the file defining " + spec.Name + ">"
 		return c, ""
 	}
