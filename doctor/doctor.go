@@ -342,7 +342,13 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 	}
 	if n == 0 {
 		c.Status = Unhealthy
-		if holder, held, err := ownership.Holder(ctx, o2.OutboxTable().DSN, ownership.LockKey(spec.Name)); err == nil && held {
+		if holder, held, err := ownership.Holder(ctx, o2.OutboxTable().DSN, ownership.LockKey(spec.Name)); err == nil && held && shared > 0 {
+			// Owned, and its instance reads the database through the
+			// shared pool: whether this pipeline reads, only it can say.
+			c.Status = OK
+			c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) and reads this database through its shared pool (%d ferry:pool session(s))", holder, spec.Name, shared))
+			return c, ""
+		} else if err == nil && held {
 			// Owned, yet nothing reads: paused, or its start keeps failing.
 			c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) but no session named ferry:%s reads the source: the pipeline is paused, or cannot start", holder, spec.Name, spec.Name))
 			c.Action = "ask that instance: ferry doctor --url <its --http address> (or ferry lag); resume it if paused"
