@@ -41,6 +41,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -101,9 +102,10 @@ type Options struct {
 	// MemoryEvents are the backlogs of backlog-memory, smallest first.
 	// Default 100,000 and 1,000,000.
 	MemoryEvents []int
-	// IdlePipelines run idle for IdleDuration after IdleSettle. Defaults
-	// 100, 60s, 10s.
-	IdlePipelines int
+	// IdlePipelines are the idle scenario's rows: each count of pipelines
+	// runs idle in one process for IdleDuration after IdleSettle. Defaults
+	// 100 and 1,000, 60s, 10s.
+	IdlePipelines []int
 	IdleDuration  time.Duration
 	IdleSettle    time.Duration
 	// Repeat runs drain and steady this many times, interleaving Ferry and
@@ -152,7 +154,7 @@ func DefaultOptions() Options {
 		Duration:      30 * time.Second,
 		Writers:       8,
 		MemoryEvents:  []int{100000, 1000000},
-		IdlePipelines: 100,
+		IdlePipelines: []int{100, 1000},
 		IdleDuration:  60 * time.Second,
 		IdleSettle:    10 * time.Second,
 		Repeat:        1,
@@ -171,7 +173,7 @@ func (o *Options) Quick() {
 	o.Events = 2000
 	o.Rate, o.Duration, o.Writers = 200, 2*time.Second, 2
 	o.MemoryEvents = []int{1000, 5000}
-	o.IdlePipelines, o.IdleDuration, o.IdleSettle = 3, 2*time.Second, time.Second
+	o.IdlePipelines, o.IdleDuration, o.IdleSettle = []int{3}, 2*time.Second, time.Second
 	o.Repeat = 1
 	o.Verify = true
 }
@@ -202,7 +204,7 @@ func (o *Options) validate() error {
 	if slices.Contains(o.Systems, SystemWatermill) {
 		check("baselines", o.Baselines, Baselines)
 	}
-	if o.Events < 1 || o.Rate < 1 || o.Duration <= 0 || o.Writers < 1 || o.IdlePipelines < 1 || o.IdleDuration <= 0 {
+	if o.Events < 1 || o.Rate < 1 || o.Duration <= 0 || o.Writers < 1 || len(o.IdlePipelines) == 0 || slices.Min(o.IdlePipelines) < 1 || o.IdleDuration <= 0 {
 		errs = append(errs, errors.New("events, rate, duration, writers, idle pipelines and idle duration must be positive"))
 	}
 	if o.Repeat < 1 {
@@ -426,10 +428,12 @@ func (r *runner) idleScenario(ctx context.Context) error {
 	var errs []error
 	for _, src := range r.sources() {
 		for _, sink := range r.o.Sinks {
-			m, err := r.ferryIdle(ctx, src, sink)
-			errs = append(errs, r.record(ScenarioIdle, SystemFerry, src, sink, m, err))
-			if ctx.Err() != nil {
-				return ctx.Err()
+			for _, n := range r.o.IdlePipelines {
+				m, err := r.ferryIdle(ctx, src, sink, n)
+				errs = append(errs, r.record(ScenarioIdle, SystemFerry, src, sink, m, err))
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
 			}
 		}
 	}
@@ -927,11 +931,12 @@ func waitReady(ctx context.Context, p *proc) error {
 	}
 }
 
-// ferryIdle runs IdlePipelines pipelines on empty tables and measures the
-// process's CPU and the transactions they cause.
-func (r *runner) ferryIdle(ctx context.Context, source, sink string) (Measurement, error) {
+// ferryIdle runs n pipelines on empty tables and measures how long they take
+// to start, the process's CPU, the server connections Ferry holds and the
+// transactions they cause.
+func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Measurement, error) {
 	id := r.nextID(ScenarioIdle, source, sink)
-	label := fmt.Sprintf("idle ferry %s ×%d", arrow(source, sink), r.o.IdlePipelines)
+	label := fmt.Sprintf("idle ferry %s ×%d", arrow(source, sink), n)
 	pool := r.s.pool
 	t, err := r.s.target(ctx, sink, id)
 	if err != nil {
@@ -940,7 +945,7 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string) (Measuremen
 	defer t.cleanup()
 	var docs []string
 	r.prog.note(label + ": creating tables")
-	for i := range r.o.IdlePipelines {
+	for i := range n {
 		name := fmt.Sprintf("%s_%d", id, i)
 		table := "bench_" + name
 		if err := createOutbox(ctx, pool, source, table); err != nil {
@@ -955,17 +960,40 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string) (Measuremen
 		}
 		docs = append(docs, r.pipelineYAML(name, source, table, t))
 	}
+	spawned := time.Now()
 	p, err := r.spawn(id, job{System: SystemFerry, Mode: modeIdle, Pipelines: strings.Join(docs, "---\n")})
 	if err != nil {
 		return Measurement{}, err
 	}
 	defer p.kill()
+	// The most sessions Ferry holds from its start to the end of the
+	// window: starting pipelines must not open more than idle ones hold.
+	var peak atomic.Int64
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if a, err := dbActivity(sampleCtx, pool); err == nil {
+				peak.Store(max(peak.Load(), a.ferryConns))
+			}
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	defer func() { stopSampling(); <-sampled }()
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	r.prog.note(label + ": starting")
 	if err := waitReady(rctx, p); err != nil {
 		return Measurement{}, err
 	}
+	started := time.Since(spawned)
 	go func() { // drain progress lines
 		for {
 			if _, err := p.next(ctx); err != nil {
@@ -998,17 +1026,22 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string) (Measuremen
 		return Measurement{}, err
 	}
 	secs := time.Since(t0).Seconds()
+	stopSampling()
+	<-sampled
+	conns := max(x0.ferryConns, x1.ferryConns, peak.Load())
 	rss, err := p.finish(time.Minute)
 	if err != nil {
 		return Measurement{}, fmt.Errorf("child: %w", err)
 	}
 	return Measurement{Scenario: ScenarioIdle, System: SystemFerry, Source: source, Sink: sink, Seconds: secs, PeakRSS: rss,
-		CPUSeconds: cpu1 - cpu0, Pipelines: r.o.IdlePipelines,
+		CPUSeconds: cpu1 - cpu0, Pipelines: n,
 		Idle: &Idle{CPUPercent: (cpu1 - cpu0) / secs * 100, XactPerSec: float64(x1.xacts-x0.xacts) / secs,
-			RowsPerSec: float64(x1.rows-x0.rows) / secs}}, nil
+			RowsPerSec: float64(x1.rows-x0.rows) / secs, Connections: conns, StartSeconds: started.Seconds()}}, nil
 }
 
-type activity struct{ xacts, rows int64 }
+// activity is the bench database's counters at one moment, and the server
+// sessions Ferry holds then.
+type activity struct{ xacts, rows, ferryConns int64 }
 
 // dbActivity is the bench database's committed and rolled-back
 // transactions (each query a pipeline sends outside a transaction block is
@@ -1017,6 +1050,12 @@ type activity struct{ xacts, rows int64 }
 func dbActivity(ctx context.Context, pool *pgxpool.Pool) (activity, error) {
 	var a activity
 	err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback, tup_returned FROM pg_stat_database WHERE datname = current_database()`).Scan(&a.xacts, &a.rows)
+	if err != nil {
+		return a, err
+	}
+	// Ferry names every session it opens ferry:… (ferry:pool, ferry:listen,
+	// ferry:<pipeline>); the bench's own are ferry-bench.
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'ferry:%'`).Scan(&a.ferryConns)
 	return a, err
 }
 

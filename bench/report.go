@@ -48,7 +48,7 @@ type ReportOptions struct {
 	Duration      string   `json:"duration"`
 	Writers       int      `json:"writers"`
 	MemoryEvents  []int    `json:"memory_events"`
-	IdlePipelines int      `json:"idle_pipelines"`
+	IdlePipelines []int    `json:"idle_pipelines"`
 	IdleDuration  string   `json:"idle_duration"`
 	Repeat        int      `json:"repeat"`
 	Set           []string `json:"set,omitempty"`
@@ -111,6 +111,13 @@ type Idle struct {
 	// block being one.
 	XactPerSec float64 `json:"xact_per_sec"`
 	RowsPerSec float64 `json:"rows_returned_per_sec"`
+	// Connections are the most server sessions Ferry held (pg_stat_activity,
+	// application_name ferry:…) from its start to the window's end, sampled
+	// every 250ms.
+	Connections int64 `json:"server_connections"`
+	// StartSeconds is how long the process took from its start until every
+	// pipeline was running.
+	StartSeconds float64 `json:"start_seconds"`
 }
 
 func latencies(ns []int64) *Latency {
@@ -131,7 +138,8 @@ func (m Measurement) line() string {
 	fmt.Fprintf(&b, "%s %s %s:", m.Scenario, m.System, arrow(m.Source, m.Sink))
 	switch {
 	case m.Idle != nil:
-		fmt.Fprintf(&b, " %d pipelines, %.2f%% of a core, %.1f xact/s, peak RSS %s", m.Pipelines, m.Idle.CPUPercent, m.Idle.XactPerSec, mb(m.PeakRSS))
+		fmt.Fprintf(&b, " %d pipelines, started in %.1fs, %.2f%% of a core, %.1f xact/s, %d server connections, peak RSS %s",
+			m.Pipelines, m.Idle.StartSeconds, m.Idle.CPUPercent, m.Idle.XactPerSec, m.Idle.Connections, mb(m.PeakRSS))
 	default:
 		fmt.Fprintf(&b, " %d events in %.2fs = %.0f events/s", m.Events, m.Seconds, m.EventsPerSec)
 		if m.Latency != nil {
@@ -212,6 +220,9 @@ func (rep *Report) summarise() {
 		k := key{m.Scenario, m.System, m.Source, m.Sink, 0}
 		if m.Scenario == ScenarioMemory {
 			k.events = m.Events
+		}
+		if m.Scenario == ScenarioIdle {
+			k.events = m.Pipelines
 		}
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
@@ -422,7 +433,8 @@ func (rep *Report) cells(r Row) []string {
 	if r.Scenario == ScenarioIdle {
 		c[4] = fmt.Sprintf("%d pipelines", r.Pipelines)
 		if r.Idle != nil {
-			c[5] = fmt.Sprintf("idle: %.2f%% of a core, %.1f xact/s", r.Idle.CPUPercent, r.Idle.XactPerSec)
+			c[5] = fmt.Sprintf("idle: %.2f%% of a core, %.1f xact/s, %d server connections, started in %.1fs",
+				r.Idle.CPUPercent, r.Idle.XactPerSec, r.Idle.Connections, r.Idle.StartSeconds)
 		}
 		return c
 	}

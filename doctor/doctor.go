@@ -320,24 +320,47 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 		return c, ""
 	}
 	defer conn.Close(context.Background())
-	var n int
-	var since *time.Time
-	var clients []string
-	err = conn.QueryRow(ctx, `SELECT count(*), min(backend_start), COALESCE(array_agg(DISTINCT COALESCE(host(client_addr), 'local')) FILTER (WHERE pid IS NOT NULL), '{}')
-		FROM pg_stat_activity WHERE application_name = $1`, "ferry:"+spec.Name).Scan(&n, &since, &clients)
+	// A pipeline's own sessions anywhere on the server; the shared pool's on
+	// this database (it serves every xid8 and poll pipeline there).
+	sessions := func(name string, thisDatabase bool) (n int, since *time.Time, clients []string, err error) {
+		err = conn.QueryRow(ctx, `SELECT count(*), min(backend_start), COALESCE(array_agg(DISTINCT COALESCE(host(client_addr), 'local')) FILTER (WHERE pid IS NOT NULL), '{}')
+		FROM pg_stat_activity WHERE application_name = $1 AND (NOT $2 OR datname = current_database())`, name, thisDatabase).Scan(&n, &since, &clients)
+		return n, since, clients, err
+	}
+	n, since, clients, err := sessions("ferry:"+spec.Name, false)
+	var shared int
+	var sharedSince *time.Time
+	var sharedClients []string
+	if err == nil && n == 0 {
+		// xid8 and poll pipelines read through their database's shared
+		// pool, whose sessions are named ferry:pool.
+		shared, sharedSince, sharedClients, err = sessions("ferry:pool", true)
+	}
 	if err != nil {
 		c.Status, c.Evidence = Unknown, []string{"cannot read pg_stat_activity: " + err.Error()}
 		return c, ""
 	}
 	if n == 0 {
 		c.Status = Unhealthy
-		if holder, held, err := ownership.Holder(ctx, o2.OutboxTable().DSN, ownership.LockKey(spec.Name)); err == nil && held {
+		if holder, held, err := ownership.Holder(ctx, o2.OutboxTable().DSN, ownership.LockKey(spec.Name)); err == nil && held && shared > 0 {
+			// Owned, and its instance reads the database through the
+			// shared pool: whether this pipeline reads, only it can say.
+			c.Status = OK
+			c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) and reads this database through its shared pool (%d ferry:pool session(s))", holder, spec.Name, shared))
+			return c, ""
+		} else if err == nil && held {
 			// Owned, yet nothing reads: paused, or its start keeps failing.
 			c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) but no session named ferry:%s reads the source: the pipeline is paused, or cannot start", holder, spec.Name, spec.Name))
 			c.Action = "ask that instance: ferry doctor --url <its --http address> (or ferry lag); resume it if paused"
 			return c, ""
 		}
-		c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s on the source database: no Ferry instance is running this pipeline", spec.Name))
+		if shared > 0 {
+			c.Status = OK
+			c.Evidence = append(c.Evidence, fmt.Sprintf("%d session(s) of a Ferry instance's pool for this database (ferry:pool, shared by its xid8 and poll pipelines) connected since %s from %s; whether it runs %s: ferry doctor --url <its --http address>",
+				shared, sharedSince.Format(time.RFC3339), strings.Join(sharedClients, ", "), spec.Name))
+			return c, ""
+		}
+		c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s or ferry:pool on the source database: no Ferry instance is running this pipeline", spec.Name))
 		c.Action = "start it: ferry run -c <the file defining " + spec.Name + ">"
 		return c, ""
 	}

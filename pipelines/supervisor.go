@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -72,6 +73,9 @@ type Options struct {
 	// Metrics receives Watermill's router metrics and Ferry's; nil disables
 	// metrics.
 	Metrics prometheus.Registerer
+	// DatabaseConnections is the size of the pool the xid8 and poll
+	// pipelines on one database share; 0 means 10.
+	DatabaseConnections int
 	// DrainTimeout bounds how long stopping pipelines wait for in-flight
 	// messages. Default 10s.
 	DrainTimeout time.Duration
@@ -98,6 +102,11 @@ type Supervisor struct {
 
 	runCtx context.Context // handlers' context, set by Run
 	ready  chan struct{}   // closed by Run once the router runs
+	// starting bounds the pipelines connecting their sinks at once: a
+	// thousand starting together would open a thousand broker connections in
+	// the same instant (the sources' first statements queue on their
+	// database's shared pool).
+	starting chan struct{}
 
 	// opMu serialises lifecycle operations: API actions, reloads and the
 	// ownership coordinator's rounds.
@@ -195,7 +204,7 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 		return nil, err
 	}
 	s := &Supervisor{opts: opts, log: opts.Logger, router: router, pipelines: map[string]*entry{}, tenants: map[string]*tenantLimiter{},
-		ready: make(chan struct{})}
+		ready: make(chan struct{}), starting: make(chan struct{}, startConcurrency)}
 	if opts.Metrics != nil {
 		b := metrics.NewPrometheusMetricsBuilder(opts.Metrics, "ferry", "router")
 		b.AddPrometheusRouterMetrics(router)
@@ -356,7 +365,8 @@ func (s *Supervisor) entry(name string) (*entry, error) {
 // then the pipeline joins the router.
 func (s *Supervisor) start(e *entry) error {
 	rep := e.rep
-	p, err := Build(e.spec, plugins.Env{Logger: s.log, Metrics: s.metricsFor(e.spec), DrainTimeout: s.opts.DrainTimeout, Report: rep})
+	p, err := Build(e.spec, plugins.Env{Logger: s.log, Metrics: s.metricsFor(e.spec), DrainTimeout: s.opts.DrainTimeout, Report: rep,
+		DatabaseConnections: s.opts.DatabaseConnections})
 	if err != nil {
 		return err
 	}
@@ -440,7 +450,7 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 	bo := backoff.NewExponentialBackOff()
 	bo.InitialInterval, bo.MaxInterval = 500*time.Millisecond, MaxBackoff
 	for attempt := 1; ; attempt++ {
-		err := p.Start(ctx)
+		err := s.startPipeline(ctx, p)
 		if err == nil {
 			break
 		}
@@ -486,6 +496,29 @@ func (s *Supervisor) runIncarnation(ctx, handlersCtx context.Context, e *entry, 
 	// reading, drains in-flight events and records progress.
 	h.Stop()
 	<-h.Stopped()
+}
+
+// startConcurrency is how many pipelines start (connect their sink) at once.
+const startConcurrency = 32
+
+// startJitter spreads the first attempts of pipelines started together.
+const startJitter = 20 * time.Millisecond
+
+// startPipeline starts p's components once one of the start slots is free,
+// after a random pause up to startJitter; ctx ending abandons the wait.
+func (s *Supervisor) startPipeline(ctx context.Context, p *Pipeline) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(rand.N(startJitter)):
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case s.starting <- struct{}{}:
+	}
+	defer func() { <-s.starting }()
+	return p.Start(ctx)
 }
 
 func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Context) (*message.Handler, error) {

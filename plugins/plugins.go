@@ -102,6 +102,11 @@ type Env struct {
 	// MaxConnections, when positive, caps the source's database connections
 	// (limits.max_connections, or the pipeline's share of its tenant's).
 	MaxConnections int
+	// DatabaseConnections, when positive, is the most connections the
+	// process's pool shared by every polling pipeline on one database may
+	// open (ferry run --db-max-connections); 0 means the default, 10. The
+	// first pipeline to open a database's pool sizes it.
+	DatabaseConnections int
 	// DrainTimeout bounds how long a stopping source waits for in-flight
 	// messages before it records progress and closes.
 	DrainTimeout time.Duration

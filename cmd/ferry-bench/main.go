@@ -57,7 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	duration := fs.Duration("duration", def.Duration, "steady: how long the writers write")
 	writers := fs.Int("writers", def.Writers, "steady: writer sessions")
 	memory := fs.String("memory-events", joinInts(def.MemoryEvents), "backlog-memory: backlog sizes, comma-separated")
-	idle := fs.Int("idle-pipelines", def.IdlePipelines, "idle: pipelines in one process")
+	idle := fs.String("idle-pipelines", joinInts(def.IdlePipelines), "idle: pipelines in one process, one row per count, comma-separated")
 	idleFor := fs.Duration("idle-duration", def.IdleDuration, "idle: measurement window")
 	repeat := fs.Int("repeat", def.Repeat, "drain and steady: runs of each system, interleaved; the table shows medians and ranges")
 	maxInFlight := fs.Int("max-in-flight", 0, "pipelines' limits.max_in_flight (0: Ferry's default)")
@@ -79,12 +79,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	o.Scenarios, o.Sources, o.Sinks, o.Systems = split(*scenarios), split(*sources), split(*sinks), split(*systems)
 	o.Baselines = split(*baselines)
 	o.Events, o.Rate, o.Duration, o.Writers = *events, *rate, *duration, *writers
-	o.IdlePipelines, o.IdleDuration, o.Repeat = *idle, *idleFor, *repeat
+	o.IdleDuration, o.Repeat = *idleFor, *repeat
 	o.MaxInFlight, o.CeilingWindow, o.Verify, o.Set = *maxInFlight, *window, *verify, set
 	o.ProfileDir = *profile
 	var err error
 	if o.MemoryEvents, err = parseInts(*memory); err != nil {
 		fmt.Fprintln(stderr, "--memory-events:", err)
+		return 2
+	}
+	if o.IdlePipelines, err = parseInts(*idle); err != nil {
+		fmt.Fprintln(stderr, "--idle-pipelines:", err)
 		return 2
 	}
 	if *quick {

@@ -237,6 +237,10 @@ type Runner struct {
 	CheckEvery time.Duration
 	// Resets makes the runner send resets' requests instead of backfills.
 	Resets bool
+	// Exists, if set, answers whether the request table exists instead of
+	// a catalog query of the runner's own: a source with many pipelines on
+	// one database asks once for all of them.
+	Exists func(ctx context.Context, table string) (bool, error)
 
 	req     *Request
 	chunks  []chunk
@@ -271,7 +275,13 @@ func (r *Runner) Load(ctx context.Context, q Querier) (*Request, error) {
 	if !r.exists {
 		// Ask the catalog first: a query on a missing table would log an
 		// error on the server every second.
-		if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, r.t.Requests).Scan(&r.exists); err != nil || !r.exists {
+		var err error
+		if r.Exists != nil {
+			r.exists, err = r.Exists(ctx, r.t.Requests)
+		} else {
+			err = q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, r.t.Requests).Scan(&r.exists)
+		}
+		if err != nil || !r.exists {
 			return nil, err
 		}
 	}

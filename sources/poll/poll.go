@@ -35,7 +35,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/redact"
@@ -75,7 +74,7 @@ type Source struct {
 
 	life *pgsource.Lifecycle
 
-	pool    *pgxpool.Pool
+	pool    *pgsource.Pool
 	table   outbox.Table
 	sql     statements
 	parked  prometheus.Gauge
@@ -235,13 +234,14 @@ func (s *Source) run(claimCtx context.Context) {
 	}
 }
 
-func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
+func (s *Source) open(ctx context.Context) (*pgsource.Pool, error) {
 	// Per worker one each for claims (and the open transaction in
 	// transaction mode), marks and renewals — a renewal that queues behind
 	// slow claims lets leases lapse, and the rows go out twice; plus the
 	// health query and LISTEN. Under a lower limits.max_connections the
 	// workers share: statements queue for a connection.
-	pool, err := pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 3*s.cfg.Workers+2, s.cfg.QueryTimeout, s.prepare)
+	pool, err := pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 3*s.cfg.Workers+2, s.cfg.QueryTimeout,
+		func(ctx context.Context, p *pgsource.Pool) error { return s.prepare(ctx, p) })
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +250,7 @@ func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
+func (s *Source) prepare(ctx context.Context, pool pgsource.Querier) error {
 	t, err := pgsource.ResolveTable(ctx, pool, s.cfg.Table, Name)
 	if err != nil {
 		return err
@@ -774,28 +774,34 @@ func (s *Source) Flow() plugins.Flow {
 
 // Probe measures the backlog once, without running (ferry doctor).
 func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
-	pool, err := pgxpool.New(ctx, s.cfg.DSN)
+	// One statement at a time in the database's shared pool: a thousand
+	// pipelines starting together do not open a thousand sessions to measure.
+	pool, err := pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 1, s.cfg.QueryTimeout, func(context.Context, *pgsource.Pool) error { return nil })
 	if err != nil {
 		return plugins.Health{}, err
 	}
-	defer pool.Close()
+	defer pgsource.ClosePool(pool)
 	if err := s.prepare(ctx, pool); err != nil {
 		return plugins.Health{}, err
 	}
-	return s.measure(ctx, pool)
+	return s.measure(ctx, pool, func(ctx context.Context) (pgsource.Horizon, bool, error) {
+		return pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
+	})
 }
 
-func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool) (plugins.Health, error) {
+// measure counts the backlog in q and adds horizon's oldest running
+// transaction.
+func (s *Source) measure(ctx context.Context, q pgsource.QueryRower, horizon func(context.Context) (pgsource.Horizon, bool, error)) (plugins.Health, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	var n, parked int64
 	var age float64
-	if err := pool.QueryRow(ctx, s.sql.health).Scan(&n, &age, &parked); err != nil {
+	if err := q.QueryRow(ctx, s.sql.health).Scan(&n, &age, &parked); err != nil {
 		return plugins.Health{}, err
 	}
 	h := plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
 		Details: map[string]any{"dead_lettered": parked}, CheckedAt: time.Now()}
-	if hz, ok, err := pgsource.OldestTransaction(ctx, pool); err == nil && ok {
+	if hz, ok, err := horizon(ctx); err == nil && ok {
 		h.Details[plugins.DetailXminHorizonAge] = hz.Age
 	}
 	return h, nil
@@ -805,7 +811,11 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool) (plugins.Healt
 // unpublished rows is cheap with the partial index but not free.
 func (s *Source) healthLoop(ctx context.Context) {
 	pgsource.WatchHealth(ctx, s.cfg.MetricsInterval, s.log, "measure backlog", func(ctx context.Context) error {
-		h, err := s.measure(ctx, s.pool)
+		// One horizon query per database and interval serves every
+		// pipeline on it.
+		h, err := s.measure(ctx, s.pool, func(ctx context.Context) (pgsource.Horizon, bool, error) {
+			return s.pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
+		})
 		if err != nil {
 			return err
 		}

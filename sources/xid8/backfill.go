@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/backfill"
+	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
 )
 
@@ -66,9 +66,12 @@ var _ plugins.Backfiller = (*Config)(nil)
 // Backfilled rows take the read cursor's position in the window (they lie
 // behind it), so the recorded cursor never moves back. It reports whether
 // a backfill is under way (the read loop then polls at poll_interval).
-func (s *Source) backfillStep(ctx context.Context, pool *pgxpool.Pool) bool {
+func (s *Source) backfillStep(ctx context.Context, pool *pgsource.Pool) bool {
 	if s.backfill == nil {
 		s.backfill = backfill.NewRunner(s.cfg.Table, s.cfg.joinColumn(), s.env.Pipeline)
+		s.backfill.Exists = func(ctx context.Context, table string) (bool, error) {
+			return pool.RelationExists(ctx, table, s.backfill.CheckEvery)
+		}
 	}
 	bf := s.backfill
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
@@ -134,7 +137,7 @@ func (s *Source) backfillStep(ctx context.Context, pool *pgxpool.Pool) bool {
 
 // recordBackfill records the backfill's progress at shutdown, after the
 // window drained, so a resume goes on from there.
-func (s *Source) recordBackfill(ctx context.Context, pool *pgxpool.Pool) {
+func (s *Source) recordBackfill(ctx context.Context, pool *pgsource.Pool) {
 	if s.backfill == nil {
 		return
 	}

@@ -29,7 +29,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
@@ -171,17 +170,17 @@ func (s *Source) run(readCtx context.Context) {
 
 // connect opens the pool, prepares the offsets table and loads the cursor,
 // retrying with backoff until it works or ctx ends (then it returns nil).
-func (s *Source) connect(ctx context.Context) *pgxpool.Pool {
+func (s *Source) connect(ctx context.Context) *pgsource.Pool {
 	pool, _ := pgsource.Retry(ctx, s.log, s.env.Report, "xid8 source cannot start", s.open)
 	return pool
 }
 
-func (s *Source) open(ctx context.Context) (*pgxpool.Pool, error) {
+func (s *Source) open(ctx context.Context) (*pgsource.Pool, error) {
 	// Reader, committer, health (LISTEN has the shared session).
 	return pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 3, s.cfg.QueryTimeout, s.prepare)
 }
 
-func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
+func (s *Source) prepare(ctx context.Context, pool *pgsource.Pool) error {
 	t, err := pgsource.ResolveTable(ctx, pool, s.cfg.Table, Name)
 	if err != nil {
 		return err
@@ -240,7 +239,7 @@ func (s *Source) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 // readLoop reads batches past the read cursor and admits them to the window.
 // A full batch is followed at once by the next; otherwise it waits for the
 // poll interval or a notification.
-func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan struct{}) {
+func (s *Source) readLoop(ctx context.Context, pool *pgsource.Pool, wake <-chan struct{}) {
 	bo := retry.Backoff()
 	failing := false
 	rows := make([]row, 0, s.cfg.BatchSize)
@@ -260,7 +259,12 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		}
 		var err error
 		start := time.Now()
-		rows, err = s.readBatch(ctx, pool, rows[:0])
+		// Idle while notifications flow, a read that finds nothing is
+		// followed by the check for rows held back: both go in one round
+		// trip and one transaction (`ferry-bench` idle at 1,000 pipelines).
+		withHeld := s.listening.Load() && time.Since(lastWake) > time.Second
+		var held bool
+		rows, held, err = s.readBatch(ctx, pool, rows[:0], withHeld)
 		if err == nil {
 			s.batches.Observe(len(rows), time.Since(start))
 		}
@@ -293,7 +297,7 @@ func (s *Source) readLoop(ctx context.Context, pool *pgxpool.Pool, wake <-chan s
 		if s.backfillStep(ctx, pool) {
 			d = min(d, s.cfg.PollInterval)
 		}
-		if d > s.cfg.PollInterval && s.heldBack(ctx, pool) {
+		if d > s.cfg.PollInterval && (withHeld && held || !withHeld && s.heldBack(ctx, pool)) {
 			// Committed rows wait behind an open transaction, whose end
 			// sends no notification: keep polling.
 			d = s.cfg.PollInterval
@@ -320,7 +324,7 @@ func nextPoll(rows, batch int, listening bool, lastWake time.Time, poll, idle ti
 // heldBack reports whether rows past the cursor exist that the last read
 // did not return — committed, but behind the oldest running transaction (or
 // not committed yet). An error counts as yes: poll rather than sleep.
-func (s *Source) heldBack(ctx context.Context, pool *pgxpool.Pool) bool {
+func (s *Source) heldBack(ctx context.Context, pool *pgsource.Pool) bool {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	var held bool
@@ -333,18 +337,51 @@ type row struct {
 	xact uint64
 }
 
-func (s *Source) readBatch(ctx context.Context, pool *pgxpool.Pool, out []row) ([]row, error) {
+// readBatch reads the rows past the read cursor; withHeld also asks, in
+// the same round trip, whether rows past it exist that the read did not
+// return (what heldBack asks).
+func (s *Source) readBatch(ctx context.Context, pool *pgsource.Pool, out []row, withHeld bool) (_ []row, held bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	rows, err := pool.Query(ctx, s.readSQL, strconv.FormatUint(s.read.XactID, 10), s.read.ID, s.cfg.BatchSize)
-	if err != nil {
-		return out, err
+	xactText := strconv.FormatUint(s.read.XactID, 10)
+	var rows pgx.Rows
+	if withHeld {
+		b := &pgx.Batch{}
+		b.Queue(s.readSQL, xactText, s.read.ID, s.cfg.BatchSize)
+		b.Queue(s.pendingSQL, xactText, s.read.ID)
+		var br pgx.BatchResults
+		if br, err = pool.SendBatch(ctx, b); err != nil {
+			return out, false, err
+		}
+		defer func() {
+			if cerr := br.Close(); err == nil {
+				err = cerr
+			}
+		}()
+		if rows, err = br.Query(); err != nil {
+			return out, false, err
+		}
+		if out, err = s.scanRows(rows, out); err != nil {
+			return out, false, err
+		}
+		err = br.QueryRow().Scan(&held)
+		return out, held, err
 	}
+	if rows, err = pool.Query(ctx, s.readSQL, xactText, s.read.ID, s.cfg.BatchSize); err != nil {
+		return out, false, err
+	}
+	out, err = s.scanRows(rows, out)
+	return out, false, err
+}
+
+// scanRows appends the read's rows to out and closes rows.
+func (s *Source) scanRows(rows pgx.Rows, out []row) ([]row, error) {
 	defer rows.Close()
 	var xactText string
 	for rows.Next() {
 		var r row
-		if err := rows.Scan(s.cfg.Columns.Scan(&r.Row, &xactText, &r.DBReadAt)...); err != nil {
+		var err error
+		if err = rows.Scan(s.cfg.Columns.Scan(&r.Row, &xactText, &r.DBReadAt)...); err != nil {
 			return out, err
 		}
 		if r.xact, err = strconv.ParseUint(xactText, 10, 64); err != nil {
@@ -363,7 +400,7 @@ func (s *Source) readBatch(ctx context.Context, pool *pgxpool.Pool, out []row) (
 // With nothing left to record the ticker stops until the prefix moves again:
 // an idle pipeline's loop does not wake five times a second for nothing
 // (`ferry bench` idle: a tenth of the CPU of 100 idle pipelines).
-func (s *Source) commitLoop(ctx context.Context, pool *pgxpool.Pool) {
+func (s *Source) commitLoop(ctx context.Context, pool *pgsource.Pool) {
 	t := time.NewTicker(s.cfg.CommitInterval)
 	defer t.Stop()
 	ticking := true
@@ -404,7 +441,7 @@ func (s *Source) commitLoop(ctx context.Context, pool *pgxpool.Pool) {
 	}
 }
 
-func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
+func (s *Source) commit(ctx context.Context, pool *pgsource.Pool) error {
 	pos, mark, ok := s.win.Prefix()
 	if !ok {
 		return nil
@@ -436,7 +473,7 @@ func (s *Source) commit(ctx context.Context, pool *pgxpool.Pool) error {
 
 // deleteDelivered deletes a batch of rows at or behind the recorded cursor
 // — delivered, by the cursor's guarantee — and older than retention.after.
-func (s *Source) deleteDelivered(ctx context.Context, pool *pgxpool.Pool, r *pgsource.Retention) (int64, error) {
+func (s *Source) deleteDelivered(ctx context.Context, pool *pgsource.Pool, r *pgsource.Retention) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	cursor := s.committedCursor()
@@ -467,14 +504,16 @@ func (s *Source) committedCursor() Position {
 func (s *Source) Flow() plugins.Flow { return pgsource.Flow(s.win.Stats()) }
 
 // Probe measures the backlog past the stored cursor once, without running
-// (ferry doctor). It creates nothing: a pipeline that never ran has its
-// whole table as backlog.
+// (ferry doctor, a pipeline starting or standing by), with one statement at
+// a time in the database's shared pool: a thousand pipelines starting
+// together do not open a thousand sessions to measure. It creates nothing:
+// a pipeline that never ran has its whole table as backlog.
 func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
-	pool, err := pgxpool.New(ctx, s.cfg.DSN)
+	pool, err := pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 1, s.cfg.QueryTimeout, func(context.Context, *pgsource.Pool) error { return nil })
 	if err != nil {
 		return plugins.Health{}, err
 	}
-	defer pool.Close()
+	defer pgsource.ClosePool(pool)
 	var xactText string
 	var pos Position
 	err = pool.QueryRow(ctx, `SELECT xact_id::text, id FROM `+outbox.Quote(s.cfg.OffsetsTable)+` WHERE pipeline = $1`, s.env.Pipeline).Scan(&xactText, &pos.ID)
@@ -486,12 +525,16 @@ func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
 	default:
 		return plugins.Health{}, fmt.Errorf("read cursor: %w", err)
 	}
-	return s.measure(ctx, pool, pos)
+	h, err := s.measure(ctx, pool, pos)
+	if err != nil {
+		return h, err
+	}
+	hz, ok, err := pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
+	return withHorizon(h, hz, ok), err
 }
 
-// measure counts the rows past pos, the age of the oldest, and the oldest
-// running transaction — what holds the cursor back.
-func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool, pos Position) (plugins.Health, error) {
+// measure counts the rows past pos and the age of the oldest.
+func (s *Source) measure(ctx context.Context, pool pgsource.QueryRower, pos Position) (plugins.Health, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
@@ -504,27 +547,37 @@ func (s *Source) measure(ctx context.Context, pool *pgxpool.Pool, pos Position) 
 	if err != nil {
 		return plugins.Health{}, err
 	}
-	h := plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
-		CheckedAt: time.Now(), Details: map[string]any{"cursor": pos.String()}}
-	hz, ok, err := pgsource.OldestTransaction(ctx, pool)
-	if err != nil {
-		return plugins.Health{}, err
-	}
+	return plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
+		CheckedAt: time.Now(), Details: map[string]any{"cursor": pos.String()}}, nil
+}
+
+// withHorizon adds the oldest running transaction — what holds the cursor
+// back — to h.
+func withHorizon(h plugins.Health, hz pgsource.Horizon, ok bool) plugins.Health {
 	if ok {
 		h.Details[plugins.DetailXminHorizonAge] = hz.Age
 		h.Details["oldest_transaction"] = hz.Details()
 	}
-	return h, nil
+	return h
 }
 
 // healthLoop refreshes Health on a slow timer.
-func (s *Source) healthLoop(ctx context.Context, pool *pgxpool.Pool) {
+func (s *Source) healthLoop(ctx context.Context, pool *pgsource.Pool) {
 	pgsource.WatchHealth(ctx, s.cfg.MetricsInterval, s.log, "measure backlog", func(ctx context.Context) error {
 		h, err := s.measure(ctx, pool, s.committedCursor())
-		if err == nil {
-			s.health.Store(h)
+		if err != nil {
+			return err
 		}
-		return err
+		// One horizon query per database and interval serves every
+		// pipeline on it.
+		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+		defer cancel()
+		hz, ok, err := pool.OldestTransaction(qctx, s.cfg.MetricsInterval/2)
+		if err != nil {
+			return err
+		}
+		s.health.Store(withHorizon(h, hz, ok))
+		return nil
 	})
 }
 

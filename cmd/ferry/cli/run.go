@@ -32,6 +32,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	httpAddr := fs.String("http", "", "serve /metrics, /healthz, /readyz and /api/v1 on this address; a bare port binds 127.0.0.1 (write 0.0.0.0:PORT for every interface)")
 	tokenFile := fs.String("admin-token-file", "", "file holding the bearer token for the admin endpoints (else $FERRY_ADMIN_TOKEN; neither: admin endpoints disabled)")
 	shutdown := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long pipelines may take to drain in-flight events")
+	dbConns := fs.Int("db-max-connections", 10, "connections the xid8 and poll pipelines on one database share (one pool per database; wal pipelines and the LISTEN session count apart)")
 	watch := fs.Bool("watch", false, "reload when the pipeline files change (SIGHUP and POST /api/v1/reload always do)")
 	ha := fs.Bool("ha", true, "run each pipeline on one instance at a time (an advisory lock on its source database), sharing them fairly among live instances; off: run everything here")
 	host, _ := os.Hostname()
@@ -69,7 +70,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	opts := pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown}
+	if *dbConns < 1 {
+		fmt.Fprintln(stderr, "--db-max-connections must be at least 1")
+		return 2
+	}
+	opts := pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown, DatabaseConnections: *dbConns}
 	if *ha {
 		dsn, from, ok := coordinationDSN(*coordination, cp.storeDSN(), specs)
 		if !ok {

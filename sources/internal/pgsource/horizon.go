@@ -58,3 +58,63 @@ func (h Horizon) Details() map[string]any {
 	return map[string]any{"pid": h.PID, "database": h.Database, "user": h.User, "application": h.Application,
 		"state": h.State, "xact_start": h.XactStart, "query": h.Query, "age_seconds": h.Age.Seconds()}
 }
+
+// horizonReading is a database's last OldestTransaction answer.
+type horizonReading struct {
+	at time.Time
+	h  Horizon
+	ok bool
+}
+
+// OldestTransaction is the server's oldest transaction as measured by any
+// pipeline on the database within fresh: the horizon is the same for all of
+// them, so a thousand pipelines' health loops ask the server once per
+// interval, not a thousand times. One caller measures while the others wait
+// for its answer.
+func (p *Pool) OldestTransaction(ctx context.Context, fresh time.Duration) (Horizon, bool, error) {
+	db := p.db
+	db.horizonMu.Lock()
+	defer db.horizonMu.Unlock()
+	if r := db.horizon; !r.at.IsZero() && time.Since(r.at) < fresh {
+		h := r.h
+		if r.ok {
+			h.Age += time.Since(r.at)
+		}
+		return h, r.ok, nil
+	}
+	h, ok, err := OldestTransaction(ctx, p)
+	if err != nil {
+		return h, ok, err
+	}
+	db.horizon = horizonReading{at: time.Now(), h: h, ok: ok}
+	return h, ok, nil
+}
+
+// relationReading is a database's last answer on whether a relation exists.
+type relationReading struct {
+	at     time.Time
+	exists bool
+}
+
+// RelationExists reports whether the relation name (as to_regclass reads
+// it) exists, as any pipeline on the database found within fresh: the
+// pipelines of a schema share its backfill request table, and a thousand
+// of them need not each ask the catalog every second whether it was
+// created.
+func (p *Pool) RelationExists(ctx context.Context, name string, fresh time.Duration) (bool, error) {
+	db := p.db
+	db.relationsMu.Lock()
+	defer db.relationsMu.Unlock()
+	if r, ok := db.relations[name]; ok && time.Since(r.at) < fresh {
+		return r.exists, nil
+	}
+	var exists bool
+	if err := p.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil {
+		return false, err
+	}
+	if db.relations == nil {
+		db.relations = map[string]relationReading{}
+	}
+	db.relations[name] = relationReading{at: time.Now(), exists: exists}
+	return exists, nil
+}

@@ -31,6 +31,12 @@ var listeners = struct {
 	m map[string]*listener
 }{m: map[string]*listener{}}
 
+// Configured is a pool whose configuration the LISTEN session connects
+// with: a pipeline's Pool, or a *pgxpool.Pool.
+type Configured interface {
+	Config() *pgxpool.Config
+}
+
 // subscriber is one pipeline's interest in a channel.
 type subscriber struct {
 	channel   string
@@ -60,7 +66,7 @@ type listener struct {
 //
 // The session connects with pool's configuration (application_name
 // ferry:listen) and is not one of pool's connections.
-func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, wake func(), listening func(bool)) {
+func Listen(ctx context.Context, pool Configured, channel string, log *slog.Logger, wake func(), listening func(bool)) {
 	if listening == nil {
 		listening = func(bool) {}
 	}
@@ -70,7 +76,7 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.L
 	l.leave(pool, sub)
 }
 
-func join(pool *pgxpool.Pool, log *slog.Logger, sub *subscriber) *listener {
+func join(pool Configured, log *slog.Logger, sub *subscriber) *listener {
 	key := pool.Config().ConnString()
 	listeners.Lock()
 	defer listeners.Unlock()
@@ -91,7 +97,7 @@ func join(pool *pgxpool.Pool, log *slog.Logger, sub *subscriber) *listener {
 	return l
 }
 
-func (l *listener) leave(pool *pgxpool.Pool, sub *subscriber) {
+func (l *listener) leave(pool Configured, sub *subscriber) {
 	key := pool.Config().ConnString()
 	listeners.Lock()
 	l.mu.Lock()
