@@ -189,7 +189,9 @@ func checkCoordination(c *pipelines.Coordination) *Check {
 
 func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	d := Diagnosis{Pipeline: spec.Name, Tenant: spec.Tenant}
-	p, err := pipelines.Build(spec, plugins.Env{})
+	// Its own sessions named apart from a relay's ferry:pool, which the
+	// relay stage looks for.
+	p, err := pipelines.Build(spec, plugins.Env{PoolName: "ferry:doctor"})
 	if err != nil {
 		d.Checks = append(d.Checks, Check{Stage: StageBacklog, Status: Unknown, Evidence: []string{err.Error()}})
 		return d

@@ -107,6 +107,11 @@ type Env struct {
 	// open (ferry run --db-max-connections); 0 means the default, 10. The
 	// first pipeline to open a database's pool sizes it.
 	DatabaseConnections int
+	// PoolName, when set, names the shared pool's database sessions
+	// (application_name) instead of ferry:pool, and keeps that pool apart:
+	// ferry doctor probes under its own name, so its probe is never
+	// mistaken for a running relay.
+	PoolName string
 	// DrainTimeout bounds how long a stopping source waits for in-flight
 	// messages before it records progress and closes.
 	DrainTimeout time.Duration

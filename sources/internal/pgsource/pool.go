@@ -136,11 +136,15 @@ func OpenPool(ctx context.Context, dsn string, env plugins.Env, conns int, query
 	if size <= 0 {
 		size = DefaultDatabaseConnections
 	}
-	key := DatabaseKey(pc.ConnConfig)
+	name := "ferry:pool"
+	if env.PoolName != "" {
+		name = env.PoolName
+	}
+	key := name + "/" + DatabaseKey(pc.ConnConfig)
 	databases.Lock()
 	db := databases.m[key]
 	if db == nil {
-		pc.ConnConfig.RuntimeParams["application_name"] = "ferry:pool"
+		pc.ConnConfig.RuntimeParams["application_name"] = name
 		pc.MaxConns = int32(size)
 		pc.MaxConnIdleTime = ConnIdleTime
 		pc.ConnConfig.ConnectTimeout = queryTimeout
