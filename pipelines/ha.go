@@ -247,7 +247,7 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 	// session that does not answer has lost them all. The sessions are
 	// checked side by side: each may take the full statement timeout to be
 	// found half-open.
-	dsns, groups := byLockDSN(owned)
+	dsns, _ := byLockDSN(owned)
 	var checks sync.WaitGroup
 	for _, dsn := range dsns {
 		ls := s.lockSession(dsn)
@@ -288,7 +288,7 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 		return
 	}
 	rand.Shuffle(len(unowned), func(i, j int) { unowned[i], unowned[j] = unowned[j], unowned[i] })
-	dsns, groups = byLockDSN(unowned)
+	dsns, groups := byLockDSN(unowned)
 	for _, dsn := range dsns {
 		if ctx.Err() != nil {
 			return
