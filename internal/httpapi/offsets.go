@@ -199,19 +199,30 @@ type ResetView struct {
 	plugins.ResetResult
 }
 
-func (c *api) resetOffsets(w http.ResponseWriter, r *http.Request, p principal) {
-	v, ok := c.findWritable(w, r, p)
+// changeRequest is the start of a request that changes a pipeline's
+// progress (a reset, a backfill): the pipeline, writable by p; ?dry_run;
+// the JSON body decoded strictly into body. On a problem it has answered,
+// and ok is false.
+func (c *api) changeRequest(w http.ResponseWriter, r *http.Request, p principal, body any) (v PipelineView, dry, ok bool) {
+	v, ok = c.findWritable(w, r, p)
 	if !ok {
-		return
+		return v, false, false
 	}
 	dry, prob := boolQuery(r, "dry_run")
+	if prob == nil {
+		prob = decodeStrict(w, r, body)
+	}
 	if prob != nil {
 		writeProblem(w, prob)
-		return
+		return v, false, false
 	}
+	return v, dry, true
+}
+
+func (c *api) resetOffsets(w http.ResponseWriter, r *http.Request, p principal) {
 	var body resetBody
-	if prob := decodeStrict(w, r, &body); prob != nil {
-		writeProblem(w, prob)
+	v, dry, ok := c.changeRequest(w, r, p, &body)
+	if !ok {
 		return
 	}
 	req, prob := body.reset(dry, time.Now())
@@ -495,18 +506,9 @@ type BackfillView struct {
 }
 
 func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
-	v, ok := c.findWritable(w, r, p)
-	if !ok {
-		return
-	}
-	dry, prob := boolQuery(r, "dry_run")
-	if prob != nil {
-		writeProblem(w, prob)
-		return
-	}
 	var body backfillBody
-	if prob := decodeStrict(w, r, &body); prob != nil {
-		writeProblem(w, prob)
+	v, dry, ok := c.changeRequest(w, r, p, &body)
+	if !ok {
 		return
 	}
 	f, prob := body.filter(dry, time.Now())
