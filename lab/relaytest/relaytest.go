@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -99,31 +98,7 @@ limits:
 // (stop waits for the supervisor to finish).
 func (e *Env) Start(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
-	specs, err := pipelines.Loader{}.LoadBytes("test.yaml", []byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{
-		Logger:       plugintest.Logger(),
-		DrainTimeout: 5 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sup.Run(ctx, specs) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("supervisor: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return plugintest.StartPipeline(t, yaml, pipelines.Options{Logger: plugintest.Logger(), DrainTimeout: 5 * time.Second})
 }
 
 // Decode reads the events the collector holds.

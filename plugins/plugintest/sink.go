@@ -203,7 +203,7 @@ func (e *SinkEnv) YAML(name, dest string, maxInFlight int) string {
 func (e *SinkEnv) Start(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
 	e.Metrics = prometheus.NewRegistry()
-	return startPipeline(t, yaml, pipelines.Options{Logger: Logger(), Metrics: e.Metrics, DrainTimeout: 5 * time.Second})
+	return StartPipeline(t, yaml, pipelines.Options{Logger: Logger(), Metrics: e.Metrics, DrainTimeout: 5 * time.Second})
 }
 
 // FailedPublishes counts the sink publishes that returned an error, from

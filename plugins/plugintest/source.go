@@ -171,10 +171,13 @@ func (e *SourceEnv) YAML(name string, maxInFlight int) string {
 // (stop waits for the supervisor to finish; it also runs when the test ends).
 func (e *SourceEnv) Start(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
-	return startPipeline(t, yaml, pipelines.Options{Logger: Logger(), DrainTimeout: 5 * time.Second})
+	return StartPipeline(t, yaml, pipelines.Options{Logger: Logger(), DrainTimeout: 5 * time.Second})
 }
 
-func startPipeline(t testing.TB, yaml string, opts pipelines.Options) (stop func()) {
+// StartPipeline loads yaml (with Registry: the recorder is available) and
+// runs its pipelines in a supervisor made with opts until the returned stop
+// is called; stop waits for the supervisor and also runs when the test ends.
+func StartPipeline(t testing.TB, yaml string, opts pipelines.Options) (stop func()) {
 	t.Helper()
 	specs, err := pipelines.Loader{Registry: Registry()}.LoadBytes("test.yaml", []byte(yaml))
 	if err != nil {
