@@ -71,6 +71,23 @@ import (
 //     only checks that Start connects.
 //   - ConsumerLagger: `ferry doctor` reports the lag of the consumers named
 //     in the sink's config. Without it doctor skips the consumer stage.
+//   - BatchPublisher: the pipeline publishes a batch of independent events
+//     with one flush and learns each one's outcome, so it retries only the
+//     ones that failed. Without it a batch is one Publish call, and when
+//     that fails every event of it is retried (those the broker had
+//     confirmed are sent again: at least once).
+
+// BatchPublisher is implemented by sinks that can publish many messages to
+// one topic with their confirmations pipelined (JetStream async publishes
+// with one wait, a producer's batch, publisher confirms). PublishBatch
+// returns only after every message was confirmed or failed; errs[i] is
+// msgs[i]'s outcome (nil: the broker confirmed it), and len(errs) ==
+// len(msgs). The messages are of different aggregates: their order among
+// themselves does not matter. Errors are classified as Publish's are
+// (Permanent for what no retry can fix).
+type BatchPublisher interface {
+	PublishBatch(topic string, msgs []*message.Message) (errs []error)
+}
 
 // HealthReporter is implemented by sources that measure their backlog.
 // Health is called from any goroutine, often; it returns the last
