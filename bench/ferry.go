@@ -147,11 +147,38 @@ func (s countingSink) Publish(topic string, msgs ...*message.Message) error {
 		return err
 	}
 	for _, m := range msgs {
-		var id int64
-		if s.c.job.Mode == modeSteady {
-			id, _ = strconv.ParseInt(m.Metadata.Get(plugins.MetaOutboxID), 10, 64)
-		}
-		s.c.ack(id)
+		s.count(m)
 	}
 	return nil
+}
+
+// PublishBatch keeps the sink's batches (plugins.BatchPublisher) and
+// counts the confirmed messages; a sink without them publishes the batch
+// in one Publish call.
+func (s countingSink) PublishBatch(topic string, msgs []*message.Message) []error {
+	b, ok := s.Sink.(plugins.BatchPublisher)
+	if !ok {
+		errs := make([]error, len(msgs))
+		if err := s.Publish(topic, msgs...); err != nil {
+			for i := range errs {
+				errs[i] = err
+			}
+		}
+		return errs
+	}
+	errs := b.PublishBatch(topic, msgs)
+	for i, m := range msgs {
+		if errs[i] == nil {
+			s.count(m)
+		}
+	}
+	return errs
+}
+
+func (s countingSink) count(m *message.Message) {
+	var id int64
+	if s.c.job.Mode == modeSteady {
+		id, _ = strconv.ParseInt(m.Metadata.Get(plugins.MetaOutboxID), 10, 64)
+	}
+	s.c.ack(id)
 }

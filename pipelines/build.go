@@ -98,7 +98,7 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 		return nil, fmt.Errorf("pipeline %s: build sink: %w", spec.Name, err)
 	}
 	p.Sink = snk
-	p.Publisher = p.Sink
+	p.Publisher = withBatches(p.Sink)
 	if p.tracer, err = tracing.New(spec.Tracing, spec.Sink.Type, p.Sink, env); err != nil {
 		return nil, fmt.Errorf("pipeline %s: tracing: %w", spec.Name, err)
 	}

@@ -373,7 +373,7 @@ func (s *Supervisor) start(e *entry) error {
 	if s.metrics != nil {
 		// The router only decorates the publisher it publishes handler output
 		// with; a pipeline publishes inside its handler, so decorate the sink.
-		if p.Publisher, err = s.metrics.DecoratePublisher(p.Sink); err != nil {
+		if p.Publisher, err = s.metrics.DecoratePublisher(withBatches(p.Sink)); err != nil {
 			return fmt.Errorf("pipeline %s: publish metrics: %w", e.spec.Name, err)
 		}
 		p.metrics = s.stages.forPipeline(p)
@@ -531,7 +531,13 @@ func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Conte
 	// The chain is built into the handler function, not added with
 	// Handler.AddMiddleware: the router keeps middleware by handler name for
 	// good, so every restart of the pipeline would stack another copy.
-	h := s.router.AddConsumerHandler(e.spec.Name, e.spec.Source.Type, p.Source, func(msg *message.Message) error {
+	// The router gets batches (batch.go); the chain runs per event.
+	fast := s.tenantLimiter(e.spec) == nil && e.spec.Limits.Rate <= 0
+	h := s.router.AddConsumerHandler(e.spec.Name, e.spec.Source.Type, batcher{p.Source}, func(msg *message.Message) error {
+		if batch, ok := batchOf(msg); ok {
+			p.handleBatch(msg, batch, handle, fast, e.rep)
+			return nil
+		}
 		_, err := handle(msg)
 		return err
 	})

@@ -1,0 +1,331 @@
+package pipelines
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/tracing"
+)
+
+// Batches: the router gets one message per batch of events, not one per
+// event.
+//
+// A source's window hands out events of different aggregates only (two
+// events of one aggregate are never in flight at once), so the events
+// waiting in its channel at any moment are independent: they may be
+// transformed and published together, in one handler call, with one flush
+// to the broker and one wait for its confirmations. Per event, the router
+// would start a goroutine, run the middleware chain and wait for one
+// confirmation — most of the relay's CPU per event (docs/performance.md).
+//
+// The batch forms by itself: the batcher takes what is waiting, up to
+// maxBatch, and never waits for more — at a low rate a batch is one event
+// and nothing is delayed; under a backlog batches grow while the previous
+// one is being confirmed.
+//
+// Only the happy path is batched. An event that fails anywhere in it (a
+// transform error, a publish the broker refused, a row the source could not
+// decode) leaves the batch and goes, on its own, through the pipeline's full
+// per-event chain — Watermill's retry and recoverer, the dead-letter topic,
+// outcome reporting — exactly as if the batch had never been; so every
+// failure is handled by the one chain there is. Pipelines with rate or
+// tenant limits run every event through that chain (the limits count
+// events), still one handler call per batch.
+
+// maxBatch is the most events one handler call takes: the default window
+// holds 1,000, so several batches are in flight while one is confirmed.
+const maxBatch = 256
+
+type batchKey struct{}
+
+// batchOf returns the events an envelope carries.
+func batchOf(msg *message.Message) ([]*message.Message, bool) {
+	b, ok := msg.Context().Value(batchKey{}).([]*message.Message)
+	return b, ok
+}
+
+// batcher hands the router envelopes of the events waiting in a source's
+// channel. Everything but Subscribe is the source's.
+type batcher struct {
+	plugins.Source
+}
+
+// Subscribe forwards the source's events in envelopes until the source
+// closes its channel (the router reads until then, so the source can drain
+// its in-flight events at shutdown).
+func (b batcher) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := b.Source.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for first := range in {
+			batch := make([]*message.Message, 1, 16)
+			batch[0] = first
+		more:
+			for len(batch) < maxBatch {
+				select {
+				case m, ok := <-in:
+					if !ok {
+						break more
+					}
+					batch = append(batch, m)
+				default:
+					break more
+				}
+			}
+			env := message.NewMessage(watermill.NewShortUUID(), nil)
+			env.SetContext(context.WithValue(ctx, batchKey{}, batch))
+			out <- env
+		}
+	}()
+	return out, nil
+}
+
+// handleBatch delivers the events of one envelope and acks or nacks each;
+// the envelope itself is then acked (nobody waits on it). chain is the
+// pipeline's per-event handler with its middleware; fast reports whether
+// events may take the batched path.
+func (p *Pipeline) handleBatch(env *message.Message, batch []*message.Message, chain message.HandlerFunc, fast bool, rep *reporter) {
+	// The events get the envelope's context: the router put the handler's
+	// name there, which the metrics middleware labels with.
+	ctx := env.Context()
+	for _, m := range batch {
+		m.SetContext(ctx)
+	}
+	slow := batch
+	if fast {
+		slow = p.publishBatch(batch, rep)
+	}
+	if len(slow) == 0 {
+		return
+	}
+	if len(slow) == 1 {
+		settle(slow[0], chain)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, m := range slow {
+		wg.Add(1)
+		go func() { defer wg.Done(); settle(m, chain) }()
+	}
+	wg.Wait()
+}
+
+// settle runs one event through the per-event chain and acks or nacks it,
+// as the router does with a handler's result.
+func settle(m *message.Message, chain message.HandlerFunc) {
+	if _, err := chain(m); err != nil {
+		m.Nack()
+		return
+	}
+	m.Ack()
+}
+
+// pending is one event of a batch on its way: the copy the transforms
+// worked on and what they made of it.
+type pending struct {
+	event *message.Message // as the source read it
+	out   *message.Message // the transformed copy to publish
+	span  tracing.Span
+	read  time.Time // zero: no read time known
+}
+
+// publishBatch transforms every event and publishes the results together,
+// acking each event the broker confirmed. It returns the events that must
+// go through the per-event chain: every one that failed, and those it does
+// not batch (undecodable rows, transforms that fanned out).
+func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow []*message.Message) {
+	obs := p.metrics
+	now := time.Now()
+	work := make([]pending, 0, len(batch))
+	for _, m := range batch {
+		if m.Metadata.Get(plugins.MetaUndecodable) != "" {
+			slow = append(slow, m)
+			continue
+		}
+		if why := m.Metadata.Get(plugins.MetaHeadersError); why != "" {
+			p.warnHeaders(m, why)
+		}
+		readAt, err := plugins.ParseTime(m.Metadata.Get(plugins.MetaReadAt))
+		if err != nil {
+			readAt = time.Time{}
+		} else {
+			obs.observe(0, now.Sub(readAt), outcomeOK)
+		}
+		out := m
+		if len(p.Stages) > 0 {
+			// Transforms may change the message in place; the event as read
+			// stays untouched for the chain and the dead-letter topic.
+			out = m.CopyWithContext()
+		}
+		dropped, fanned, failed := false, false, false
+		for i, st := range p.Stages {
+			start := time.Now()
+			next, err := runStage(st, []*message.Message{out})
+			switch {
+			case err != nil:
+				// The chain runs the transform again, retries and
+				// dead-letters; this attempt is not counted as an error.
+				failed = true
+			case len(next) == 0:
+				obs.observe(i+1, time.Since(start), outcomeDropped)
+				dropped = true
+			case len(next) > 1:
+				// One event's messages keep their order only one by one.
+				fanned = true
+			default:
+				obs.observe(i+1, time.Since(start), outcomeOK)
+				out = next[0]
+			}
+			if err != nil || len(next) != 1 {
+				break
+			}
+		}
+		switch {
+		case dropped:
+			m.Ack()
+			continue
+		case failed, fanned:
+			slow = append(slow, m)
+			continue
+		}
+		work = append(work, pending{event: m, out: out, read: readAt})
+	}
+	if len(work) == 0 {
+		return slow
+	}
+
+	// Group by topic, keeping read order within each.
+	start := time.Now()
+	sentAt := ""
+	byTopic := map[string][]int{}
+	var topics []string
+	for i := range work {
+		w := &work[i]
+		if h := w.out.Metadata.Get(plugins.MetaSentAtHeader); h != "" {
+			if sentAt == "" {
+				sentAt = plugins.FormatTime(start)
+			}
+			w.out.Metadata.Set(h, sentAt)
+		}
+		topic := w.out.Metadata.Get(plugins.MetaTopic)
+		if _, ok := byTopic[topic]; !ok {
+			topics = append(topics, topic)
+		}
+		byTopic[topic] = append(byTopic[topic], i)
+		w.span = p.tracer.Start(w.out, topic)
+	}
+	errs := make([]error, len(work))
+	msgs := make([]*message.Message, 0, len(work))
+	for _, topic := range topics {
+		idx := byTopic[topic]
+		msgs = msgs[:0]
+		for _, i := range idx {
+			msgs = append(msgs, work[i].out)
+		}
+		for j, err := range p.publishMany(topic, msgs) {
+			errs[idx[j]] = err
+		}
+	}
+	took := time.Since(start)
+	last := len(p.Stages) + 1
+	delivered := false
+	for i := range work {
+		w := &work[i]
+		w.span.End(errs[i])
+		if errs[i] != nil {
+			slow = append(slow, w.event)
+			continue
+		}
+		obs.observe(last, took, outcomeOK)
+		if !w.read.IsZero() {
+			p.observeLag(w.event, time.Since(w.read))
+		}
+		w.event.Ack()
+		delivered = true
+	}
+	if delivered && rep != nil {
+		rep.delivered()
+	}
+	return slow
+}
+
+// publishMany publishes msgs to topic in one call and returns each one's
+// outcome: the sink's own when it is a plugins.BatchPublisher, else the
+// call's error for every message (a failed call may have delivered some,
+// which the chain then sends again: at least once).
+func (p *Pipeline) publishMany(topic string, msgs []*message.Message) []error {
+	errs := make([]error, len(msgs))
+	err := p.Publisher.Publish(topic, msgs...)
+	if err == nil {
+		return errs
+	}
+	var be *batchErrors
+	if errors.As(err, &be) && len(be.errs) == len(msgs) {
+		return be.errs
+	}
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// batchSink lets a batch through Watermill's publisher metrics (which
+// decorate Publish) to the sink's PublishBatch, carrying the per-message
+// outcomes back in the error.
+type batchSink struct {
+	plugins.Sink
+	batch plugins.BatchPublisher
+}
+
+// withBatches returns snk, or, when it can publish batches, a Sink whose
+// Publish of several messages uses PublishBatch.
+func withBatches(snk plugins.Sink) plugins.Sink {
+	if b, ok := snk.(plugins.BatchPublisher); ok {
+		return batchSink{snk, b}
+	}
+	return snk
+}
+
+func (s batchSink) Publish(topic string, msgs ...*message.Message) error {
+	if len(msgs) < 2 {
+		return s.Sink.Publish(topic, msgs...)
+	}
+	errs := s.batch.PublishBatch(topic, msgs)
+	for _, err := range errs {
+		if err != nil {
+			return &batchErrors{errs: errs}
+		}
+	}
+	return nil
+}
+
+// batchErrors is a batch's outcome when some of it failed; Error is the
+// first failure.
+type batchErrors struct{ errs []error }
+
+func (e *batchErrors) Error() string {
+	n, first := 0, error(nil)
+	for _, err := range e.errs {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			n++
+		}
+	}
+	if n == 1 {
+		return first.Error()
+	}
+	return first.Error() + " (and " + strconv.Itoa(n-1) + " more in the batch)"
+}
