@@ -83,8 +83,11 @@ func (b batcher) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 					break more
 				}
 			}
+			// Not the subscription's context: the events inherit it, and
+			// those in flight when the pipeline stops must still be
+			// published (and retried) while the source drains.
 			env := message.NewMessage(watermill.NewShortUUID(), nil)
-			env.SetContext(context.WithValue(ctx, batchKey{}, batch))
+			env.SetContext(context.WithValue(context.Background(), batchKey{}, batch))
 			out <- env
 		}
 	}()
