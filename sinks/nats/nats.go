@@ -206,43 +206,99 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 // after JetStream acknowledged each. Safe for concurrent use: concurrent
 // publishes share one connection and their acks are awaited in parallel.
 func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
-	s.mu.Lock()
-	js, conn := s.js, s.conn
-	s.mu.Unlock()
-	if js == nil {
-		return errors.New("nats sink: not started")
-	}
-	if topic == "" {
-		topic = s.cfg.Subject
+	js, conn, topic, err := s.publisher(topic)
+	if err != nil {
+		return err
 	}
 	var one [1]jetstream.PubAckFuture
 	futures := one[:0]
 	for _, msg := range msgs {
-		var nm *nats.Msg
-		if s.enc.Raw(msg) {
-			nm = natsMsg(topic, msg)
-		} else {
-			var err error
-			if nm, err = encodedMsg(s.enc, topic, msg); err != nil {
-				return fmt.Errorf("encode %s: %w", msg.UUID, err)
-			}
-		}
-		f, err := js.PublishMsgAsync(nm)
+		// The messages of one call are in order (one aggregate's events):
+		// the first that cannot be sent ends the call, so none after it
+		// reaches the stream before it.
+		f, err := s.send(js, conn, topic, msg)
 		if err != nil {
-			return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
+			return err
 		}
 		futures = append(futures, f)
 	}
-	// Each waits until the PubAck, an error reply, publish_timeout or a
-	// reconnect (which fails every pending publish).
 	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
+		if err := s.await(conn, topic, f); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// PublishBatch sends msgs to topic (the sink's subject when empty) as
+// asynchronous publishes, then waits for all their PubAcks at once: a batch
+// costs one round trip, not one per message. errs[i] is msgs[i]'s outcome;
+// a message that cannot be sent (over max_payload) fails alone and the
+// others are still published. Safe for concurrent use.
+func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
+	errs := make([]error, len(msgs))
+	js, conn, topic, err := s.publisher(topic)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	for i, msg := range msgs {
+		futures[i], errs[i] = s.send(js, conn, topic, msg)
+	}
+	for i, f := range futures {
+		if f != nil {
+			errs[i] = s.await(conn, topic, f)
+		}
+	}
+	return errs
+}
+
+// publisher is the started sink's JetStream context and connection, and
+// the subject topic stands for.
+func (s *Sink) publisher(topic string) (jetstream.JetStream, *nats.Conn, string, error) {
+	s.mu.Lock()
+	js, conn := s.js, s.conn
+	s.mu.Unlock()
+	if js == nil {
+		return nil, nil, "", errors.New("nats sink: not started")
+	}
+	if topic == "" {
+		topic = s.cfg.Subject
+	}
+	return js, conn, topic, nil
+}
+
+// send encodes msg and publishes it asynchronously; the future resolves
+// with its PubAck.
+func (s *Sink) send(js jetstream.JetStream, conn *nats.Conn, topic string, msg *message.Message) (jetstream.PubAckFuture, error) {
+	var nm *nats.Msg
+	if s.enc.Raw(msg) {
+		nm = natsMsg(topic, msg)
+	} else {
+		var err error
+		if nm, err = encodedMsg(s.enc, topic, msg); err != nil {
+			return nil, fmt.Errorf("encode %s: %w", msg.UUID, err)
+		}
+	}
+	f, err := js.PublishMsgAsync(nm)
+	if err != nil {
+		return nil, classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
+	}
+	return f, nil
+}
+
+// await waits until f's PubAck, an error reply, publish_timeout or a
+// reconnect (which fails every pending publish).
+func (s *Sink) await(conn *nats.Conn, topic string, f jetstream.PubAckFuture) error {
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
+	}
 }
 
 // Destination is the subject msg goes to: topic, else the sink's.
@@ -323,4 +379,7 @@ func encodedMsg(enc *format.Encoder, topic string, msg *message.Message) (*nats.
 	return &nats.Msg{Subject: topic, Data: e.Body, Header: h}, nil
 }
 
-var _ plugins.Sink = (*Sink)(nil)
+var (
+	_ plugins.Sink           = (*Sink)(nil)
+	_ plugins.BatchPublisher = (*Sink)(nil)
+)
