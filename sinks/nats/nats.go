@@ -210,13 +210,14 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return err
 	}
+	enc := newBatchEncoder(msgs)
 	var one [1]jetstream.PubAckFuture
 	futures := one[:0]
 	for _, msg := range msgs {
 		// The messages of one call are in order (one aggregate's events):
 		// the first that cannot be sent ends the call, so none after it
 		// reaches the stream before it.
-		f, err := s.send(js, conn, topic, msg)
+		f, err := s.send(js, conn, topic, &enc, msg)
 		if err != nil {
 			return err
 		}
@@ -244,9 +245,10 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 		}
 		return errs
 	}
+	enc := newBatchEncoder(msgs)
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	for i, msg := range msgs {
-		futures[i], errs[i] = s.send(js, conn, topic, msg)
+		futures[i], errs[i] = s.send(js, conn, topic, &enc, msg)
 	}
 	for i, f := range futures {
 		if f != nil {
@@ -271,12 +273,36 @@ func (s *Sink) publisher(topic string) (jetstream.JetStream, *nats.Conn, string,
 	return js, conn, topic, nil
 }
 
+// batchEncoder builds the NATS messages of one call: the messages and
+// their header values come from two arrays allocated once per call, not
+// two allocations per message.
+type batchEncoder struct {
+	msgs []nats.Msg
+	vals []string
+}
+
+func newBatchEncoder(msgs []*message.Message) batchEncoder {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.Metadata) + 1
+	}
+	return batchEncoder{msgs: make([]nats.Msg, 0, len(msgs)), vals: make([]string, 0, n)}
+}
+
+// raw is natsMsg for the call's next message.
+func (b *batchEncoder) raw(topic string, msg *message.Message) *nats.Msg {
+	b.msgs = append(b.msgs, nats.Msg{})
+	nm := &b.msgs[len(b.msgs)-1]
+	b.vals = fillNatsMsg(nm, topic, msg, b.vals)
+	return nm
+}
+
 // send encodes msg and publishes it asynchronously; the future resolves
 // with its PubAck.
-func (s *Sink) send(js jetstream.JetStream, conn *nats.Conn, topic string, msg *message.Message) (jetstream.PubAckFuture, error) {
+func (s *Sink) send(js jetstream.JetStream, conn *nats.Conn, topic string, enc *batchEncoder, msg *message.Message) (jetstream.PubAckFuture, error) {
 	var nm *nats.Msg
 	if s.enc.Raw(msg) {
-		nm = natsMsg(topic, msg)
+		nm = enc.raw(topic, msg)
 	} else {
 		var err error
 		if nm, err = encodedMsg(s.enc, topic, msg); err != nil {
@@ -336,24 +362,41 @@ func (s *Sink) Close() error {
 // natsMsg writes the payload as the body and metadata as headers, leaving
 // out Ferry's internal keys (plugins.IsInternal); the event id travels as
 // Nats-Msg-Id (JetStream's deduplication) and in Watermill's uuid header.
-// The header's values share one backing array: one allocation, not one per
-// header.
 func natsMsg(topic string, msg *message.Message) *nats.Msg {
-	n := len(msg.Metadata) + 2
-	h := make(nats.Header, n)
-	vals := make([]string, 0, n)
-	set := func(k, v string) {
-		vals = append(vals, v)
-		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
-	}
-	set(wmnats.WatermillUUIDHdr, msg.UUID)
-	set(nats.MsgIdHdr, msg.UUID)
-	for k, v := range msg.Metadata {
+	nm := new(nats.Msg)
+	fillNatsMsg(nm, topic, msg, nil)
+	return nm
+}
+
+// fillNatsMsg is natsMsg into nm, with the header values taken from vals'
+// spare capacity (a batch's messages share one array) and what is left of
+// it returned. The map is sized for the headers sent, not for the
+// metadata: a message with internal keys often has more than a map's
+// first group holds (8) yet sends fewer, and then needs one allocation,
+// not a directory and table of four. The two id headers share one value.
+func fillNatsMsg(nm *nats.Msg, topic string, msg *message.Message, vals []string) []string {
+	n := 1
+	for k := range msg.Metadata {
 		if !plugins.IsInternal(k) {
-			set(k, v)
+			n++
 		}
 	}
-	return &nats.Msg{Subject: topic, Data: msg.Payload, Header: h}
+	if cap(vals)-len(vals) < n {
+		vals = make([]string, 0, n)
+	}
+	h := make(nats.Header, n+1)
+	vals = append(vals, msg.UUID)
+	id := vals[len(vals)-1 : len(vals) : len(vals)]
+	h[wmnats.WatermillUUIDHdr] = id
+	h[nats.MsgIdHdr] = id
+	for k, v := range msg.Metadata {
+		if !plugins.IsInternal(k) {
+			vals = append(vals, v)
+			h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+		}
+	}
+	*nm = nats.Msg{Subject: topic, Data: msg.Payload, Header: h}
+	return vals[len(vals):]
 }
 
 // ContentTypeHeader is the header holding the content type of a body a
