@@ -293,9 +293,9 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	return errors.Join(errs...)
 }
 
-// PublishBatch sends msgs on one channel without waiting in between, then
-// waits for all their confirms (within one publish_timeout): a batch costs
-// about one round trip. errs[i] is msgs[i]'s outcome, classified as
+// PublishBatch sends msgs over the pool's channels without waiting in
+// between, then waits for all their confirms (within one publish_timeout):
+// a batch costs about one round trip. errs[i] is msgs[i]'s outcome, classified as
 // Publish's: a message the broker returned (unroutable) or nacked, or whose
 // routing key cannot be rendered, fails alone. Safe for concurrent use.
 func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
@@ -303,16 +303,28 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 	if len(msgs) == 0 {
 		return errs
 	}
-	ch, err := s.pick()
+	sess, err := s.current()
 	if err != nil {
 		for i := range errs {
 			errs[i] = err
 		}
 		return errs
 	}
+	// The messages are independent: spread over the pool's channels, the
+	// broker handles them in parallel (a channel is one process there).
+	n := uint64(len(sess.chans))
+	first := s.next.Add(uint64(len(msgs)))
+	chans := make([]*confirmChannel, n)
 	pending := make([]sent, len(msgs))
 	for i, msg := range msgs {
-		pending[i], errs[i] = s.send(ch, topic, msg)
+		slot := int((first + uint64(i)) % n)
+		if chans[slot] == nil {
+			if chans[slot], err = sess.channel(slot, s.log); err != nil {
+				errs[i] = err
+				continue
+			}
+		}
+		pending[i], errs[i] = s.send(chans[slot], topic, msg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
 	defer cancel()
