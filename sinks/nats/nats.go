@@ -249,6 +249,14 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	for i, msg := range msgs {
 		futures[i], errs[i] = s.send(js, conn, topic, &enc, msg)
+		if errs[i] != nil && !conn.IsConnected() {
+			// Disconnected, every later publish fails at once the same way
+			// (there is no reconnect buffer): no need to explain each.
+			for j := i + 1; j < len(msgs); j++ {
+				errs[j] = errs[i]
+			}
+			break
+		}
 	}
 	for i, f := range futures {
 		if f != nil {

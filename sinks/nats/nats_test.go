@@ -437,6 +437,16 @@ func TestBrokerDownFailsPublish(t *testing.T) {
 	if err := s.Publish("", message.NewMessage("b", nil)); err == nil {
 		t.Fatal("publish succeeded with the broker down")
 	}
+	batch := []*message.Message{message.NewMessage("c", nil), message.NewMessage("d", nil), message.NewMessage("e", nil)}
+	errs := s.PublishBatch("", batch)
+	if len(errs) != len(batch) {
+		t.Fatalf("%d outcomes for a batch of %d", len(errs), len(batch))
+	}
+	for i, err := range errs {
+		if err == nil {
+			t.Errorf("batch message %d published with the broker down", i)
+		}
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
