@@ -32,6 +32,13 @@ type SinkHarness struct {
 	// Inspect, if set, looks at the sink after many concurrent publishes
 	// (e.g. to report how they batched).
 	Inspect func(t *testing.T, s plugins.Sink, published int)
+	// Refuse, if set, changes an event so that publishing it to the
+	// target's default destination fails for good (e.g. a payload over the
+	// broker's size limit), and returns the reason of the permanent error
+	// the sink then returns ("oversize"). The batch scenario puts one such
+	// event among good ones: it alone must fail. Nil when the harness has
+	// no such event; the scenario then publishes good events only.
+	Refuse func(m *message.Message) (reason string)
 }
 
 // SinkFeatures switch the suite's assertions to what a broker promises.
@@ -90,6 +97,7 @@ func RunSink(t *testing.T, h SinkHarness) {
 	t.Run("ResentEventID", func(t *testing.T) { testResend(t, h) })
 	t.Run("PipelineOrder10k", func(t *testing.T) { testOrder(t, h) })
 	t.Run("BrokerDown", func(t *testing.T) { testBrokerDown(t, h) })
+	t.Run("Batch", func(t *testing.T) { testBatch(t, h) })
 	if h.Features.RejectsUnroutable {
 		t.Run("Unroutable", func(t *testing.T) { testUnroutable(t, h) })
 	}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -292,6 +294,120 @@ func testBrokerDown(t *testing.T, h SinkHarness) {
 	v.Assert(t, window)
 	t.Logf("broker down %s: %d publishes failed, cursor held; then %d events delivered, %d duplicates (bound %d)",
 		downFor.Round(time.Millisecond), failed, len(all), v.Duplicates, window)
+}
+
+// testBatch: a sink that is a plugins.BatchPublisher publishes batches of
+// independent events (one per aggregate) and reports each one's outcome:
+// 1,000 events in batches of 100 all confirmed and stored once; a batch to
+// a routed destination goes there; an event the broker refuses (Refuse)
+// fails alone, as Publish classifies it, and the rest of its batch is
+// stored. A batch before Start or after Close fails every event.
+func testBatch(t *testing.T, h SinkHarness) {
+	const batches, size = 10, 100
+	tg := h.Target(t)
+	sink := BuildSink(t, h, tg.SinkYAML(tg.Default))
+	bp, ok := sink.(plugins.BatchPublisher)
+	if !ok {
+		t.Skipf("%T does not implement plugins.BatchPublisher", sink)
+	}
+	early := []*message.Message{event("early-1", "order-0", 1, nil), event("early-2", "order-00", 1, nil)}
+	if errs := bp.PublishBatch("", early); len(errs) != len(early) || errs[0] == nil || errs[1] == nil {
+		t.Fatalf("PublishBatch before Start = %v, want an error for each of %d events", errs, len(early))
+	}
+	if err := sink.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if errs := bp.PublishBatch("", nil); len(errs) != 0 {
+		t.Fatalf("PublishBatch of no events = %v, want no outcomes", errs)
+	}
+
+	var written []Written
+	newEvent := func(i int, extra map[string]string) *message.Message {
+		agg := fmt.Sprintf("agg-%04d", i)
+		written = append(written, Written{OutboxID: int64(i + 1), Aggregate: agg, Seq: 1})
+		md := map[string]string{plugins.MetaOutboxID: fmt.Sprint(i + 1)}
+		for k, v := range extra {
+			md[k] = v
+		}
+		return event(fmt.Sprintf("batch-%04d", i), agg, 1, md)
+	}
+	start := time.Now()
+	for b := range batches {
+		msgs := make([]*message.Message, size)
+		for j := range msgs {
+			msgs[j] = newEvent(b*size+j, nil)
+		}
+		errs := bp.PublishBatch("", msgs)
+		if len(errs) != len(msgs) {
+			t.Fatalf("PublishBatch of %d events returned %d outcomes", len(msgs), len(errs))
+		}
+		for j, err := range errs {
+			if err != nil {
+				t.Fatalf("batch %d, event %s: %v", b, msgs[j].UUID, err)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	t.Logf("%d events in %d confirmed batches of %d in %s (%.0f/s)", batches*size, batches, size,
+		elapsed.Round(time.Millisecond), float64(batches*size)/elapsed.Seconds())
+
+	// A batch names its destination, as Publish does.
+	routed := make([]*message.Message, 10)
+	for j := range routed {
+		routed[j] = newEvent(batches*size+j, map[string]string{plugins.MetaTopic: tg.Routed})
+	}
+	for j, err := range bp.PublishBatch(tg.Routed, routed) {
+		if err != nil {
+			t.Fatalf("routed batch, event %s: %v", routed[j].UUID, err)
+		}
+	}
+
+	var refused *message.Message
+	if h.Refuse != nil {
+		mixed := make([]*message.Message, 10)
+		for j := range mixed {
+			mixed[j] = newEvent(batches*size+len(routed)+j, nil)
+		}
+		refused = mixed[4]
+		written = slices.DeleteFunc(written, func(w Written) bool { return w.Aggregate == refused.Metadata.Get(plugins.MetaAggregateID) })
+		reason := h.Refuse(refused)
+		errs := bp.PublishBatch("", mixed)
+		if len(errs) != len(mixed) {
+			t.Fatalf("PublishBatch of %d events returned %d outcomes", len(mixed), len(errs))
+		}
+		for j, err := range errs {
+			switch {
+			case mixed[j] != refused && err != nil:
+				t.Errorf("event %s of the batch with a refused event failed: %v", mixed[j].UUID, err)
+			case mixed[j] == refused:
+				if got, ok := plugins.IsPermanent(err); !ok || got != reason {
+					t.Errorf("refused event %s: %v (permanent %q %v), want a permanent %q error", refused.UUID, err, got, ok, reason)
+				}
+			}
+		}
+	}
+
+	recs := WaitRecords(t, tg, time.Minute, fmt.Sprint(len(written), " batched events"), func(r []Record) bool { return len(r) >= len(written) })
+	Check(written, DecodeRecords(t, recs), true).Assert(t, 0)
+	for _, r := range recs {
+		routedEvent := strings.HasPrefix(r.ID, "batch-") && r.ID >= routed[0].UUID && r.ID <= routed[len(routed)-1].UUID
+		switch {
+		case refused != nil && r.ID == refused.UUID:
+			t.Errorf("the refused event %s is on the broker", r.ID)
+		case routedEvent && r.Destination != tg.Routed:
+			t.Errorf("event %s of the routed batch went to %q, want %q", r.ID, r.Destination, tg.Routed)
+		case !routedEvent && r.Destination != tg.Default:
+			t.Errorf("event %s went to %q, want %q", r.ID, r.Destination, tg.Default)
+		}
+	}
+
+	if err := sink.Close(); err != nil {
+		t.Fatal(err)
+	}
+	late := []*message.Message{event("late-1", "order-9", 9, nil)}
+	if errs := bp.PublishBatch("", late); len(errs) != 1 || errs[0] == nil {
+		t.Fatalf("PublishBatch after Close = %v, want an error", errs)
+	}
 }
 
 // testUnroutable: a message nothing would receive fails the publish; in a

@@ -1,6 +1,6 @@
 // Package kafka is the Kafka sink. A publish returns only after the brokers
 // confirmed the record with the configured acks — all in-sync replicas by
-// default — through Watermill's Kafka publisher on Sarama's producer.
+// default — through Sarama's synchronous producer.
 //
 // Each record's key is the event's aggregate id (or the key a transform set),
 // so one aggregate stays on one partition, in order; Ferry's metadata travels
@@ -12,7 +12,14 @@
 //
 // Batching: Sarama's producer keeps one request in flight per broker and puts
 // every record that arrives meanwhile into the next one, so the concurrent
-// publishes of a pipeline's in-flight window share produce requests.
+// publishes of a pipeline's in-flight window share produce requests, and
+// PublishBatch hands the producer a whole batch at once.
+//
+// Why not Watermill's Kafka publisher any more: it sends the messages of a
+// call one after another, each waiting for its confirmation, and keeps its
+// producer to itself, so a batch could not be handed over at once. The
+// record layout is the same (Watermill's uuid header), so a Watermill Kafka
+// subscriber reads Ferry's records as before.
 //
 // A sink imports plugins, sinks/format and the internal helpers (redact,
 // tlsconf), never another sink, a source, pipelines or a lab package.
@@ -62,12 +69,12 @@ type Sink struct {
 	enc *format.Encoder
 
 	// mu is held for reading by every Publish, so Close waits for publishes
-	// in flight and Watermill's publisher is never closed under one.
-	mu      sync.RWMutex
-	pub     *wmkafka.Publisher
-	admin   sarama.ClusterAdmin
-	metrics metrics.Registry
-	closed  bool
+	// in flight and the producer is never closed under one.
+	mu       sync.RWMutex
+	producer sarama.SyncProducer
+	admin    sarama.ClusterAdmin
+	metrics  metrics.Registry
+	closed   bool
 
 	topicsMu sync.RWMutex
 	topics   map[string]bool // created or known to exist (create_topics only)
@@ -97,7 +104,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.closed {
 		return errors.New("kafka sink: closed")
 	}
-	if s.pub != nil {
+	if s.producer != nil {
 		return nil
 	}
 	sc, err := s.cfg.sarama()
@@ -122,16 +129,12 @@ func (s *Sink) Start(ctx context.Context) error {
 		s.closeAdmin()
 		return err
 	}
-	pub, err := wmkafka.NewPublisher(wmkafka.PublisherConfig{
-		Brokers:               s.cfg.brokers(),
-		Marshaler:             marshaler{s.enc},
-		OverwriteSaramaConfig: sc,
-	}, nil)
+	producer, err := sarama.NewSyncProducer(s.cfg.brokers(), sc)
 	if err != nil {
 		s.closeAdmin()
 		return redact.Error(fmt.Errorf("connect kafka: %w (brokers %s)", err, strings.Join(s.cfg.brokers(), ",")))
 	}
-	s.pub, s.metrics = pub, sc.MetricRegistry
+	s.producer, s.metrics = producer, sc.MetricRegistry
 	s.log.Info("kafka sink connected", "brokers", strings.Join(s.cfg.brokers(), ","), "topic", s.cfg.Topic,
 		"acks", s.cfg.Acks, "idempotent", s.cfg.Idempotent)
 	return nil
@@ -145,35 +148,105 @@ func (s *Sink) closeAdmin() {
 }
 
 // Publish sends msgs to topic (the sink's topic when empty) and returns after
-// the brokers confirmed each, in order. Safe for concurrent use: concurrent
-// calls share produce requests.
+// the brokers confirmed each, in order: each is sent once the one before it
+// is confirmed, and the first failure ends the call. Safe for concurrent
+// use: concurrent calls share produce requests.
 func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.pub == nil {
-		if s.closed {
-			return errors.New("kafka sink: closed")
+	topic, err := s.destination(topic)
+	if err != nil {
+		return err
+	}
+	m := marshaler{s.enc}
+	for _, msg := range msgs {
+		pm, err := m.Marshal(topic, msg)
+		if err != nil {
+			return fmt.Errorf("publish to kafka topic %s: marshal %s: %w", topic, msg.UUID, err)
 		}
-		return errors.New("kafka sink: not started")
+		if _, _, err := s.producer.SendMessage(pm); err != nil {
+			return classify(fmt.Errorf("publish to kafka topic %s: message %s: %w", topic, msg.UUID, err))
+		}
+	}
+	return nil
+}
+
+// PublishBatch hands every message to the producer at once and waits until
+// each was confirmed or failed: the batch shares produce requests instead
+// of waiting for one confirmation after another. errs[i] is msgs[i]'s
+// outcome; a record over max_message_bytes fails alone. Safe for
+// concurrent use.
+func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
+	errs := make([]error, len(msgs))
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	topic, err := s.destination(topic)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	m := marshaler{s.enc}
+	records := make([]*sarama.ProducerMessage, 0, len(msgs))
+	index := make(map[*sarama.ProducerMessage]int, len(msgs))
+	for i, msg := range msgs {
+		pm, err := m.Marshal(topic, msg)
+		if err != nil {
+			errs[i] = fmt.Errorf("publish to kafka topic %s: marshal %s: %w", topic, msg.UUID, err)
+			continue
+		}
+		records = append(records, pm)
+		index[pm] = i
+	}
+	if len(records) == 0 {
+		return errs
+	}
+	err = s.producer.SendMessages(records)
+	var perRecord sarama.ProducerErrors
+	if err != nil && !errors.As(err, &perRecord) {
+		// Not one error per record: every record's outcome is unknown.
+		for _, pm := range records {
+			errs[index[pm]] = classify(fmt.Errorf("publish to kafka topic %s: %w", topic, err))
+		}
+		return errs
+	}
+	for _, pe := range perRecord {
+		if i, ok := index[pe.Msg]; ok {
+			errs[i] = classify(fmt.Errorf("publish to kafka topic %s: message %s: %w", topic, msgs[i].UUID, pe.Err))
+		}
+	}
+	return errs
+}
+
+// destination checks that the sink is started and topic (the sink's topic
+// when empty) can be published to; it is called with mu held for reading.
+func (s *Sink) destination(topic string) (string, error) {
+	if s.producer == nil {
+		if s.closed {
+			return "", errors.New("kafka sink: closed")
+		}
+		return "", errors.New("kafka sink: not started")
 	}
 	if topic == "" {
 		topic = s.cfg.Topic
 	}
 	if !ValidTopic(topic) {
-		return plugins.Permanent("no_route", fmt.Errorf("%q is not a Kafka topic name", topic))
+		return "", plugins.Permanent("no_route", fmt.Errorf("%q is not a Kafka topic name", topic))
 	}
 	if err := s.ensureTopic(topic); err != nil {
-		return err
+		return "", err
 	}
-	if err := s.pub.Publish(topic, msgs...); err != nil {
-		err = fmt.Errorf("publish to kafka topic %s: %w", topic, err)
-		if oversize(err) {
-			// No retry makes it fit: the pipeline dead-letters it.
-			return plugins.Permanent("oversize", err)
-		}
-		return err
+	return topic, nil
+}
+
+// classify marks a record no retry makes fit as permanent, so the pipeline
+// dead-letters it.
+func classify(err error) error {
+	if oversize(err) {
+		return plugins.Permanent("oversize", err)
 	}
-	return nil
+	return err
 }
 
 // Destination is the topic msg goes to: topic, else the sink's.
@@ -238,11 +311,11 @@ func (s *Sink) Close() error {
 	}
 	s.closed = true
 	s.closeAdmin()
-	if s.pub == nil {
+	if s.producer == nil {
 		return nil
 	}
-	err := s.pub.Close()
-	s.pub = nil
+	err := s.producer.Close()
+	s.producer = nil
 	return err
 }
 
@@ -343,4 +416,7 @@ func (m marshaler) encoded(topic string, msg *message.Message) (*sarama.Producer
 	return pm, nil
 }
 
-var _ plugins.Sink = (*Sink)(nil)
+var (
+	_ plugins.Sink           = (*Sink)(nil)
+	_ plugins.BatchPublisher = (*Sink)(nil)
+)

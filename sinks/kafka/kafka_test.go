@@ -77,6 +77,9 @@ var harness = plugintest.SinkHarness{
 	Type:     kafka.Name,
 	Features: plugintest.SinkFeatures{Keyed: true},
 	Target:   kafkaTarget,
+	// Over max_message_bytes (1,000,000 by default): the producer refuses
+	// to send it.
+	Refuse: func(m *message.Message) string { m.Payload = make([]byte, 2<<20); return "oversize" },
 	Inspect: func(t *testing.T, s plugins.Sink, published int) {
 		st := s.(*kafka.Sink).ProduceStats()
 		t.Logf("kafka: %d records in %d produce requests, %.1f records per request (Sarama's records-per-request)",
@@ -492,4 +495,186 @@ func TestConsumerLag(t *testing.T) {
 	if len(lags) != 1 || lags[0] != (plugins.GroupLag{Group: "billing", Topic: topic, Lag: 6}) {
 		t.Fatalf("lags %+v, want billing 6 behind on %s", lags, topic)
 	}
+}
+
+func batchOf(prefix string, n, size int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("%s-%03d", prefix, i), make([]byte, size))
+		msgs[i].Metadata.Set(plugins.MetaAggregateID, fmt.Sprintf("agg-%d", i))
+		msgs[i].Metadata.Set(plugins.MetaEventType, "OrderPlaced")
+	}
+	return msgs
+}
+
+// recordIDs counts the records per event id a collector read.
+func recordIDs(coll *testenv.KafkaCollector) map[string]int {
+	ids := map[string]int{}
+	for _, r := range coll.All() {
+		for _, h := range r.Headers {
+			if h.Key == kafka.IDHeader {
+				ids[string(h.Value)]++
+			}
+		}
+	}
+	return ids
+}
+
+// A batch's records are all stored, once, keyed by aggregate, in few
+// produce requests (not one per record), and each outcome is reported.
+func TestPublishBatchStoresEvery(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	topic := testenv.Name("ferry") + ".batch"
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 4)
+	s := newSink(t, srv.Addr(), topic, nil)
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	pc := countProduce(srv.Cluster())
+	msgs := batchOf("ev", 500, 64)
+	errs := s.PublishBatch("", msgs)
+	if len(errs) != len(msgs) {
+		t.Fatalf("%d outcomes for %d messages", len(errs), len(msgs))
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("message %s: %v", msgs[i].UUID, err)
+		}
+	}
+	coll := testenv.CollectKafka(t, []string{srv.Addr()}, []string{topic})
+	testenv.Eventually(t, 20*time.Second, "every record", func() bool { return coll.Len() >= len(msgs) })
+	ids := recordIDs(coll)
+	for _, m := range msgs {
+		if ids[m.UUID] != 1 {
+			t.Errorf("message %s stored %d times, want once", m.UUID, ids[m.UUID])
+		}
+	}
+	for _, r := range coll.All() {
+		if string(r.Key) == "" {
+			t.Errorf("record without a key at offset %d", r.Offset)
+		}
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	t.Logf("a batch of %d records took %d produce requests", len(msgs), pc.requests)
+	if pc.requests > len(msgs)/10 {
+		t.Errorf("a batch of %d records took %d produce requests: it was sent record by record", len(msgs), pc.requests)
+	}
+}
+
+// A record over max_message_bytes in the middle of a batch fails alone, as
+// a permanent oversize error; every other record is confirmed and stored.
+func TestPublishBatchOversizeFailsAlone(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	topic := testenv.Name("ferry") + ".mixed"
+	testenv.CreateKafkaTopic(t, []string{srv.Addr()}, topic, 4)
+	s := newSink(t, srv.Addr(), topic, func(c *kafka.Config) { c.MaxMessageBytes = 1000 })
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	msgs := batchOf("mix", 20, 16)
+	msgs[7].Payload = make([]byte, 2000)
+	errs := s.PublishBatch("", msgs)
+	if len(errs) != len(msgs) {
+		t.Fatalf("%d outcomes for %d messages", len(errs), len(msgs))
+	}
+	for i, err := range errs {
+		if i == 7 {
+			if reason, ok := plugins.IsPermanent(err); !ok || reason != "oversize" {
+				t.Errorf("oversize record: %v (permanent %q %v), want a permanent oversize error", err, reason, ok)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("record %s failed with the oversize one: %v", msgs[i].UUID, err)
+		}
+	}
+	coll := testenv.CollectKafka(t, []string{srv.Addr()}, []string{topic})
+	testenv.Eventually(t, 20*time.Second, "the good records", func() bool { return coll.Len() >= len(msgs)-1 })
+	ids := recordIDs(coll)
+	for i, m := range msgs {
+		if want := map[bool]int{true: 0, false: 1}[i == 7]; ids[m.UUID] != want {
+			t.Errorf("record %s stored %d times, want %d", m.UUID, ids[m.UUID], want)
+		}
+	}
+	// An invalid topic fails every record of the batch, for good.
+	for i, err := range s.PublishBatch("orders/eu", msgs[:3]) {
+		if reason, ok := plugins.IsPermanent(err); !ok || reason != "no_route" {
+			t.Errorf("record %d to an invalid topic: %v, want a permanent no_route error", i, err)
+		}
+	}
+}
+
+// benchEvents are 100-message batches shaped like outbox events: a small
+// JSON payload and a source's metadata, one aggregate each.
+func benchEvents(b *testing.B, batches int) [][]*message.Message {
+	out := make([][]*message.Message, batches)
+	for i := range out {
+		out[i] = make([]*message.Message, 100)
+		for j := range out[i] {
+			m := message.NewMessage(fmt.Sprintf("bench-%d-%d-%d", b.N, i, j), []byte(`{"order_id":"o-1","total":"12.50","currency":"EUR"}`))
+			m.Metadata.Set(plugins.MetaAggregateType, "order")
+			m.Metadata.Set(plugins.MetaAggregateID, fmt.Sprintf("order-%d", j))
+			m.Metadata.Set(plugins.MetaEventType, "OrderPlaced")
+			m.Metadata.Set(plugins.MetaCreatedAt, "2026-05-04T10:11:12.123456Z")
+			m.Metadata.Set(plugins.MetaOutboxID, fmt.Sprint(i*100+j))
+			out[i][j] = m
+		}
+	}
+	return out
+}
+
+func benchSink(b *testing.B) *kafka.Sink {
+	srv := testenv.StartKafka(b)
+	topic := testenv.Name("ferry") + ".bench"
+	testenv.CreateKafkaTopic(b, []string{srv.Addr()}, topic, 4)
+	cfg := kafka.DefaultConfig()
+	cfg.Brokers, cfg.Topic = []string{srv.Addr()}, topic
+	s := kafka.New(cfg, plugins.Env{Pipeline: "bench", Logger: plugintest.Logger()})
+	b.Cleanup(func() { s.Close() })
+	if err := s.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// BenchmarkPublish: 100 events published by 100 concurrent Publish calls
+// (a pipeline's window today) to kfake over TCP, reported per event.
+//
+//	go test ./sinks/kafka -run '^$' -bench 'Publish' -benchtime 100x
+func BenchmarkPublish(b *testing.B) {
+	s := benchSink(b)
+	batches := benchEvents(b, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, batch := range batches {
+		var wg sync.WaitGroup
+		for _, m := range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.Publish("", m); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+}
+
+// BenchmarkPublishBatch: the same 100 events as one PublishBatch call.
+func BenchmarkPublishBatch(b *testing.B) {
+	s := benchSink(b)
+	batches := benchEvents(b, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, batch := range batches {
+		for _, err := range s.PublishBatch("", batch) {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
 }

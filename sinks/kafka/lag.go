@@ -21,7 +21,7 @@ func (s *Sink) ConsumerLag(ctx context.Context) ([]plugins.GroupLag, error) {
 		return nil, nil
 	}
 	s.mu.RLock()
-	started := s.pub != nil
+	started := s.producer != nil
 	s.mu.RUnlock()
 	if !started {
 		return nil, errors.New("kafka sink: not started")

@@ -18,7 +18,7 @@ import (
 // way. It uses its own consumer connections, not the producer's.
 func (s *Sink) Read(ctx context.Context, topic string, handle func(*message.Message)) error {
 	s.mu.RLock()
-	started := s.pub != nil
+	started := s.producer != nil
 	s.mu.RUnlock()
 	if !started {
 		return errors.New("kafka sink: not started")
@@ -98,7 +98,7 @@ func unmarshal(m *sarama.ConsumerMessage) *message.Message {
 // client.
 func (s *Sink) Ping(ctx context.Context) error {
 	s.mu.RLock()
-	started := s.pub != nil
+	started := s.producer != nil
 	s.mu.RUnlock()
 	if !started {
 		return errors.New("kafka sink: not started")

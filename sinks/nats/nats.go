@@ -206,43 +206,133 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 // after JetStream acknowledged each. Safe for concurrent use: concurrent
 // publishes share one connection and their acks are awaited in parallel.
 func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
+	js, conn, topic, err := s.publisher(topic)
+	if err != nil {
+		return err
+	}
+	enc := newBatchEncoder(msgs)
+	var one [1]jetstream.PubAckFuture
+	futures := one[:0]
+	for _, msg := range msgs {
+		// The messages of one call are in order (one aggregate's events):
+		// the first that cannot be sent ends the call, so none after it
+		// reaches the stream before it.
+		f, err := s.send(js, conn, topic, &enc, msg)
+		if err != nil {
+			return err
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		if err := s.await(conn, topic, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PublishBatch sends msgs to topic (the sink's subject when empty) as
+// asynchronous publishes, then waits for all their PubAcks at once: a batch
+// costs one round trip, not one per message. errs[i] is msgs[i]'s outcome;
+// a message that cannot be sent (over max_payload) fails alone and the
+// others are still published. Safe for concurrent use.
+func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
+	errs := make([]error, len(msgs))
+	js, conn, topic, err := s.publisher(topic)
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	enc := newBatchEncoder(msgs)
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	for i, msg := range msgs {
+		futures[i], errs[i] = s.send(js, conn, topic, &enc, msg)
+		if errs[i] != nil && !conn.IsConnected() {
+			// Disconnected, every later publish fails at once the same way
+			// (there is no reconnect buffer): no need to explain each.
+			for j := i + 1; j < len(msgs); j++ {
+				errs[j] = errs[i]
+			}
+			break
+		}
+	}
+	for i, f := range futures {
+		if f != nil {
+			errs[i] = s.await(conn, topic, f)
+		}
+	}
+	return errs
+}
+
+// publisher is the started sink's JetStream context and connection, and
+// the subject topic stands for.
+func (s *Sink) publisher(topic string) (jetstream.JetStream, *nats.Conn, string, error) {
 	s.mu.Lock()
 	js, conn := s.js, s.conn
 	s.mu.Unlock()
 	if js == nil {
-		return errors.New("nats sink: not started")
+		return nil, nil, "", errors.New("nats sink: not started")
 	}
 	if topic == "" {
 		topic = s.cfg.Subject
 	}
-	var one [1]jetstream.PubAckFuture
-	futures := one[:0]
-	for _, msg := range msgs {
-		var nm *nats.Msg
-		if s.enc.Raw(msg) {
-			nm = natsMsg(topic, msg)
-		} else {
-			var err error
-			if nm, err = encodedMsg(s.enc, topic, msg); err != nil {
-				return fmt.Errorf("encode %s: %w", msg.UUID, err)
-			}
-		}
-		f, err := js.PublishMsgAsync(nm)
-		if err != nil {
-			return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
-		}
-		futures = append(futures, f)
+	return js, conn, topic, nil
+}
+
+// batchEncoder builds the NATS messages of one call: the messages and
+// their header values come from two arrays allocated once per call, not
+// two allocations per message.
+type batchEncoder struct {
+	msgs []nats.Msg
+	vals []string
+}
+
+func newBatchEncoder(msgs []*message.Message) batchEncoder {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.Metadata) + 1
 	}
-	// Each waits until the PubAck, an error reply, publish_timeout or a
-	// reconnect (which fails every pending publish).
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
+	return batchEncoder{msgs: make([]nats.Msg, 0, len(msgs)), vals: make([]string, 0, n)}
+}
+
+// raw is natsMsg for the call's next message.
+func (b *batchEncoder) raw(topic string, msg *message.Message) *nats.Msg {
+	b.msgs = append(b.msgs, nats.Msg{})
+	nm := &b.msgs[len(b.msgs)-1]
+	b.vals = fillNatsMsg(nm, topic, msg, b.vals)
+	return nm
+}
+
+// send encodes msg and publishes it asynchronously; the future resolves
+// with its PubAck.
+func (s *Sink) send(js jetstream.JetStream, conn *nats.Conn, topic string, enc *batchEncoder, msg *message.Message) (jetstream.PubAckFuture, error) {
+	var nm *nats.Msg
+	if s.enc.Raw(msg) {
+		nm = enc.raw(topic, msg)
+	} else {
+		var err error
+		if nm, err = encodedMsg(s.enc, topic, msg); err != nil {
+			return nil, fmt.Errorf("encode %s: %w", msg.UUID, err)
 		}
 	}
-	return nil
+	f, err := js.PublishMsgAsync(nm)
+	if err != nil {
+		return nil, classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
+	}
+	return f, nil
+}
+
+// await waits until f's PubAck, an error reply, publish_timeout or a
+// reconnect (which fails every pending publish).
+func (s *Sink) await(conn *nats.Conn, topic string, f jetstream.PubAckFuture) error {
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
+	}
 }
 
 // Destination is the subject msg goes to: topic, else the sink's.
@@ -280,24 +370,41 @@ func (s *Sink) Close() error {
 // natsMsg writes the payload as the body and metadata as headers, leaving
 // out Ferry's internal keys (plugins.IsInternal); the event id travels as
 // Nats-Msg-Id (JetStream's deduplication) and in Watermill's uuid header.
-// The header's values share one backing array: one allocation, not one per
-// header.
 func natsMsg(topic string, msg *message.Message) *nats.Msg {
-	n := len(msg.Metadata) + 2
-	h := make(nats.Header, n)
-	vals := make([]string, 0, n)
-	set := func(k, v string) {
-		vals = append(vals, v)
-		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
-	}
-	set(wmnats.WatermillUUIDHdr, msg.UUID)
-	set(nats.MsgIdHdr, msg.UUID)
-	for k, v := range msg.Metadata {
+	nm := new(nats.Msg)
+	fillNatsMsg(nm, topic, msg, nil)
+	return nm
+}
+
+// fillNatsMsg is natsMsg into nm, with the header values taken from vals'
+// spare capacity (a batch's messages share one array) and what is left of
+// it returned. The map is sized for the headers sent, not for the
+// metadata: a message with internal keys often has more than a map's
+// first group holds (8) yet sends fewer, and then needs one allocation,
+// not a directory and table of four. The two id headers share one value.
+func fillNatsMsg(nm *nats.Msg, topic string, msg *message.Message, vals []string) []string {
+	n := 1
+	for k := range msg.Metadata {
 		if !plugins.IsInternal(k) {
-			set(k, v)
+			n++
 		}
 	}
-	return &nats.Msg{Subject: topic, Data: msg.Payload, Header: h}
+	if cap(vals)-len(vals) < n {
+		vals = make([]string, 0, n)
+	}
+	h := make(nats.Header, n+1)
+	vals = append(vals, msg.UUID)
+	id := vals[len(vals)-1 : len(vals) : len(vals)]
+	h[wmnats.WatermillUUIDHdr] = id
+	h[nats.MsgIdHdr] = id
+	for k, v := range msg.Metadata {
+		if !plugins.IsInternal(k) {
+			vals = append(vals, v)
+			h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+		}
+	}
+	*nm = nats.Msg{Subject: topic, Data: msg.Payload, Header: h}
+	return vals[len(vals):]
 }
 
 // ContentTypeHeader is the header holding the content type of a body a
@@ -323,4 +430,7 @@ func encodedMsg(enc *format.Encoder, topic string, msg *message.Message) (*nats.
 	return &nats.Msg{Subject: topic, Data: e.Body, Header: h}, nil
 }
 
-var _ plugins.Sink = (*Sink)(nil)
+var (
+	_ plugins.Sink           = (*Sink)(nil)
+	_ plugins.BatchPublisher = (*Sink)(nil)
+)

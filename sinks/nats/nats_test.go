@@ -142,6 +142,9 @@ var harness = plugintest.SinkHarness{
 	Type:     natssink.Name,
 	Features: plugintest.SinkFeatures{DedupsResends: true},
 	Target:   natsTarget,
+	// Over the server's max_payload (1 MiB by default): the client refuses
+	// to send it.
+	Refuse: func(m *message.Message) string { m.Payload = make([]byte, 2<<20); return "oversize" },
 }
 
 func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
@@ -434,6 +437,16 @@ func TestBrokerDownFailsPublish(t *testing.T) {
 	if err := s.Publish("", message.NewMessage("b", nil)); err == nil {
 		t.Fatal("publish succeeded with the broker down")
 	}
+	batch := []*message.Message{message.NewMessage("c", nil), message.NewMessage("d", nil), message.NewMessage("e", nil)}
+	errs := s.PublishBatch("", batch)
+	if len(errs) != len(batch) {
+		t.Fatalf("%d outcomes for a batch of %d", len(errs), len(batch))
+	}
+	for i, err := range errs {
+		if err == nil {
+			t.Errorf("batch message %d published with the broker down", i)
+		}
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -523,4 +536,184 @@ func streamMsgs(t *testing.T, url, stream string) uint64 {
 		t.Fatal(err)
 	}
 	return info.State.Msgs
+}
+
+// batchSink starts a sink on a fresh stream of the server at url and
+// returns it with the stream's name.
+func batchSink(t testing.TB, url string, maxMsgSize int32) (*natssink.Sink, string) {
+	t.Helper()
+	name := strings.ToUpper(testenv.Name("b"))
+	cfg := natssink.DefaultConfig()
+	cfg.URL, cfg.Subject = url, "ferry.batch."+strings.ToLower(name)
+	cfg.CreateStream = &natssink.StreamConfig{Name: name, Storage: "memory", MaxMsgSize: maxMsgSize}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := natssink.New(cfg, plugins.Env{Pipeline: "test", Logger: plugintest.Logger()})
+	t.Cleanup(func() { s.Close() })
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if nc, err := nats.Connect(url); err == nil {
+			js, _ := jetstream.New(nc)
+			_ = js.DeleteStream(context.Background(), name)
+			nc.Close()
+		}
+	})
+	return s, name
+}
+
+func batchOf(prefix string, n, size int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("%s-%03d", prefix, i), make([]byte, size))
+		msgs[i].Metadata.Set(plugins.MetaAggregateID, fmt.Sprintf("agg-%d", i))
+		msgs[i].Metadata.Set(plugins.MetaEventType, "OrderPlaced")
+	}
+	return msgs
+}
+
+// streamIDs is the Nats-Msg-Id of every message the stream holds.
+func streamIDs(t *testing.T, url, stream string, n int) map[string]int {
+	t.Helper()
+	ids := map[string]int{}
+	for _, m := range read(t, url, stream, n) {
+		ids[m.Headers().Get(nats.MsgIdHdr)]++
+	}
+	return ids
+}
+
+// A batch's messages are all stored, once, and each outcome is reported.
+func TestPublishBatchStoresEvery(t *testing.T) {
+	url := testenv.NATS(t)
+	s, stream := batchSink(t, url, 0)
+	msgs := batchOf("ev", 500, 64)
+	errs := s.PublishBatch("", msgs)
+	if len(errs) != len(msgs) {
+		t.Fatalf("%d outcomes for %d messages", len(errs), len(msgs))
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("message %s: %v", msgs[i].UUID, err)
+		}
+	}
+	ids := streamIDs(t, url, stream, len(msgs))
+	for _, m := range msgs {
+		if ids[m.UUID] != 1 {
+			t.Errorf("message %s stored %d times, want once", m.UUID, ids[m.UUID])
+		}
+	}
+	if n := streamMsgs(t, url, stream); n != uint64(len(msgs)) {
+		t.Errorf("the stream holds %d messages, want %d", n, len(msgs))
+	}
+}
+
+// An oversize message in the middle of a batch fails alone, as a permanent
+// oversize error, both when the client refuses it (over the server's
+// max_payload) and when the stream does (over its max_msg_size); every
+// other message of the batch is confirmed and stored.
+func TestPublishBatchOversizeFailsAlone(t *testing.T) {
+	url := testenv.NATS(t)
+	for _, c := range []struct {
+		name     string
+		maxSize  int32
+		bigBytes int
+	}{
+		{"over max_payload", 0, 2 << 20},
+		{"over the stream's max_msg_size", 1024, 4096},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, stream := batchSink(t, url, c.maxSize)
+			msgs := batchOf("mix", 20, 16)
+			msgs[7].Payload = make([]byte, c.bigBytes)
+			errs := s.PublishBatch("", msgs)
+			if len(errs) != len(msgs) {
+				t.Fatalf("%d outcomes for %d messages", len(errs), len(msgs))
+			}
+			for i, err := range errs {
+				if i == 7 {
+					if reason, ok := plugins.IsPermanent(err); !ok || reason != "oversize" {
+						t.Errorf("oversize message: %v (permanent %q %v), want a permanent oversize error", err, reason, ok)
+					}
+					continue
+				}
+				if err != nil {
+					t.Errorf("message %s failed with the oversize one: %v", msgs[i].UUID, err)
+				}
+			}
+			ids := streamIDs(t, url, stream, len(msgs)-1)
+			for i, m := range msgs {
+				if want := map[bool]int{true: 0, false: 1}[i == 7]; ids[m.UUID] != want {
+					t.Errorf("message %s stored %d times, want %d", m.UUID, ids[m.UUID], want)
+				}
+			}
+			// Publish keeps its contract: the oversize message fails it.
+			err := s.Publish("", msgs[7])
+			if reason, ok := plugins.IsPermanent(err); !ok || reason != "oversize" {
+				t.Errorf("Publish of the oversize message: %v, want a permanent oversize error", err)
+			}
+		})
+	}
+}
+
+// benchEvents are 100-message batches shaped like an outbox event: a
+// small JSON payload and a source's metadata.
+func benchEvents(b *testing.B, batches int) [][]*message.Message {
+	out := make([][]*message.Message, batches)
+	for i := range out {
+		out[i] = make([]*message.Message, 100)
+		for j := range out[i] {
+			m := message.NewMessage(fmt.Sprintf("bench-%d-%d-%d", b.N, i, j), []byte(`{"order_id":"o-1","total":"12.50","currency":"EUR"}`))
+			m.Metadata.Set(plugins.MetaAggregateType, "order")
+			m.Metadata.Set(plugins.MetaAggregateID, fmt.Sprintf("order-%d", j))
+			m.Metadata.Set(plugins.MetaEventType, "OrderPlaced")
+			m.Metadata.Set(plugins.MetaCreatedAt, "2026-05-04T10:11:12.123456Z")
+			m.Metadata.Set(plugins.MetaOutboxID, fmt.Sprint(i*100+j))
+			m.Metadata.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+			out[i][j] = m
+		}
+	}
+	return out
+}
+
+// BenchmarkPublish: 100 events published by 100 concurrent Publish calls
+// (a pipeline's window today), reported per event.
+//
+//	go test ./sinks/nats -run '^$' -bench 'Publish' -benchtime 200x
+func BenchmarkPublish(b *testing.B) {
+	s, _ := batchSink(b, testenv.NATS(b), 0)
+	batches := benchEvents(b, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, batch := range batches {
+		var wg sync.WaitGroup
+		for _, m := range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.Publish("", m); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+}
+
+// BenchmarkPublishBatch: the same 100 events as one PublishBatch call.
+func BenchmarkPublishBatch(b *testing.B) {
+	s, _ := batchSink(b, testenv.NATS(b), 0)
+	batches := benchEvents(b, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, batch := range batches {
+		for _, err := range s.PublishBatch("", batch) {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
 }

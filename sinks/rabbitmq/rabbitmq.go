@@ -260,65 +260,144 @@ func (sess *session) channel(i int, log *slog.Logger) (*confirmChannel, error) {
 
 // Publish sends msgs to the exchange with topic as routing key (the
 // routing_key template when empty) and returns after the broker confirmed
-// each. Messages of one call share a channel, so they keep their order.
-// Safe for concurrent use.
+// each. Messages of one call share a channel, so they keep their order; the
+// first that cannot be sent ends the call. Safe for concurrent use.
 func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	sess, err := s.current()
+	ch, err := s.pick()
 	if err != nil {
 		return err
-	}
-	i := int(s.next.Add(1) % uint64(len(sess.chans)))
-	ch, err := sess.channel(i, s.log)
-	if err != nil {
-		return err
-	}
-	type sent struct {
-		d   *delivery
-		key string
 	}
 	pending := make([]sent, 0, len(msgs))
 	var errs []error
 	for _, msg := range msgs {
-		key := topic
-		if key == "" {
-			if key, err = s.route.render(msg.Metadata); err != nil {
-				errs = append(errs, plugins.Permanent("no_route", fmt.Errorf("message %s: %w", msg.UUID, err)))
+		p, err := s.send(ch, topic, msg)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		pending = append(pending, p)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+	defer cancel()
+	for _, p := range pending {
+		if err := s.await(ctx, p); err != nil {
+			errs = append(errs, err)
+			if errors.Is(err, errNoConfirm) {
 				break
 			}
 		}
-		if len(key) > 255 {
-			errs = append(errs, plugins.Permanent("no_route", fmt.Errorf("message %s: routing key longer than 255 bytes", msg.UUID)))
-			break
-		}
-		pub, err := s.marshal(msg)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("message %s: %w", msg.UUID, err))
-			break
-		}
-		d, err := ch.publish(s.cfg.Exchange, key, pub)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("publish %s to rabbitmq exchange %s, routing key %s: %w", msg.UUID, s.cfg.Exchange, key, err))
-			break
-		}
-		pending = append(pending, sent{d, key})
-	}
-	timeout := time.NewTimer(s.cfg.PublishTimeout)
-	defer timeout.Stop()
-	for _, p := range pending {
-		select {
-		case <-p.d.done:
-			if p.d.err != nil {
-				errs = append(errs, fmt.Errorf("publish %s to rabbitmq exchange %s, routing key %s: %w", p.d.id, s.cfg.Exchange, p.key, p.d.err))
-			}
-		case <-timeout.C:
-			errs = append(errs, fmt.Errorf("publish %s to rabbitmq exchange %s: no confirm within %s", p.d.id, s.cfg.Exchange, s.cfg.PublishTimeout))
-			return errors.Join(errs...)
-		}
 	}
 	return errors.Join(errs...)
+}
+
+// PublishBatch sends msgs over the pool's channels without waiting in
+// between, then waits for all their confirms (within one publish_timeout):
+// a batch costs about one round trip. errs[i] is msgs[i]'s outcome, classified as
+// Publish's: a message the broker returned (unroutable) or nacked, or whose
+// routing key cannot be rendered, fails alone. Safe for concurrent use.
+func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
+	errs := make([]error, len(msgs))
+	if len(msgs) == 0 {
+		return errs
+	}
+	sess, err := s.current()
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	// The messages are independent: spread over the pool's channels, the
+	// broker handles them in parallel (a channel is one process there).
+	n := uint64(len(sess.chans))
+	first := s.next.Add(uint64(len(msgs)))
+	chans := make([]*confirmChannel, n)
+	pending := make([]sent, len(msgs))
+	for i, msg := range msgs {
+		slot := int((first + uint64(i)) % n)
+		if chans[slot] == nil {
+			if chans[slot], err = sess.channel(slot, s.log); err != nil {
+				errs[i] = err
+				continue
+			}
+		}
+		pending[i], errs[i] = s.send(chans[slot], topic, msg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.PublishTimeout)
+	defer cancel()
+	for i, p := range pending {
+		if p.d != nil {
+			errs[i] = s.await(ctx, p)
+		}
+	}
+	return errs
+}
+
+// pick is the next channel of the pool, round robin, reconnecting first if
+// the connection is lost.
+func (s *Sink) pick() (*confirmChannel, error) {
+	sess, err := s.current()
+	if err != nil {
+		return nil, err
+	}
+	i := int(s.next.Add(1) % uint64(len(sess.chans)))
+	return sess.channel(i, s.log)
+}
+
+// sent is a publish awaiting its confirm.
+type sent struct {
+	d   *delivery
+	key string
+}
+
+// send renders msg's routing key (topic, else the template), marshals and
+// publishes it on ch without waiting for the confirm.
+func (s *Sink) send(ch *confirmChannel, topic string, msg *message.Message) (sent, error) {
+	key := topic
+	if key == "" {
+		var err error
+		if key, err = s.route.render(msg.Metadata); err != nil {
+			return sent{}, plugins.Permanent("no_route", fmt.Errorf("message %s: %w", msg.UUID, err))
+		}
+	}
+	if len(key) > 255 {
+		return sent{}, plugins.Permanent("no_route", fmt.Errorf("message %s: routing key longer than 255 bytes", msg.UUID))
+	}
+	pub, err := s.marshal(msg)
+	if err != nil {
+		return sent{}, fmt.Errorf("message %s: %w", msg.UUID, err)
+	}
+	d, err := ch.publish(s.cfg.Exchange, key, pub)
+	if err != nil {
+		return sent{}, fmt.Errorf("publish %s to rabbitmq exchange %s, routing key %s: %w", msg.UUID, s.cfg.Exchange, key, err)
+	}
+	return sent{d, key}, nil
+}
+
+// errNoConfirm is wrapped by the error of a publish whose confirm did not
+// come within publish_timeout.
+var errNoConfirm = errors.New("no confirm")
+
+// await waits for p's confirm until ctx ends. A confirm that came counts
+// even when ctx has ended meanwhile: a batch's later messages are looked
+// at after the deadline of an earlier one passed.
+func (s *Sink) await(ctx context.Context, p sent) error {
+	select {
+	case <-p.d.done:
+	default:
+		select {
+		case <-p.d.done:
+		case <-ctx.Done():
+			return fmt.Errorf("publish %s to rabbitmq exchange %s: %w within %s", p.d.id, s.cfg.Exchange, errNoConfirm, s.cfg.PublishTimeout)
+		}
+	}
+	if p.d.err != nil {
+		return fmt.Errorf("publish %s to rabbitmq exchange %s, routing key %s: %w", p.d.id, s.cfg.Exchange, p.key, p.d.err)
+	}
+	return nil
 }
 
 // Destination is the routing key msg goes with: topic, else the
@@ -555,4 +634,7 @@ func (c *confirmChannel) fail(reason error) {
 	}
 }
 
-var _ plugins.Sink = (*Sink)(nil)
+var (
+	_ plugins.Sink           = (*Sink)(nil)
+	_ plugins.BatchPublisher = (*Sink)(nil)
+)

@@ -535,3 +535,157 @@ func TestConsumerLag(t *testing.T) {
 		return err == nil && len(lags) == 1 && lags[0] == (plugins.GroupLag{Group: queue, Topic: exchange, Lag: 3})
 	})
 }
+
+func batchOf(prefix string, n int) []*message.Message {
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = orderEvent(fmt.Sprintf("%s-%03d", prefix, i), "OrderPlaced")
+		msgs[i].Metadata.Set(plugins.MetaAggregateID, fmt.Sprintf("o-%d", i))
+	}
+	return msgs
+}
+
+// deliveredIDs counts the deliveries per message id.
+func deliveredIDs(coll *testenv.AMQPCollector) map[string]int {
+	ids := map[string]int{}
+	for _, d := range coll.All() {
+		ids[d.MessageId]++
+	}
+	return ids
+}
+
+// A batch's messages are all confirmed and routed, once.
+func TestPublishBatchStoresEvery(t *testing.T) {
+	f := newFixture(t, "ferry.default")
+	s := f.sink(t, nil)
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	msgs := batchOf("ev", 500)
+	errs := s.PublishBatch("", msgs)
+	if len(errs) != len(msgs) {
+		t.Fatalf("%d outcomes for %d messages", len(errs), len(msgs))
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("message %s: %v", msgs[i].UUID, err)
+		}
+	}
+	testenv.Eventually(t, 20*time.Second, "every message", func() bool { return f.coll.Len() >= len(msgs) })
+	ids := deliveredIDs(f.coll)
+	for _, m := range msgs {
+		if ids[m.UUID] != 1 {
+			t.Errorf("message %s delivered %d times, want once", m.UUID, ids[m.UUID])
+		}
+	}
+}
+
+// In one batch (routing keys from the template, one channel), a message
+// the broker returns as unroutable and one whose routing key cannot be
+// rendered fail alone, classified as Publish classifies them; every other
+// message is confirmed and routed.
+func TestPublishBatchUnroutableFailsAlone(t *testing.T) {
+	f := newFixture(t, "ferry.OrderPlaced")
+	s := f.sink(t, func(c *rabbitmq.Config) { c.RoutingKey, c.Channels = "ferry.${event_type}", 1 })
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	msgs := batchOf("mix", 20)
+	msgs[7].Metadata.Set(plugins.MetaEventType, "NothingBound")
+	delete(msgs[12].Metadata, plugins.MetaEventType)
+	errs := s.PublishBatch("", msgs)
+	if len(errs) != len(msgs) {
+		t.Fatalf("%d outcomes for %d messages", len(errs), len(msgs))
+	}
+	for i, err := range errs {
+		switch i {
+		case 7:
+			if reason, ok := plugins.IsPermanent(err); !ok || reason != "unroutable" || !errors.Is(err, rabbitmq.ErrUnroutable) {
+				t.Errorf("unroutable message: %v (permanent %q %v), want a permanent unroutable error", err, reason, ok)
+			}
+		case 12:
+			if reason, ok := plugins.IsPermanent(err); !ok || reason != "no_route" {
+				t.Errorf("message without a routing key: %v (permanent %q %v), want a permanent no_route error", err, reason, ok)
+			}
+		default:
+			if err != nil {
+				t.Errorf("message %s failed with the unroutable one: %v", msgs[i].UUID, err)
+			}
+		}
+	}
+	testenv.Eventually(t, 20*time.Second, "the routable messages", func() bool { return f.coll.Len() >= len(msgs)-2 })
+	ids := deliveredIDs(f.coll)
+	for i, m := range msgs {
+		if want := map[bool]int{true: 0, false: 1}[i == 7 || i == 12]; ids[m.UUID] != want {
+			t.Errorf("message %s delivered %d times, want %d", m.UUID, ids[m.UUID], want)
+		}
+	}
+}
+
+func benchEvents(b *testing.B, batches int) [][]*message.Message {
+	out := make([][]*message.Message, batches)
+	for i := range out {
+		out[i] = batchOf(fmt.Sprintf("bench-%d-%d", b.N, i), 100)
+	}
+	return out
+}
+
+func benchSink(b *testing.B) *rabbitmq.Sink {
+	u := testenv.AMQPURL(b)
+	exchange := testenv.Name("ferry_x")
+	// A queue bound to the key, so every message is routed and stored, and
+	// emptied by the collector as a consumer would.
+	testenv.CollectAMQP(b, u, exchange, "ferry.default")
+	cfg := rabbitmq.DefaultConfig()
+	cfg.URL, cfg.Exchange, cfg.RoutingKey = u, exchange, "ferry.default"
+	s, err := rabbitmq.New(cfg, plugins.Env{Pipeline: "bench", Logger: plugintest.Logger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	if err := s.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// BenchmarkPublish: 100 events published by 100 concurrent Publish calls
+// (a pipeline's window today), reported per event.
+//
+//	go test ./sinks/rabbitmq -run '^$' -bench 'Publish' -benchtime 100x
+func BenchmarkPublish(b *testing.B) {
+	s := benchSink(b)
+	batches := benchEvents(b, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, batch := range batches {
+		var wg sync.WaitGroup
+		for _, m := range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.Publish("", m); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+}
+
+// BenchmarkPublishBatch: the same 100 events as one PublishBatch call.
+func BenchmarkPublishBatch(b *testing.B) {
+	s := benchSink(b)
+	batches := benchEvents(b, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, batch := range batches {
+		for _, err := range s.PublishBatch("", batch) {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+}

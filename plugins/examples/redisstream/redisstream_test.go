@@ -16,8 +16,10 @@ import (
 	"time"
 
 	wmredis "github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/plugins/examples/redisstream"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 )
@@ -206,4 +208,71 @@ func TestConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// benchSink is a started sink on a fresh stream of the machine's Redis.
+func benchSink(b *testing.B) *redisstream.Sink {
+	tg := target(b, redisURL())
+	s := plugintest.BuildSink(b, harness, tg.SinkYAML(tg.Default)).(*redisstream.Sink)
+	if err := s.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+func benchEvents(b *testing.B, batches int) [][]*message.Message {
+	out := make([][]*message.Message, batches)
+	for i := range out {
+		out[i] = make([]*message.Message, 100)
+		for j := range out[i] {
+			m := message.NewMessage(fmt.Sprintf("bench-%d-%d-%d", b.N, i, j), []byte(`{"order_id":"o-1","total":"12.50","currency":"EUR"}`))
+			m.Metadata.Set(plugins.MetaAggregateType, "order")
+			m.Metadata.Set(plugins.MetaAggregateID, fmt.Sprintf("order-%d", j))
+			m.Metadata.Set(plugins.MetaEventType, "OrderPlaced")
+			out[i][j] = m
+		}
+	}
+	return out
+}
+
+// BenchmarkPublish: 100 events published by 100 concurrent Publish calls
+// (a pipeline's window today), reported per event.
+//
+//	go test ./plugins/examples/redisstream -run '^$' -bench 'Publish' -benchtime 100x
+func BenchmarkPublish(b *testing.B) {
+	s := benchSink(b)
+	batches := benchEvents(b, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, batch := range batches {
+		var wg sync.WaitGroup
+		for _, m := range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := s.Publish("", m); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+}
+
+// BenchmarkPublishBatch: the same 100 events as one PublishBatch call (one
+// pipelined round trip).
+func BenchmarkPublishBatch(b *testing.B) {
+	s := benchSink(b)
+	batches := benchEvents(b, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for _, batch := range batches {
+		for _, err := range s.PublishBatch("", batch) {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
 }
