@@ -145,18 +145,31 @@ type pending struct {
 	event *message.Message // as the source read it
 	out   *message.Message // the transformed copy to publish
 	span  tracing.Span
-	read  time.Time // zero: no read time known
+	read  time.Time       // zero: no read time known
+	stage []time.Duration // each transform's time, observed once the event's fate is known
 }
 
 // publishBatch transforms every event and publishes the results together,
 // acking each event the broker confirmed. It returns the events that must
 // go through the per-event chain: every one that failed, and those it does
-// not batch (undecodable rows, transforms that fanned out).
+// not batch (undecodable rows, transforms that fanned out). Stage metrics
+// are observed only for the events it settles (dropped or confirmed): the
+// chain observes the others' stages itself.
 func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow []*message.Message) {
 	obs := p.metrics
 	now := time.Now()
 	work := make([]pending, 0, len(batch))
-	for _, m := range batch {
+	// One allocation for every event's transform times.
+	times := make([]time.Duration, len(batch)*len(p.Stages))
+	observe := func(w *pending, stages int) {
+		if !w.read.IsZero() {
+			obs.observe(0, now.Sub(w.read), outcomeOK)
+		}
+		for i, d := range w.stage[:stages] {
+			obs.observe(i+1, d, outcomeOK)
+		}
+	}
+	for k, m := range batch {
 		if m.Metadata.Get(plugins.MetaUndecodable) != "" {
 			slow = append(slow, m)
 			continue
@@ -164,50 +177,41 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow [
 		if why := m.Metadata.Get(plugins.MetaHeadersError); why != "" {
 			p.warnHeaders(m, why)
 		}
-		readAt, err := plugins.ParseTime(m.Metadata.Get(plugins.MetaReadAt))
-		if err != nil {
-			readAt = time.Time{}
-		} else {
-			obs.observe(0, now.Sub(readAt), outcomeOK)
+		w := pending{event: m, out: m, stage: times[k*len(p.Stages) : (k+1)*len(p.Stages)]}
+		if readAt, err := plugins.ParseTime(m.Metadata.Get(plugins.MetaReadAt)); err == nil {
+			w.read = readAt
 		}
-		out := m
 		if len(p.Stages) > 0 {
 			// Transforms may change the message in place; the event as read
 			// stays untouched for the chain and the dead-letter topic.
-			out = m.CopyWithContext()
+			w.out = m.CopyWithContext()
 		}
-		dropped, fanned, failed := false, false, false
+		settled := false
+	stages:
 		for i, st := range p.Stages {
 			start := time.Now()
-			next, err := runStage(st, []*message.Message{out})
+			next, err := runStage(st, []*message.Message{w.out})
+			w.stage[i] = time.Since(start)
 			switch {
-			case err != nil:
-				// The chain runs the transform again, retries and
-				// dead-letters; this attempt is not counted as an error.
-				failed = true
+			case err != nil, len(next) > 1:
+				// A failing transform is the chain's to retry and
+				// dead-letter; a fan-out's messages keep their order only
+				// published one by one.
+				slow = append(slow, m)
+				settled = true
+				break stages
 			case len(next) == 0:
-				obs.observe(i+1, time.Since(start), outcomeDropped)
-				dropped = true
-			case len(next) > 1:
-				// One event's messages keep their order only one by one.
-				fanned = true
-			default:
-				obs.observe(i+1, time.Since(start), outcomeOK)
-				out = next[0]
+				observe(&w, i)
+				obs.observe(i+1, w.stage[i], outcomeDropped)
+				m.Ack()
+				settled = true
+				break stages
 			}
-			if err != nil || len(next) != 1 {
-				break
-			}
+			w.out = next[0]
 		}
-		switch {
-		case dropped:
-			m.Ack()
-			continue
-		case failed, fanned:
-			slow = append(slow, m)
-			continue
+		if !settled {
+			work = append(work, w)
 		}
-		work = append(work, pending{event: m, out: out, read: readAt})
 	}
 	if len(work) == 0 {
 		return slow
@@ -255,6 +259,7 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow [
 			slow = append(slow, w.event)
 			continue
 		}
+		observe(w, len(p.Stages))
 		obs.observe(last, took, outcomeOK)
 		if !w.read.IsZero() {
 			p.observeLag(w.event, time.Since(w.read))

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
@@ -139,7 +140,8 @@ dead_letter: {topic: dlq}
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second})
+	reg := prometheus.NewRegistry()
+	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,5 +179,43 @@ dead_letter: {topic: dlq}
 	if singles < failedOnce+1 {
 		t.Errorf("%d single publishes, want at least %d (each refused event retried alone, the dead letter)", singles, failedOnce+1)
 	}
+	// Each event is counted once per stage, whichever path settled it.
+	for _, c := range []struct {
+		stage, outcome string
+		want           int
+	}{
+		{"read", "ok", len(written) + 1},
+		{"0:poison", "ok", len(written)},
+		{"0:poison", "dead_lettered", 1},
+		{"publish", "ok", len(written)},
+	} {
+		if got := stageCount(t, reg, c.stage, c.outcome); got != c.want {
+			t.Errorf("ferry_stage_events_total{stage=%q,outcome=%q} = %d, want %d", c.stage, c.outcome, got, c.want)
+		}
+	}
 	t.Logf("%d events in %d batches (largest %d); %d refused once and retried alone", len(written), len(sizes), biggest, failedOnce)
+}
+
+func stageCount(t *testing.T, reg *prometheus.Registry, stage, outcome string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "ferry_stage_events_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["stage"] == stage && labels["outcome"] == outcome {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return int(n)
 }
