@@ -99,32 +99,46 @@ func (b batcher) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 	return out, nil
 }
 
+// chains are a pipeline's per-event handlers with their middleware: one
+// for an event not yet tried, one for an event whose first publish failed
+// in its batch (one retry fewer, after the retry policy's first wait).
+type chains struct {
+	untried, retried message.HandlerFunc
+	wait             time.Duration
+}
+
 // handleBatch delivers the events of one envelope and acks or nacks each;
-// the envelope itself is then acked (nobody waits on it). chain is the
-// pipeline's per-event handler with its middleware; fast reports whether
-// events may take the batched path.
-func (p *Pipeline) handleBatch(env *message.Message, batch []*message.Message, chain message.HandlerFunc, fast bool, rep *reporter) {
+// the envelope itself is then acked (nobody waits on it). fast reports
+// whether events may take the batched path.
+func (p *Pipeline) handleBatch(env *message.Message, batch []*message.Message, ch chains, fast bool, rep *reporter) {
 	// The events get the envelope's context: the router put the handler's
 	// name there, which the metrics middleware labels with.
 	ctx := env.Context()
 	for _, m := range batch {
 		m.SetContext(ctx)
 	}
-	slow := batch
+	untried, failed := batch, []*message.Message(nil)
 	if fast {
-		slow = p.publishBatch(batch, rep)
+		untried, failed = p.publishBatch(batch, rep)
 	}
-	if len(slow) == 0 {
-		return
-	}
-	if len(slow) == 1 {
-		settle(slow[0], chain)
+	if len(untried)+len(failed) == 0 {
 		return
 	}
 	var wg sync.WaitGroup
-	for _, m := range slow {
+	run := func(m *message.Message, chain message.HandlerFunc, wait time.Duration) {
+		defer wg.Done()
+		if wait > 0 {
+			time.Sleep(wait)
+		}
+		settle(m, chain)
+	}
+	for _, m := range untried {
 		wg.Add(1)
-		go func() { defer wg.Done(); settle(m, chain) }()
+		go run(m, ch.untried, 0)
+	}
+	for _, m := range failed {
+		wg.Add(1)
+		go run(m, ch.retried, ch.wait)
 	}
 	wg.Wait()
 }
@@ -151,11 +165,12 @@ type pending struct {
 
 // publishBatch transforms every event and publishes the results together,
 // acking each event the broker confirmed. It returns the events that must
-// go through the per-event chain: every one that failed, and those it does
-// not batch (undecodable rows, transforms that fanned out). Stage metrics
+// go through the per-event chain: untried (undecodable rows, a transform
+// that failed or fanned out: the chain runs the transforms again) and
+// failed (the broker did not confirm). Stage metrics
 // are observed only for the events it settles (dropped or confirmed): the
 // chain observes the others' stages itself.
-func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow []*message.Message) {
+func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow, failed []*message.Message) {
 	obs := p.metrics
 	now := time.Now()
 	work := make([]pending, 0, len(batch))
@@ -214,7 +229,7 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow [
 		}
 	}
 	if len(work) == 0 {
-		return slow
+		return slow, nil
 	}
 
 	// Group by topic, keeping read order within each.
@@ -256,7 +271,7 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow [
 		w := &work[i]
 		w.span.End(errs[i])
 		if errs[i] != nil {
-			slow = append(slow, w.event)
+			failed = append(failed, w.event)
 			continue
 		}
 		observe(w, len(p.Stages))
@@ -270,7 +285,7 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow [
 	if delivered && rep != nil {
 		rep.delivered()
 	}
-	return slow
+	return slow, failed
 }
 
 // publishMany publishes msgs to topic in one call and returns each one's

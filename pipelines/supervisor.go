@@ -522,7 +522,14 @@ func (s *Supervisor) startPipeline(ctx context.Context, p *Pipeline) error {
 }
 
 func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Context) (*message.Handler, error) {
-	handle, err := s.chain(e, p)
+	handle, err := s.chain(e, p, 0)
+	if err != nil {
+		return nil, err
+	}
+	// For an event whose publish already failed once in its batch: the
+	// same chain with that attempt counted, so a failing broker costs an
+	// event as many attempts (and publish timeouts) as without batches.
+	retried, err := s.chain(e, p, 1)
 	if err != nil {
 		return nil, err
 	}
@@ -535,7 +542,7 @@ func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Conte
 	fast := s.tenantLimiter(e.spec) == nil && e.spec.Limits.Rate <= 0
 	h := s.router.AddConsumerHandler(e.spec.Name, e.spec.Source.Type, batcher{p.Source}, func(msg *message.Message) error {
 		if batch, ok := batchOf(msg); ok {
-			p.handleBatch(msg, batch, handle, fast, e.rep)
+			p.handleBatch(msg, batch, chains{handle, retried, s.opts.Retry.InitialInterval}, fast, e.rep)
 			return nil
 		}
 		_, err := handle(msg)
@@ -553,7 +560,10 @@ func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Conte
 // Watermill's recoverer and retry; and innermost a fresh copy of the event
 // for every attempt, so a retry never re-runs transforms over a message an
 // earlier attempt already changed.
-func (s *Supervisor) chain(e *entry, p *Pipeline) (message.HandlerFunc, error) {
+//
+// tried is how many of the event's attempts were already made (and
+// failed) elsewhere: the retry middleware makes that many fewer.
+func (s *Supervisor) chain(e *entry, p *Pipeline, tried int) (message.HandlerFunc, error) {
 	chain := []message.HandlerMiddleware{reportOutcome(e.rep), recordError}
 	if t := s.tenantLimiter(e.spec); t != nil {
 		if t.throttle != nil {
@@ -574,6 +584,7 @@ func (s *Supervisor) chain(e *entry, p *Pipeline) (message.HandlerFunc, error) {
 		chain = append(chain, dl)
 	}
 	retry := *s.opts.Retry
+	retry.MaxRetries = max(retry.MaxRetries-tried, 0)
 	// Retrying cannot fix a permanent failure or a transform error: let the
 	// dead-letter topic (or the source's redelivery) have it at once.
 	retry.ShouldRetry = func(r middleware.RetryParams) bool { return !deadLetterable(r.Err) }
