@@ -264,9 +264,10 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow, 
 			errs[idx[j]] = err
 		}
 	}
-	took := time.Since(start)
+	acked := time.Now()
+	took := acked.Sub(start)
 	last := len(p.Stages) + 1
-	delivered := false
+	var lags batchLags
 	for i := range work {
 		w := &work[i]
 		w.span.End(errs[i])
@@ -277,15 +278,52 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow, 
 		observe(w, len(p.Stages))
 		obs.observe(last, took, outcomeOK)
 		if !w.read.IsZero() {
-			p.observeLag(w.event, time.Since(w.read))
+			lags.add(w.event, acked.Sub(w.read))
 		}
 		w.event.Ack()
-		delivered = true
 	}
-	if delivered && rep != nil {
-		rep.delivered()
+	if len(failed) < len(work) {
+		lags.observe(p.report)
+		if rep != nil {
+			rep.delivered()
+		}
 	}
 	return slow, failed
+}
+
+// batchLags gathers a batch's lag segments (Pipeline.observeLag) to
+// record them together.
+type batchLags struct {
+	readToAck, commitToRead, commitToAck []time.Duration
+}
+
+func (l *batchLags) add(event *message.Message, readToAck time.Duration) {
+	l.readToAck = append(l.readToAck, readToAck)
+	if c, ok := commitToRead(event); ok {
+		l.commitToRead = append(l.commitToRead, c)
+		l.commitToAck = append(l.commitToAck, c+readToAck)
+	}
+}
+
+func (l *batchLags) observe(to plugins.Reporter) {
+	segments := []struct {
+		name string
+		ds   []time.Duration
+	}{
+		{plugins.SegmentReadToAck, l.readToAck},
+		{plugins.SegmentCommitToRead, l.commitToRead},
+		{plugins.SegmentCommitToAck, l.commitToAck},
+	}
+	r, batched := to.(*reporter)
+	for _, seg := range segments {
+		if batched {
+			r.observeLags(seg.name, seg.ds)
+			continue
+		}
+		for _, d := range seg.ds {
+			to.ObserveLag(seg.name, d)
+		}
+	}
 }
 
 // publishMany publishes msgs to topic in one call and returns each one's

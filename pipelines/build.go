@@ -207,19 +207,26 @@ func (p *Pipeline) Handle(msg *message.Message) error {
 // commit→ack as their sum — never comparing one clock with another.
 func (p *Pipeline) observeLag(msg *message.Message, readToAck time.Duration) {
 	p.report.ObserveLag(plugins.SegmentReadToAck, readToAck)
+	if commitToRead, ok := commitToRead(msg); ok {
+		p.report.ObserveLag(plugins.SegmentCommitToRead, commitToRead)
+		p.report.ObserveLag(plugins.SegmentCommitToAck, commitToRead+readToAck)
+	}
+}
+
+// commitToRead is the event's commit→read segment, on the database clock;
+// false when the source did not say.
+func commitToRead(msg *message.Message) (time.Duration, bool) {
 	dbRead, err := strconv.ParseInt(msg.Metadata.Get(plugins.MetaDBReadAt), 10, 64)
 	if err != nil {
-		return
+		return 0, false
 	}
 	var commit time.Time
 	if c, err := strconv.ParseInt(msg.Metadata.Get(plugins.MetaCommitAt), 10, 64); err == nil {
 		commit = time.Unix(0, c)
 	} else if commit, err = plugins.ParseTime(msg.Metadata.Get(plugins.MetaCreatedAt)); err != nil {
-		return
+		return 0, false
 	}
-	commitToRead := max(time.Unix(0, dbRead).Sub(commit), 0)
-	p.report.ObserveLag(plugins.SegmentCommitToRead, commitToRead)
-	p.report.ObserveLag(plugins.SegmentCommitToAck, commitToRead+readToAck)
+	return max(time.Unix(0, dbRead).Sub(commit), 0), true
 }
 
 // runStage applies one transform to every message; final messages pass

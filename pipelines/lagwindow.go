@@ -51,6 +51,20 @@ func (w *lagWindow) observe(d time.Duration, now time.Time) {
 	s.counts[lagBucket(d)]++
 }
 
+// observeMany is observe for many, under one lock.
+func (w *lagWindow) observeMany(ds []time.Duration, now time.Time) {
+	epoch := now.Unix() / lagSlotSec
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := &w.slots[epoch%lagSlots]
+	if s.epoch != epoch {
+		*s = lagSlot{epoch: epoch}
+	}
+	for _, d := range ds {
+		s.counts[lagBucket(d)]++
+	}
+}
+
 // LagSummary is a segment's percentiles over the last minute.
 type LagSummary struct {
 	Count int64   `json:"count"`

@@ -198,6 +198,18 @@ func (r *reporter) ObserveLag(segment string, d time.Duration) {
 	}
 }
 
+// observeLags records many of one segment's lags at once: a batch's.
+func (r *reporter) observeLags(segment string, ds []time.Duration) {
+	if h, ok := r.hists[segment]; ok {
+		for _, d := range ds {
+			h.Observe(d.Seconds())
+		}
+	}
+	if w, ok := r.windows[segment]; ok {
+		w.observeMany(ds, time.Now())
+	}
+}
+
 func (r *reporter) lagSummaries() map[string]LagSummary {
 	now := time.Now()
 	out := make(map[string]LagSummary, len(r.windows))
