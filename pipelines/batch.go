@@ -34,7 +34,8 @@ import (
 // transform error, a publish the broker refused, a row the source could not
 // decode) leaves the batch and goes, on its own, through the pipeline's full
 // per-event chain — Watermill's retry and recoverer, the dead-letter topic,
-// outcome reporting — exactly as if the batch had never been; so every
+// outcome reporting — as if the batch had never been, except that a publish
+// the broker did not confirm counts as the event's first attempt; so every
 // failure is handled by the one chain there is. Pipelines with rate or
 // tenant limits run every event through that chain (the limits count
 // events), still one handler call per batch.
@@ -86,12 +87,12 @@ func (b batcher) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 					break more
 				}
 			}
+			// The envelope's id only names it in the router's logs: a
+			// counter costs nothing, a random id costs per batch.
+			env := message.NewMessage("batch-"+strconv.FormatUint(envelopes.Add(1), 10), nil)
 			// Not the subscription's context: the events inherit it, and
 			// those in flight when the pipeline stops must still be
 			// published (and retried) while the source drains.
-			// The envelope's id only names it in the router's logs; a
-			// counter costs nothing, a random id costs per batch.
-			env := message.NewMessage("batch-"+strconv.FormatUint(envelopes.Add(1), 10), nil)
 			env.SetContext(context.WithValue(context.Background(), batchKey{}, batch))
 			out <- env
 		}
