@@ -81,15 +81,27 @@ type Text = pgtype.Text
 // The wal source uses it for streamed and snapshot rows alike, so both
 // paths read a row the same way.
 func (c Columns) DecodeText(tm *pgtype.Map, oid [NumFields]uint32, v [NumFields]Text, extra []Text) Row {
+	var payload []byte
+	if v[FieldPayload].Valid {
+		payload = []byte(v[FieldPayload].String)
+	}
+	return c.DecodePayload(tm, oid, v, payload, extra)
+}
+
+// DecodePayload is DecodeText with the payload's text given as bytes, which
+// the row keeps (v[FieldPayload].Valid still says whether it is NULL; its
+// String is not read): the stream copies each value out of the
+// replication buffer, and copying the largest one twice would be a waste.
+func (c Columns) DecodePayload(tm *pgtype.Map, oid [NumFields]uint32, v [NumFields]Text, payload []byte, extra []Text) Row {
 	r := Row{RowID: v[FieldID], AggregateType: v[FieldAggregateType], AggregateID: v[FieldAggregateID],
 		Type: v[FieldType], Headers: v[FieldHeaders], EventID: v[FieldEventID]}
-	if p := v[FieldPayload]; p.Valid {
+	if v[FieldPayload].Valid {
 		if oid[FieldPayload] == pgtype.ByteaOID {
-			if err := tm.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, []byte(p.String), &r.Payload); err != nil {
-				r.undecodable(c.Payload, p.String, err)
+			if err := tm.Scan(pgtype.ByteaOID, pgtype.TextFormatCode, payload, &r.Payload); err != nil {
+				r.undecodable(c.Payload, string(payload), err)
 			}
 		} else {
-			r.Payload = []byte(p.String)
+			r.Payload = payload
 		}
 	}
 	if t := v[FieldCreatedAt]; t.Valid {
@@ -123,12 +135,18 @@ func decodeTime(tm *pgtype.Map, oid uint32, s string) (time.Time, error) {
 		}
 		return time.UnixMilli(ms).UTC(), nil
 	case pgtype.TimestampOID:
+		if t, ok := parseISOTime(s, false); ok {
+			return t, nil
+		}
 		var t time.Time
 		if err := tm.Scan(oid, pgtype.TextFormatCode, []byte(s), &t); err != nil {
 			return time.Time{}, fmt.Errorf("not a timestamp: %w", err)
 		}
 		return t, nil
 	case pgtype.TimestamptzOID:
+		if t, ok := parseISOTime(s, true); ok {
+			return t, nil
+		}
 		var t time.Time
 		if err := tm.Scan(oid, pgtype.TextFormatCode, []byte(s), &t); err != nil {
 			return time.Time{}, fmt.Errorf("not a timestamp with time zone: %w", err)
@@ -136,6 +154,95 @@ func decodeTime(tm *pgtype.Map, oid uint32, s string) (time.Time, error) {
 		return t, nil
 	}
 	return parseTimeText(tm, s)
+}
+
+// parseISOTime reads the text PostgreSQL sends for a timestamp (zone
+// false) or timestamptz (zone true) in its default ISO DateStyle, e.g.
+// "2026-12-01 14:44:45.123456+00", to the time pgtype's text decoding
+// returns for it (timestamptz in time.Local, as pgx does; timestamp in
+// UTC). Every streamed row has one: pgtype's Map.Scan costs a scan plan
+// and three allocations each. Anything else (BC, years past 9999, other
+// DateStyles, infinity, out-of-range fields) is ok false, for pgtype.
+func parseISOTime(s string, zone bool) (time.Time, bool) {
+	if len(s) < 19 || s[4] != '-' || s[7] != '-' || s[10] != ' ' || s[13] != ':' || s[16] != ':' {
+		return time.Time{}, false
+	}
+	year, ok1 := digitsAt(s, 0, 4)
+	month, ok2 := digitsAt(s, 5, 2)
+	day, ok3 := digitsAt(s, 8, 2)
+	hour, ok4 := digitsAt(s, 11, 2)
+	minute, ok5 := digitsAt(s, 14, 2)
+	sec, ok6 := digitsAt(s, 17, 2)
+	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || year < 1 || month < 1 || month > 12 || day < 1 ||
+		hour > 23 || minute > 59 || sec > 59 {
+		return time.Time{}, false
+	}
+	i, nsec := 19, 0
+	if i < len(s) && s[i] == '.' {
+		n := 0
+		for i++; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+			nsec = nsec*10 + int(s[i]-'0')
+			n++
+		}
+		if n == 0 || n > 6 { // PostgreSQL keeps microseconds
+			return time.Time{}, false
+		}
+		for ; n < 9; n++ {
+			nsec *= 10
+		}
+	}
+	offset := 0
+	if zone {
+		if i >= len(s) || s[i] != '+' && s[i] != '-' {
+			return time.Time{}, false
+		}
+		sign := 1
+		if s[i] == '-' {
+			sign = -1
+		}
+		h, ok := digitsAt(s, i+1, 2)
+		if !ok {
+			return time.Time{}, false
+		}
+		offset, i = h*3600, i+3
+		for _, unit := range [2]int{60, 1} {
+			if i >= len(s) || s[i] != ':' {
+				break
+			}
+			v, ok := digitsAt(s, i+1, 2)
+			if !ok || v > 59 {
+				return time.Time{}, false
+			}
+			offset, i = offset+v*unit, i+3
+		}
+		offset *= sign
+	}
+	if i != len(s) {
+		return time.Time{}, false
+	}
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.UTC)
+	if t.Day() != day {
+		return time.Time{}, false // 31 April: time.Date would normalise it
+	}
+	if !zone {
+		return t, true
+	}
+	return t.Add(-time.Duration(offset) * time.Second).In(time.Local), true
+}
+
+// digitsAt reads the n decimal digits at s[i:].
+func digitsAt(s string, i, n int) (int, bool) {
+	if i+n > len(s) {
+		return 0, false
+	}
+	v := 0
+	for _, c := range []byte(s[i : i+n]) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int(c-'0')
+	}
+	return v, true
 }
 
 // parseTimeText reads a timestamp written as text.

@@ -13,9 +13,9 @@ import (
 )
 
 // FuzzMessage turns arbitrary row values into a message: it must never
-// panic, must keep the payload byte for byte, and must carry the row's
-// identity; a headers column that is not a JSON object is reported, not
-// fatal.
+// panic, must keep the payload byte for byte, must carry the row's
+// identity, and must be the message the plain reference builds; a headers
+// column that is not a JSON object is reported, not fatal.
 func FuzzMessage(f *testing.F) {
 	f.Add(int64(1), "order", "o-1", "Placed", []byte(`{"a":1}`), `{"traceparent":"00-1"}`, "")
 	f.Add(int64(-5), "", "", "", []byte(nil), `null`, "e-1")
@@ -27,7 +27,9 @@ func FuzzMessage(f *testing.F) {
 			AggregateType: pgtype.Text{String: aggType, Valid: true}, AggregateID: pgtype.Text{String: aggID, Valid: true},
 			Type: pgtype.Text{String: typ, Valid: true}, Headers: pgtype.Text{String: headers, Valid: headers != ""},
 			EventID: pgtype.Text{String: eventID, Valid: eventID != ""}}
-		m := outbox.Table{Database: "db", Schema: "public", Name: "outbox"}.Message(r, "1", time.Now())
+		table, readAt := outbox.Table{Database: "db", Schema: "public", Name: "outbox"}, time.Now()
+		m := table.Message(r, "1", readAt)
+		sameMessage(t, m, referenceMessage(table, r, "1", readAt))
 		if string(m.Payload) != string(payload) {
 			t.Fatalf("payload changed: %q → %q", payload, m.Payload)
 		}

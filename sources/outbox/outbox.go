@@ -10,7 +10,7 @@
 package outbox
 
 import (
-	"encoding/json"
+	"crypto/sha1"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -288,12 +288,32 @@ func (t Table) EventID(r *Row) string {
 	if r.EventID.Valid && r.EventID.String != "" {
 		return r.EventID.String
 	}
-	if r.RowID.Valid {
-		if id, err := uuid.Parse(r.RowID.String); err == nil && len(r.RowID.String) == 36 {
+	if r.RowID.Valid && len(r.RowID.String) == 36 {
+		if id, err := uuid.Parse(r.RowID.String); err == nil {
 			return id.String()
 		}
 	}
-	return uuid.NewSHA1(ferryNamespace, []byte(t.Database+"/"+t.Schema+"."+t.Name+"/"+r.IDText())).String()
+	var buf [128]byte
+	name := append(append(append(append(append(append(buf[:0], t.Database...), '/'), t.Schema...), '.'), t.Name...), '/')
+	if r.RowID.Valid {
+		name = append(name, r.RowID.String...)
+	} else {
+		name = strconv.AppendInt(name, r.ID, 10)
+	}
+	return uuidV5(name).String()
+}
+
+// uuidV5 is uuid.NewSHA1(ferryNamespace, name), without its allocations
+// (a hash, its sum, the name's concatenation): every event without an
+// event_id column derives one.
+func uuidV5(name []byte) uuid.UUID {
+	var buf [160]byte
+	sum := sha1.Sum(append(append(buf[:0], ferryNamespace[:]...), name...))
+	var id uuid.UUID
+	copy(id[:], sum[:])
+	id[6] = (id[6] & 0x0f) | 0x50 // version 5
+	id[8] = (id[8] & 0x3f) | 0x80 // RFC 4122 variant
+	return id
 }
 
 // MetaHeadersError is set instead of the row's headers when its headers
@@ -310,9 +330,36 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 		return t.deadLetter(r, position, readAt)
 	}
 	m := message.NewMessage(t.EventID(r), r.Payload)
-	md := m.Metadata
+	var buf [8]header
+	var headers []header
+	var headersErr string
 	if r.Headers.Valid && r.Headers.String != "" && r.Headers.String != "null" {
-		addHeaders(md, r.Headers.String)
+		headers, headersErr = decodeHeaders(r.Headers.String, buf[:0])
+	}
+	// Sized once for every key set here and the few a source adds (the wal
+	// source's commit LSN and times): a map that grows rehashes.
+	size := len(headers) + metaKeys + len(r.ExtraNames) + sourceKeys
+	if headersErr != "" {
+		size++
+	}
+	if r.DBReadAt.IsZero() {
+		size--
+	}
+	if r.AggregateVersion.Valid {
+		size++
+	}
+	md := make(message.Metadata, size)
+	m.Metadata = md
+	for _, h := range headers {
+		if plugins.IsInternal(h.key) {
+			// A row must not steer Ferry (ferry_topic, ferry_final…): it
+			// could route itself past the filter or to another tenant.
+			continue
+		}
+		md[h.key] = h.value
+	}
+	if headersErr != "" {
+		md[MetaHeadersError] = headersErr
 	}
 	md[plugins.MetaAggregateType] = r.AggregateType.String
 	md[plugins.MetaAggregateID] = r.AggregateID.String
@@ -326,12 +373,23 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 			created = readAt
 		}
 	}
-	md[plugins.MetaCreatedAt] = plugins.FormatTime(created)
-	md[plugins.MetaReadAt] = plugins.FormatTime(readAt)
+	// The times are formatted into one buffer and become one string: one
+	// allocation for the three values.
+	var tb [96]byte
+	b := plugins.AppendTime(tb[:0], created)
+	createdEnd := len(b)
+	b = plugins.AppendTime(b, readAt)
+	readEnd := len(b)
+	if !r.DBReadAt.IsZero() {
+		b = strconv.AppendInt(b, r.DBReadAt.UnixNano(), 10)
+	}
+	times := string(b)
+	md[plugins.MetaCreatedAt] = times[:createdEnd]
+	md[plugins.MetaReadAt] = times[createdEnd:readEnd]
 	md[plugins.MetaOutboxID] = r.IDText()
 	md[plugins.MetaPosition] = position
 	if !r.DBReadAt.IsZero() {
-		md[plugins.MetaDBReadAt] = strconv.FormatInt(r.DBReadAt.UnixNano(), 10)
+		md[plugins.MetaDBReadAt] = times[readEnd:]
 	}
 	for i, name := range r.ExtraNames {
 		if r.Extra[i].Valid {
@@ -342,28 +400,10 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	return m
 }
 
-// addHeaders copies a JSON object's entries into md; non-string values are
-// kept as their JSON text.
-func addHeaders(md message.Metadata, raw string) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(raw), &obj); err != nil {
-		md[MetaHeadersError] = "headers column is not a JSON object: " + err.Error()
-		return
-	}
-	for k, v := range obj {
-		if plugins.IsInternal(k) {
-			// A row must not steer Ferry (ferry_topic, ferry_final…): it
-			// could route itself past the filter or to another tenant.
-			continue
-		}
-		var s string
-		if json.Unmarshal(v, &s) == nil {
-			md[k] = s
-		} else {
-			md[k] = string(v)
-		}
-	}
-}
+// metaKeys is how many metadata keys Message sets besides the headers, the
+// extra columns and the aggregate version; sourceKeys how many a source
+// adds after it at most.
+const metaKeys, sourceKeys = 8, 3
 
 // OutboxTable describes the table for components that write to it.
 func (c Columns) OutboxTable(dsn, table string) plugins.OutboxTable {

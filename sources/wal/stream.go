@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -395,10 +396,7 @@ func (st *streamSession) insert(ctx context.Context, rel *relation, tuple *pglog
 	if row.CreatedAt.IsZero() {
 		row.CreatedAt = st.commitTime // no created_at column
 	}
-	msg := s.table.Message(&row, positionText(st.commitLSN, st.ordinal), time.Now())
-	msg.Metadata[MetaCommitLSN] = st.commitLSN.String()
-	msg.Metadata[MetaCommittedAt] = plugins.FormatTime(st.commitTime)
-	msg.Metadata[plugins.MetaCommitAt] = strconv.FormatInt(st.commitTime.UnixNano(), 10)
+	msg := s.streamedMessage(&row, st.commitLSN, st.ordinal, st.commitTime)
 	if st.held != nil {
 		// Not the transaction's last event: acking it completes only the
 		// transactions before this one.
@@ -409,6 +407,47 @@ func (st *streamSession) insert(ctx context.Context, rel *relation, tuple *pglog
 	}
 	st.held = &heldEvent{key: row.Key(), pos: Position{CommitLSN: st.commitLSN}, msg: msg}
 	return nil
+}
+
+// streamedMessage is the message of a row streamed in the transaction that
+// commitLSN ends, the ordinal-th outbox row of it: the row's message plus
+// the commit's LSN and time.
+func (s *streamer) streamedMessage(row *outbox.Row, commitLSN pglogrepl.LSN, ordinal int, commitTime time.Time) *message.Message {
+	// The commit's values are written into one buffer and become one
+	// string: the position ("LSN/ordinal", see positionText), the LSN
+	// (its prefix), and the commit time twice.
+	var buf [96]byte
+	b := appendLSN(buf[:0], commitLSN)
+	lsnEnd := len(b)
+	b = strconv.AppendInt(append(b, '/'), int64(ordinal), 10)
+	posEnd := len(b)
+	b = plugins.AppendTime(b, commitTime)
+	timeEnd := len(b)
+	b = strconv.AppendInt(b, commitTime.UnixNano(), 10)
+	text := string(b)
+	position := text[:posEnd]
+	if commitLSN == 0 {
+		position = positionText(0, ordinal)
+	}
+	msg := s.table.Message(row, position, time.Now())
+	msg.Metadata[MetaCommitLSN] = text[:lsnEnd]
+	msg.Metadata[MetaCommittedAt] = text[posEnd:timeEnd]
+	msg.Metadata[plugins.MetaCommitAt] = text[timeEnd:]
+	return msg
+}
+
+// appendLSN appends lsn.String(), "%X/%X" of its halves, without fmt.
+func appendLSN(b []byte, lsn pglogrepl.LSN) []byte {
+	start := len(b)
+	b = strconv.AppendUint(b, uint64(lsn>>32), 16)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, uint64(uint32(lsn)), 16)
+	for i := start; i < len(b); i++ {
+		if c := b[i]; c >= 'a' && c <= 'f' {
+			b[i] = c - 'a' + 'A'
+		}
+	}
+	return b
 }
 
 func (st *streamSession) admitHeld(ctx context.Context) error {
@@ -606,21 +645,67 @@ func missingColumn(m *pglogrepl.RelationMessage, name string) error {
 // would end the session, and the slot would send the same row again and
 // again.
 func (s *streamer) decodeRow(rel *relation, tuple *pglogrepl.TupleData) outbox.Row {
-	text := func(i int) outbox.Text {
+	data := func(i int) ([]byte, bool) {
 		if i < 0 || tuple == nil || i >= len(tuple.Columns) || tuple.Columns[i].DataType != pglogrepl.TupleDataTypeText {
-			return outbox.Text{}
+			return nil, false
 		}
-		return outbox.Text{String: string(tuple.Columns[i].Data), Valid: true}
+		return tuple.Columns[i].Data, true
 	}
+	// The tuple is in the connection's buffer, which the next message
+	// reuses: copy the values out, the short ones into one string (one
+	// allocation, not one each; the message keeps them all) and the
+	// payload on its own.
+	size := 0
+	for f, i := range rel.idx {
+		if d, ok := data(i); ok && outbox.Field(f) != outbox.FieldPayload {
+			size += len(d)
+		}
+	}
+	for _, i := range rel.extra {
+		d, _ := data(i)
+		size += len(d)
+	}
+	var all strings.Builder
+	all.Grow(size)
+	var ends [outbox.NumFields]int
+	for f, i := range rel.idx {
+		if d, ok := data(i); ok && outbox.Field(f) != outbox.FieldPayload {
+			all.Write(d)
+		}
+		ends[f] = all.Len()
+	}
+	extraEnds := make([]int, len(rel.extra))
+	for k, i := range rel.extra {
+		d, _ := data(i)
+		all.Write(d)
+		extraEnds[k] = all.Len()
+	}
+	text := all.String()
 	var v [outbox.NumFields]outbox.Text
-	for f := range v {
-		v[f] = text(rel.idx[f])
+	var payload []byte
+	start := 0
+	for f, i := range rel.idx {
+		d, ok := data(i)
+		switch {
+		case !ok:
+		case outbox.Field(f) == outbox.FieldPayload:
+			payload = append(make([]byte, 0, len(d)), d...)
+			v[f].Valid = true
+		default:
+			v[f] = outbox.Text{String: text[start:ends[f]], Valid: true}
+		}
+		start = ends[f]
 	}
 	var extra []outbox.Text
-	for _, ci := range rel.extra {
-		extra = append(extra, text(ci))
+	if len(rel.extra) > 0 {
+		extra = make([]outbox.Text, len(rel.extra))
+		for k, i := range rel.extra {
+			_, ok := data(i)
+			extra[k] = outbox.Text{String: text[start:extraEnds[k]], Valid: ok}
+			start = extraEnds[k]
+		}
 	}
-	return s.cfg.Columns.DecodeText(s.typeMap, rel.oid, v, extra)
+	return s.cfg.Columns.DecodePayload(s.typeMap, rel.oid, v, payload, extra)
 }
 
 // heartbeat writes a non-transactional logical decoding message to the
