@@ -247,6 +247,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	if o.ProfileDir != "" {
+		// Created up front: a missing directory would fail every
+		// measurement only once its child starts writing.
+		if err := os.MkdirAll(o.ProfileDir, 0o755); err != nil {
+			return nil, fmt.Errorf("--profile: %w", err)
+		}
+	}
 	r := &runner{o: o, prog: newProgress(o.Progress)}
 	r.set, _ = o.overrides()
 	r.rep = &Report{Command: o.Command, Started: time.Now().UTC(), Options: reportOptions(o),
