@@ -190,11 +190,15 @@ func (s *Source) run(claimCtx context.Context) {
 	}
 	if s.cfg.Listen {
 		spawn(func() {
-			pgsource.Listen(claimCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() {
+			wakeAll := func() {
 				for _, w := range s.workers {
 					pgsource.Signal(w.wake)
 				}
-			}, s.listening.Store)
+			}
+			// A change wakes the workers too: once notifications stop, an
+			// idle worker polls at poll_interval again.
+			pgsource.Listen(claimCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, wakeAll,
+				func(on bool) { s.listening.Store(on); wakeAll() })
 		})
 	}
 	spawn(func() { s.healthLoop(claimCtx) })

@@ -132,7 +132,11 @@ func (s *Source) run(readCtx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() { pgsource.Signal(wake) }, s.listening.Store)
+				// A change wakes the reader too: an idle reader relies on
+				// notifications for what its shared check does not ask
+				// (a backfill request), so when they stop it polls again.
+				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() { pgsource.Signal(wake) },
+					func(on bool) { s.listening.Store(on); pgsource.Signal(wake) })
 			}()
 		}
 		wg.Add(2)
