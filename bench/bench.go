@@ -99,12 +99,18 @@ type Options struct {
 	Rate     int
 	Duration time.Duration
 	Writers  int
+	// SteadyPipelines run the steady scenario's Ferry side: that many
+	// pipelines in one process, each on its own table of the one database,
+	// the writers' rate spread evenly over the tables. Default 1.
+	SteadyPipelines int
 	// MemoryEvents are the backlogs of backlog-memory, smallest first.
 	// Default 100,000 and 1,000,000.
 	MemoryEvents []int
 	// IdlePipelines are the idle scenario's rows: each count of pipelines
 	// runs idle in one process for IdleDuration after IdleSettle. Defaults
-	// 100 and 1,000, 60s, 10s.
+	// 100 and 1,000, 60s, 15s: a server session that goes idle reports its
+	// transactions to pg_stat_database up to 10s later (PostgreSQL 15's
+	// idle flush), so the start-up's statements must land before the window.
 	IdlePipelines []int
 	IdleDuration  time.Duration
 	IdleSettle    time.Duration
@@ -144,25 +150,26 @@ type Options struct {
 // DefaultOptions is the standard matrix (`make bench`).
 func DefaultOptions() Options {
 	return Options{
-		Scenarios:     Scenarios,
-		Sources:       Sources,
-		Sinks:         Sinks,
-		Systems:       Systems,
-		Baselines:     DefaultBaselines,
-		Events:        200000,
-		Rate:          2000,
-		Duration:      30 * time.Second,
-		Writers:       8,
-		MemoryEvents:  []int{100000, 1000000},
-		IdlePipelines: []int{100, 1000},
-		IdleDuration:  60 * time.Second,
-		IdleSettle:    10 * time.Second,
-		Repeat:        1,
-		Verify:        true,
-		DatabaseURL:   os.Getenv("DATABASE_URL"),
-		NATSURL:       os.Getenv("NATS_URL"),
-		KafkaBrokers:  os.Getenv("KAFKA_BROKERS"),
-		AMQPURL:       envOr("AMQP_URL", amqpDefaultURL),
+		Scenarios:       Scenarios,
+		Sources:         Sources,
+		Sinks:           Sinks,
+		Systems:         Systems,
+		Baselines:       DefaultBaselines,
+		Events:          200000,
+		Rate:            2000,
+		Duration:        30 * time.Second,
+		Writers:         8,
+		SteadyPipelines: 1,
+		MemoryEvents:    []int{100000, 1000000},
+		IdlePipelines:   []int{100, 1000},
+		IdleDuration:    60 * time.Second,
+		IdleSettle:      15 * time.Second,
+		Repeat:          1,
+		Verify:          true,
+		DatabaseURL:     os.Getenv("DATABASE_URL"),
+		NATSURL:         os.Getenv("NATS_URL"),
+		KafkaBrokers:    os.Getenv("KAFKA_BROKERS"),
+		AMQPURL:         envOr("AMQP_URL", amqpDefaultURL),
 	}
 }
 
@@ -204,8 +211,8 @@ func (o *Options) validate() error {
 	if slices.Contains(o.Systems, SystemWatermill) {
 		check("baselines", o.Baselines, Baselines)
 	}
-	if o.Events < 1 || o.Rate < 1 || o.Duration <= 0 || o.Writers < 1 || len(o.IdlePipelines) == 0 || slices.Min(o.IdlePipelines) < 1 || o.IdleDuration <= 0 {
-		errs = append(errs, errors.New("events, rate, duration, writers, idle pipelines and idle duration must be positive"))
+	if o.Events < 1 || o.Rate < 1 || o.Duration <= 0 || o.Writers < 1 || o.SteadyPipelines < 1 || len(o.IdlePipelines) == 0 || slices.Min(o.IdlePipelines) < 1 || o.IdleDuration <= 0 {
+		errs = append(errs, errors.New("events, rate, duration, writers, steady pipelines, idle pipelines and idle duration must be positive"))
 	}
 	if o.Repeat < 1 {
 		o.Repeat = 1
@@ -791,29 +798,54 @@ func (r *runner) verify(ctx context.Context, label string, m *Measurement, t *ta
 	return nil
 }
 
-// ferrySteady runs a pipeline while writers commit Rate events/s for
-// Duration, and measures each event's commit→ack latency.
+// ferrySteady runs a pipeline (or SteadyPipelines of them, each on its own
+// table) while writers commit Rate events/s for Duration, and measures each
+// event's commit→ack latency.
 func (r *runner) ferrySteady(ctx context.Context, source, sink string, rep int) (Measurement, error) {
 	id := r.nextID(ScenarioSteady, source, sink)
+	n := r.o.SteadyPipelines
 	label := fmt.Sprintf("steady ferry %s", arrow(source, sink))
-	table := "bench_" + id
-	pool := r.s.pool
-	if err := createOutbox(ctx, pool, source, table); err != nil {
-		return Measurement{}, err
+	if n > 1 {
+		label += fmt.Sprintf(" ×%d", n)
 	}
-	defer dropTable(pool, table)
-	if source == wal.Name {
-		if err := prepareSlot(ctx, pool, id, table); err != nil {
+	pool := r.s.pool
+	names, tables := []string{id}, []string{"bench_" + id}
+	if n > 1 {
+		names, tables = nil, nil
+		for i := range n {
+			names = append(names, fmt.Sprintf("%s_%d", id, i))
+			tables = append(tables, fmt.Sprintf("bench_%s_%d", id, i))
+		}
+	}
+	for i, table := range tables {
+		if err := createOutbox(ctx, pool, source, table); err != nil {
 			return Measurement{}, err
 		}
-		defer dropSlot(context.Background(), pool, id)
+		defer dropTable(pool, table)
+		if n > 1 {
+			// Outbox ids unique across the tables: the child records acks
+			// by outbox id.
+			if _, err := pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence($1, 'id'), $2)`, outbox.Quote(table), int64(i)*1_000_000_000+1); err != nil {
+				return Measurement{}, fmt.Errorf("offset the ids of %s: %w", table, err)
+			}
+		}
+		if source == wal.Name {
+			if err := prepareSlot(ctx, pool, names[i], table); err != nil {
+				return Measurement{}, err
+			}
+			defer dropSlot(context.Background(), pool, names[i])
+		}
 	}
 	t, err := r.s.target(ctx, sink, id)
 	if err != nil {
 		return Measurement{}, err
 	}
 	defer t.cleanup()
-	p, err := r.spawn(id, job{System: SystemFerry, Mode: modeSteady, Pipelines: r.pipelineYAML(id, source, table, t)})
+	var docs []string
+	for i := range names {
+		docs = append(docs, r.pipelineYAML(names[i], source, tables[i], t))
+	}
+	p, err := r.spawn(id, job{System: SystemFerry, Mode: modeSteady, Pipelines: strings.Join(docs, "---\n")})
 	if err != nil {
 		return Measurement{}, err
 	}
@@ -850,7 +882,7 @@ func (r *runner) ferrySteady(ctx context.Context, source, sink string, rep int) 
 
 	// Warm up for a second, unmeasured: connections, the wal stream, the
 	// first reads.
-	warm := &writer{pool: pool, table: table, rate: r.o.Rate, session: r.o.Writers, commits: map[int64]int64{}}
+	warm := &writer{pool: pool, tables: tables, rate: r.o.Rate, session: r.o.Writers, commits: map[int64]int64{}}
 	r.prog.note(label + ": warming up")
 	if err := warm.run(ctx, time.Second, 0); err != nil {
 		return Measurement{}, fmt.Errorf("writers: %w", err)
@@ -864,7 +896,7 @@ func (r *runner) ferrySteady(ctx context.Context, source, sink string, rep int) 
 			return Measurement{}, fmt.Errorf("warm-up events not acked: %w", ctx.Err())
 		}
 	}
-	w := &writer{pool: pool, table: table, rate: r.o.Rate, session: r.o.Writers, commits: map[int64]int64{}}
+	w := &writer{pool: pool, tables: tables, rate: r.o.Rate, session: r.o.Writers, commits: map[int64]int64{}}
 	wdone := make(chan error, 1)
 	start := time.Now()
 	go func() { wdone <- w.run(ctx, r.o.Duration, int(warm.written.Load())) }()
@@ -912,6 +944,9 @@ writing:
 	m := Measurement{Scenario: ScenarioSteady, System: SystemFerry, Source: source, Sink: sink, Repeat: rep,
 		Events: written, Seconds: r.o.Duration.Seconds(), EventsPerSec: float64(written) / r.o.Duration.Seconds(),
 		CPUSeconds: done.CPU * float64(written) / float64(max(done.Acked, 1)), PeakRSS: rss, Latency: latencies(lat)}
+	if n > 1 {
+		m.Pipelines = n
+	}
 	if b := w.behind.Load(); b > 0 {
 		m.Note = fmt.Sprintf("writers fell behind the rate for %d events", b)
 	}
@@ -919,7 +954,8 @@ writing:
 	if len(lat) < written {
 		m.Missing = written - len(lat)
 	}
-	if err := r.verify(ctx, label, &m, t, written+int(warm.written.Load()), r.o.Verify); err != nil {
+	// Reading back checks outbox ids 1…n, which only one table has.
+	if err := r.verify(ctx, label, &m, t, written+int(warm.written.Load()), r.o.Verify && n == 1); err != nil {
 		return m, err
 	}
 	m.Events = written
@@ -975,7 +1011,7 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 	defer p.kill()
 	// The most sessions Ferry holds from its start to the end of the
 	// window: starting pipelines must not open more than idle ones hold.
-	var peak atomic.Int64
+	var peak, samples atomic.Int64
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
 	go func() {
@@ -986,6 +1022,7 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 			if a, err := dbActivity(sampleCtx, pool); err == nil {
 				peak.Store(max(peak.Load(), a.ferryConns))
 			}
+			samples.Add(1)
 			select {
 			case <-sampleCtx.Done():
 				return
@@ -1019,6 +1056,7 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 	if err != nil {
 		return Measurement{}, err
 	}
+	samples0 := samples.Load()
 	p.send(command{Measure: true})
 	t0 := time.Now()
 	if err := r.prog.wait(ctx, label+": measuring", r.o.IdleDuration); err != nil {
@@ -1035,6 +1073,9 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 	secs := time.Since(t0).Seconds()
 	stopSampling()
 	<-sampled
+	// The bench's own statements in the window are not Ferry's: each
+	// sample (and x0) is two transactions.
+	own := 2 * (samples.Load() - samples0 + 1)
 	conns := max(x0.ferryConns, x1.ferryConns, peak.Load())
 	rss, err := p.finish(time.Minute)
 	if err != nil {
@@ -1042,7 +1083,7 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 	}
 	return Measurement{Scenario: ScenarioIdle, System: SystemFerry, Source: source, Sink: sink, Seconds: secs, PeakRSS: rss,
 		CPUSeconds: cpu1 - cpu0, Pipelines: n,
-		Idle: &Idle{CPUPercent: (cpu1 - cpu0) / secs * 100, XactPerSec: float64(x1.xacts-x0.xacts) / secs,
+		Idle: &Idle{CPUPercent: (cpu1 - cpu0) / secs * 100, XactPerSec: float64(max(x1.xacts-x0.xacts-own, 0)) / secs,
 			RowsPerSec: float64(x1.rows-x0.rows) / secs, Connections: conns, StartSeconds: started.Seconds()}}, nil
 }
 

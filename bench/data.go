@@ -253,7 +253,7 @@ func prefillWatermill(ctx context.Context, pool *pgxpool.Pool, topic string, n i
 // (autocommit) returned, by outbox id.
 type writer struct {
 	pool    *pgxpool.Pool
-	table   string
+	tables  []string // the i-th event goes to tables[i % len(tables)]
 	rate    int
 	session int
 
@@ -266,7 +266,10 @@ type writer struct {
 // run writes until d passed or ctx ends; the i-th event is due at start +
 // i/rate, taken by whichever session is free.
 func (w *writer) run(ctx context.Context, d time.Duration, seq int) error {
-	sql := fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, type, payload) VALUES ($1, $2, $3, $4) RETURNING id`, outbox.Quote(w.table))
+	sqls := make([]string, len(w.tables))
+	for i, table := range w.tables {
+		sqls[i] = fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, type, payload) VALUES ($1, $2, $3, $4) RETURNING id`, outbox.Quote(table))
+	}
 	start := time.Now()
 	total := int(float64(w.rate) * d.Seconds())
 	var next atomic.Int64
@@ -288,7 +291,7 @@ func (w *writer) run(ctx context.Context, d time.Duration, seq int) error {
 					w.behind.Add(1)
 				}
 				var id int64
-				if err := w.pool.QueryRow(ctx, sql, aggregateType, aggregateID(seq+i), eventType, json.RawMessage(eventPayload(seq+i))).Scan(&id); err != nil {
+				if err := w.pool.QueryRow(ctx, sqls[(seq+i)%len(sqls)], aggregateType, aggregateID(seq+i), eventType, json.RawMessage(eventPayload(seq+i))).Scan(&id); err != nil {
 					errs <- err
 					return
 				}

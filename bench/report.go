@@ -221,7 +221,7 @@ func (rep *Report) summarise() {
 		if m.Scenario == ScenarioMemory {
 			k.events = m.Events
 		}
-		if m.Scenario == ScenarioIdle {
+		if m.Scenario == ScenarioIdle || m.Scenario == ScenarioSteady {
 			k.events = m.Pipelines
 		}
 		if _, ok := groups[k]; !ok {
@@ -437,6 +437,9 @@ func (rep *Report) cells(r Row) []string {
 				r.Idle.CPUPercent, r.Idle.XactPerSec, r.Idle.Connections, r.Idle.StartSeconds)
 		}
 		return c
+	}
+	if r.Pipelines > 1 {
+		c[4] = fmt.Sprintf("%d (%d pipelines)", r.Events, r.Pipelines)
 	}
 	if r.EventsPerSec > 0 {
 		c[5] = fmt.Sprintf("%.0f%s", r.EventsPerSec, rangeText(r.Runs, r.EventsPerSecMin, r.EventsPerSecMax, "%.0f"))

@@ -56,6 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rate := fs.Int("rate", def.Rate, "steady: events per second the writers commit")
 	duration := fs.Duration("duration", def.Duration, "steady: how long the writers write")
 	writers := fs.Int("writers", def.Writers, "steady: writer sessions")
+	steadyPipelines := fs.Int("steady-pipelines", def.SteadyPipelines, "steady: pipelines sharing one database in one process, the rate split among their tables")
 	memory := fs.String("memory-events", joinInts(def.MemoryEvents), "backlog-memory: backlog sizes, comma-separated")
 	idle := fs.String("idle-pipelines", joinInts(def.IdlePipelines), "idle: pipelines in one process, one row per count, comma-separated")
 	idleFor := fs.Duration("idle-duration", def.IdleDuration, "idle: measurement window")
@@ -79,6 +80,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	o.Scenarios, o.Sources, o.Sinks, o.Systems = split(*scenarios), split(*sources), split(*sinks), split(*systems)
 	o.Baselines = split(*baselines)
 	o.Events, o.Rate, o.Duration, o.Writers = *events, *rate, *duration, *writers
+	o.SteadyPipelines = *steadyPipelines
 	o.IdleDuration, o.Repeat = *idleFor, *repeat
 	o.MaxInFlight, o.CeilingWindow, o.Verify, o.Set = *maxInFlight, *window, *verify, set
 	o.ProfileDir = *profile

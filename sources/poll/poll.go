@@ -102,6 +102,7 @@ type worker struct {
 
 type statements struct {
 	claimLease, claimTx, mark, delete, nack, renew, release, health, retention string
+	claimable                                                                  string // any row a claim may take
 }
 
 // New returns a source; it does no I/O until Subscribe.
@@ -189,11 +190,15 @@ func (s *Source) run(claimCtx context.Context) {
 	}
 	if s.cfg.Listen {
 		spawn(func() {
-			pgsource.Listen(claimCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() {
+			wakeAll := func() {
 				for _, w := range s.workers {
 					pgsource.Signal(w.wake)
 				}
-			}, s.listening.Store)
+			}
+			// A change wakes the workers too: once notifications stop, an
+			// idle worker polls at poll_interval again.
+			pgsource.Listen(claimCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, wakeAll,
+				func(on bool) { s.listening.Store(on); wakeAll() })
 		})
 	}
 	spawn(func() { s.healthLoop(claimCtx) })
@@ -289,6 +294,11 @@ func (s *Source) prepare(ctx context.Context, pool pgsource.Querier) error {
 		retention: fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (
 			SELECT %[2]s FROM %[1]s WHERE published_at < now() - make_interval(secs => $1)
 			ORDER BY %[2]s LIMIT $2)`, tbl, id),
+		// What a claim takes but for the aggregate rule: a row held back
+		// by its aggregate wakes the worker for a claim that finds nothing,
+		// as the idle poll did.
+		claimable: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL
+			AND (claimed_until IS NULL OR claimed_until < now()))`, tbl),
 		health: fmt.Sprintf(`SELECT count(*),
 			COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8,
 			count(*) FILTER (WHERE claimed_by = '%s')
@@ -309,6 +319,20 @@ func (w *worker) claimLoop(ctx context.Context) {
 	failing := false
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	// Quiet while notifications flow, the worker sleeps without a timer: the
+	// database's shared loop asks, with every other idle pipeline's check in
+	// one batch, whether a row is claimable, and wakes it.
+	var found bool
+	idle := w.s.pool.AddCheck(pgsource.Check{SQL: w.s.sql.claimable, Timeout: w.s.cfg.QueryTimeout,
+		Args: func() []any { return nil },
+		Scan: func(r pgx.Row) error { return r.Scan(&found) },
+		Done: func(err error) {
+			// An error wakes the worker too: its own claim reports it.
+			if err != nil || found {
+				pgsource.Signal(w.wake)
+			}
+		}})
+	defer idle.Remove()
 	var lastWake, backingOff time.Time
 	for {
 		select {
@@ -321,6 +345,7 @@ func (w *worker) claimLoop(ctx context.Context) {
 				continue // a commit's wake-up does not cut a backoff short
 			}
 		}
+		idle.Disarm()
 		if err := w.win.WaitRoom(ctx); err != nil {
 			return
 		}
@@ -370,8 +395,9 @@ func (w *worker) claimLoop(ctx context.Context) {
 			// again at once: only an empty claim waits for poll_interval.
 			timer.Reset(0)
 		case n == 0 && w.s.listening.Load() && time.Since(lastWake) > time.Second:
-			// Quiet, and a commit's notification will wake us: poll rarely.
-			timer.Reset(max(w.s.cfg.IdlePollInterval, w.s.cfg.PollInterval))
+			// Quiet, and a commit's notification will wake us: check rarely.
+			d := max(w.s.cfg.IdlePollInterval, w.s.cfg.PollInterval)
+			idle.Arm(d, d)
 		default:
 			timer.Reset(w.s.cfg.PollInterval)
 		}
@@ -799,32 +825,72 @@ func (s *Source) measure(ctx context.Context, q pgsource.QueryRower, horizon fun
 	if err := q.QueryRow(ctx, s.sql.health).Scan(&n, &age, &parked); err != nil {
 		return plugins.Health{}, err
 	}
-	h := plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
-		Details: map[string]any{"dead_lettered": parked}, CheckedAt: time.Now()}
+	h := backlog(n, age, parked)
 	if hz, ok, err := horizon(ctx); err == nil && ok {
 		h.Details[plugins.DetailXminHorizonAge] = hz.Age
 	}
 	return h, nil
 }
 
+func backlog(n int64, age float64, parked int64) plugins.Health {
+	return plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
+		Details: map[string]any{"dead_lettered": parked}, CheckedAt: time.Now()}
+}
+
 // healthLoop refreshes Health on a slow timer, never per poll: counting
-// unpublished rows is cheap with the partial index but not free.
+// unpublished rows is cheap with the partial index but not free. The count
+// goes out with the other pipelines' on the database in one batch (see
+// pgsource.Check), and one horizon query per database and interval serves
+// every pipeline on it.
 func (s *Source) healthLoop(ctx context.Context) {
-	pgsource.WatchHealth(ctx, s.cfg.MetricsInterval, s.log, "measure backlog", func(ctx context.Context) error {
-		// One horizon query per database and interval serves every
-		// pipeline on it.
-		h, err := s.measure(ctx, s.pool, func(ctx context.Context) (pgsource.Horizon, bool, error) {
-			return s.pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
-		})
-		if err != nil {
-			return err
+	var n, parked int64
+	var age float64
+	type measurement struct {
+		h   plugins.Health
+		err error
+	}
+	measured := make(chan measurement, 1)
+	check := s.pool.AddCheck(pgsource.Check{SQL: s.sql.health, Timeout: s.cfg.QueryTimeout,
+		Args: func() []any { return nil },
+		Scan: func(r pgx.Row) error { return r.Scan(&n, &age, &parked) },
+		Done: func(err error) {
+			select {
+			case measured <- measurement{backlog(n, age, parked), err}:
+			default: // the last one is still being completed
+			}
+		}})
+	defer check.Remove()
+	check.Arm(0, s.cfg.MetricsInterval)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-measured:
+			err := m.err
+			if err == nil {
+				err = s.storeHealth(ctx, m.h)
+			}
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("measure backlog", "err", redact.Error(err))
+			}
 		}
-		s.health.Store(h)
-		if s.parked != nil {
-			s.parked.Set(float64(h.Details["dead_lettered"].(int64)))
-		}
-		return nil
-	})
+	}
+}
+
+// storeHealth adds the oldest running transaction to h and keeps it.
+func (s *Source) storeHealth(ctx context.Context, h plugins.Health) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	if hz, ok, err := s.pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2); err != nil {
+		return err
+	} else if ok {
+		h.Details[plugins.DetailXminHorizonAge] = hz.Age
+	}
+	s.health.Store(h)
+	if s.parked != nil {
+		s.parked.Set(float64(h.Details["dead_lettered"].(int64)))
+	}
+	return nil
 }
 
 // What the pipeline asks a running source for: its health (doctor, the

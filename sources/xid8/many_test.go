@@ -1,10 +1,12 @@
 package xid8_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/ferryhq/ferry/lab/relaytest"
+	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 // sharedSessions is the most server sessions the polling pipelines of one
@@ -34,4 +36,44 @@ func TestManyPipelinesShareOnePool(t *testing.T) {
 			m.MostSessions, n, sharedSessions)
 	}
 	t.Logf("%d pipelines delivered; at most %d server sessions", n, m.MostSessions)
+}
+
+// Idle pipelines on one database ask it whether they have work together:
+// forty of them, each checking every second and counting its backlog every
+// second, cost the database a few transactions a second — not the eighty a
+// statement per check would.
+func TestIdlePipelinesShareTheirChecks(t *testing.T) {
+	h := harness
+	h.Extra = "idle_poll_interval: 1s\nmetrics_interval: 1s"
+	const n = 40
+	m := relaytest.StartMany(t, relaytest.Setup(t, h), n, nil)
+	for i := range n {
+		m.Insert(t, i, 1)
+	}
+	m.WaitArrived(t, 2*time.Minute, 1, relaytest.Range(n), "an event from every pipeline")
+	xacts := func() int64 {
+		var x int64
+		if err := m.E.Pool.QueryRow(context.Background(), `SELECT xact_commit + xact_rollback FROM pg_stat_database
+			WHERE datname = current_database()`).Scan(&x); err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	// A pipeline goes idle a second after its last notification; the
+	// statistics lag by up to a second.
+	settle := time.Now().Add(3 * time.Second)
+	testenv.Eventually(t, 10*time.Second, "the pipelines settling", func() bool { return time.Now().After(settle) })
+	x0, t0 := xacts(), time.Now()
+	window := time.Now().Add(5 * time.Second)
+	testenv.Eventually(t, 10*time.Second, "a measuring window", func() bool { return time.Now().After(window) })
+	perSec := float64(xacts()-x0) / time.Since(t0).Seconds()
+	if perSec > n/4 {
+		t.Fatalf("%d idle pipelines caused %.1f transactions/s; want their checks batched (a statement each would be %d/s)", n, perSec, 2*n)
+	}
+	// They still wake for what arrives.
+	for i := range n {
+		m.Insert(t, i, 2)
+	}
+	m.WaitArrived(t, time.Minute, 2, relaytest.Range(n), "a second event from every idle pipeline")
+	t.Logf("%d idle pipelines: %.1f transactions/s", n, perSec)
 }

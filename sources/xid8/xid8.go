@@ -132,7 +132,11 @@ func (s *Source) run(readCtx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() { pgsource.Signal(wake) }, s.listening.Store)
+				// A change wakes the reader too: an idle reader relies on
+				// notifications for what its shared check does not ask
+				// (a backfill request), so when they stop it polls again.
+				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() { pgsource.Signal(wake) },
+					func(on bool) { s.listening.Store(on); pgsource.Signal(wake) })
 			}()
 		}
 		wg.Add(2)
@@ -239,12 +243,32 @@ func (s *Source) prepare(ctx context.Context, pool *pgsource.Pool) error {
 // readLoop reads batches past the read cursor and admits them to the window.
 // A full batch is followed at once by the next; otherwise it waits for the
 // poll interval or a notification.
-func (s *Source) readLoop(ctx context.Context, pool *pgsource.Pool, wake <-chan struct{}) {
+func (s *Source) readLoop(ctx context.Context, pool *pgsource.Pool, wake chan struct{}) {
 	bo := retry.Backoff()
 	failing := false
 	rows := make([]row, 0, s.cfg.BatchSize)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	// Quiet while notifications flow, the reader sleeps without a timer: the
+	// database's shared loop asks, with every other idle pipeline's check in
+	// one batch, whether anything is past the cursor, and wakes it.
+	var idleMu sync.Mutex
+	var idleFrom Position
+	var found bool
+	idle := pool.AddCheck(pgsource.Check{SQL: s.pendingSQL, Timeout: s.cfg.QueryTimeout,
+		Args: func() []any {
+			idleMu.Lock()
+			defer idleMu.Unlock()
+			return []any{strconv.FormatUint(idleFrom.XactID, 10), idleFrom.ID}
+		},
+		Scan: func(r pgx.Row) error { return r.Scan(&found) },
+		Done: func(err error) {
+			// An error wakes the reader too: its own read reports it.
+			if err != nil || found {
+				pgsource.Signal(wake)
+			}
+		}})
+	defer idle.Remove()
 	var lastWake time.Time
 	for {
 		select {
@@ -254,6 +278,7 @@ func (s *Source) readLoop(ctx context.Context, pool *pgsource.Pool, wake <-chan 
 		case <-wake:
 			lastWake = time.Now()
 		}
+		idle.Disarm()
 		if err := s.win.WaitRoom(ctx); err != nil {
 			return
 		}
@@ -301,6 +326,13 @@ func (s *Source) readLoop(ctx context.Context, pool *pgsource.Pool, wake <-chan 
 			// Committed rows wait behind an open transaction, whose end
 			// sends no notification: keep polling.
 			d = s.cfg.PollInterval
+		}
+		if d > s.cfg.PollInterval {
+			idleMu.Lock()
+			idleFrom = s.read
+			idleMu.Unlock()
+			idle.Arm(d, d)
+			continue
 		}
 		timer.Reset(d)
 	}
@@ -537,18 +569,29 @@ func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
 func (s *Source) measure(ctx context.Context, pool pgsource.QueryRower, pos Position) (plugins.Health, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
-	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
-	id := pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
 	var n int64
 	var age float64
-	err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8
-		FROM %s WHERE (%s, %s) > ($1::text::xid8, $2)`, pgx.Identifier{s.cfg.Columns.CreatedAt}.Sanitize(),
-		outbox.Quote(s.cfg.Table), xact, id), strconv.FormatUint(pos.XactID, 10), pos.ID).Scan(&n, &age)
-	if err != nil {
+	if err := pool.QueryRow(ctx, s.measureSQL(), measureArgs(pos)...).Scan(&n, &age); err != nil {
 		return plugins.Health{}, err
 	}
+	return backlog(n, age, pos), nil
+}
+
+// measureSQL counts the rows past a cursor ($1, $2) and the age of the
+// oldest.
+func (s *Source) measureSQL() string {
+	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
+	id := pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
+	return fmt.Sprintf(`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8
+		FROM %s WHERE (%s, %s) > ($1::text::xid8, $2)`, pgx.Identifier{s.cfg.Columns.CreatedAt}.Sanitize(),
+		outbox.Quote(s.cfg.Table), xact, id)
+}
+
+func measureArgs(pos Position) []any { return []any{strconv.FormatUint(pos.XactID, 10), pos.ID} }
+
+func backlog(n int64, age float64, pos Position) plugins.Health {
 	return plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
-		CheckedAt: time.Now(), Details: map[string]any{"cursor": pos.String()}}, nil
+		CheckedAt: time.Now(), Details: map[string]any{"cursor": pos.String()}}
 }
 
 // withHorizon adds the oldest running transaction — what holds the cursor
@@ -561,24 +604,55 @@ func withHorizon(h plugins.Health, hz pgsource.Horizon, ok bool) plugins.Health 
 	return h
 }
 
-// healthLoop refreshes Health on a slow timer.
+// healthLoop refreshes Health on a slow timer: the count goes out with the
+// other pipelines' on the database in one batch (see pgsource.Check), and
+// one horizon query per database and interval serves every pipeline on it.
 func (s *Source) healthLoop(ctx context.Context, pool *pgsource.Pool) {
-	pgsource.WatchHealth(ctx, s.cfg.MetricsInterval, s.log, "measure backlog", func(ctx context.Context) error {
-		h, err := s.measure(ctx, pool, s.committedCursor())
-		if err != nil {
-			return err
+	var pos Position
+	var n int64
+	var age float64
+	type measurement struct {
+		h   plugins.Health
+		err error
+	}
+	measured := make(chan measurement, 1)
+	check := pool.AddCheck(pgsource.Check{SQL: s.measureSQL(), Timeout: s.cfg.QueryTimeout,
+		Args: func() []any { pos = s.committedCursor(); return measureArgs(pos) },
+		Scan: func(r pgx.Row) error { return r.Scan(&n, &age) },
+		Done: func(err error) {
+			select {
+			case measured <- measurement{backlog(n, age, pos), err}:
+			default: // the last one is still being completed
+			}
+		}})
+	defer check.Remove()
+	check.Arm(0, s.cfg.MetricsInterval)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-measured:
+			err := m.err
+			if err == nil {
+				err = s.storeHealth(ctx, pool, m.h)
+			}
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("measure backlog", "err", redact.Error(err))
+			}
 		}
-		// One horizon query per database and interval serves every
-		// pipeline on it.
-		qctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-		defer cancel()
-		hz, ok, err := pool.OldestTransaction(qctx, s.cfg.MetricsInterval/2)
-		if err != nil {
-			return err
-		}
-		s.health.Store(withHorizon(h, hz, ok))
-		return nil
-	})
+	}
+}
+
+// storeHealth adds the oldest running transaction to h and keeps it.
+func (s *Source) storeHealth(ctx context.Context, pool *pgsource.Pool, h plugins.Health) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	hz, ok, err := pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
+	if err != nil {
+		return err
+	}
+	s.health.Store(withHorizon(h, hz, ok))
+	return nil
 }
 
 // What the pipeline asks a running source for: its health (doctor, the

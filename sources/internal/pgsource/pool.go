@@ -78,6 +78,8 @@ type database struct {
 
 	relationsMu sync.Mutex // held while one caller asks the catalog
 	relations   map[string]relationReading
+
+	checks *checkLoop // the shared checks (see AddCheck); guarded by databases
 }
 
 // DatabaseKey is what makes two connection strings one database for the

@@ -1,0 +1,163 @@
+package pgsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// checkTables creates n tables of one row each and drops them at the end.
+func checkTables(t *testing.T, p *Pool, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	prefix := fmt.Sprintf("checks_%d_", time.Now().UnixNano())
+	var names []string
+	for i := range n {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		if _, err := p.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (id int); INSERT INTO %[1]s VALUES (%d)`, name, i)); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, name)
+	}
+	t.Cleanup(func() {
+		for _, name := range names {
+			_, _ = p.Exec(context.Background(), `DROP TABLE IF EXISTS `+name)
+		}
+	})
+	return names
+}
+
+func openCheckPool(t *testing.T, name string) *Pool {
+	t.Helper()
+	p, err := OpenPool(context.Background(), testenv.Postgres(t), plugins.Env{Pipeline: name, PoolName: "ferry:" + name}, 3, 10*time.Second,
+		func(context.Context, *Pool) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ClosePool(p) })
+	return p
+}
+
+// Checks armed at scattered moments fall into step: with every pipeline's
+// check every 300ms, a few seconds take a batch per interval — not one
+// per check — and every check reads its own table.
+func TestChecksShareOneBatchPerInterval(t *testing.T) {
+	p := openCheckPool(t, "checks-batch")
+	const n, every = 50, 300 * time.Millisecond
+	tables := checkTables(t, p, n)
+	var mu sync.Mutex
+	runs := make([]int, n)
+	got := make([]int, n)
+	var handles []*ScheduledCheck
+	for i, table := range tables {
+		var v int
+		h := p.AddCheck(Check{SQL: `SELECT id FROM ` + table, Args: func() []any { return nil }, Timeout: 10 * time.Second,
+			Scan: func(r pgx.Row) error { return r.Scan(&v) },
+			Done: func(err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					t.Errorf("check %d: %v", i, err)
+				}
+				runs[i]++
+				got[i] = v
+			}})
+		handles = append(handles, h)
+		h.Arm(time.Duration(i)*every/n, every)
+	}
+	start := p.CheckBatches()
+	began := time.Now()
+	testenv.Eventually(t, 30*time.Second, "every check run ten times", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range runs {
+			if r < 10 {
+				return false
+			}
+		}
+		return true
+	})
+	batches := p.CheckBatches() - start
+	intervals := float64(time.Since(began)) / float64(every)
+	for _, h := range handles {
+		h.Remove()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range got {
+		if got[i] != i {
+			t.Errorf("check %d read %d, want its own table's %d", i, got[i], i)
+		}
+	}
+	total := 0
+	for _, r := range runs {
+		total += r
+	}
+	// One batch per interval, and a few more while the checks fall into
+	// step; per check it would be n per interval.
+	if float64(batches) > 2*intervals+5 {
+		t.Fatalf("%d batches for %d check runs in %.0f intervals; want about one per interval", batches, total, intervals)
+	}
+	t.Logf("%d check runs in %d batches over %.0f intervals", total, batches, intervals)
+}
+
+// A check whose table is locked fails alone, within the lock timeout: the
+// other checks of its batch still report their rows, and the loop goes on
+// running them while the lock is held.
+func TestLockedTableFailsItsCheckAlone(t *testing.T) {
+	p := openCheckPool(t, "checks-lock")
+	ctx := context.Background()
+	tables := checkTables(t, p, 5)
+	const locked = 2
+	lock, err := p.db.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx)
+	if _, err := lock.Exec(ctx, `LOCK TABLE `+tables[locked]+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	var oks, lockErrs atomic.Int64
+	var others atomic.Int64
+	for i, table := range tables {
+		var v int
+		h := p.AddCheck(Check{SQL: `SELECT id FROM ` + table, Args: func() []any { return nil }, Timeout: 20 * time.Second,
+			Scan: func(r pgx.Row) error { return r.Scan(&v) },
+			Done: func(err error) {
+				var pgErr *pgconn.PgError
+				switch {
+				case i == locked && errors.As(err, &pgErr) && pgErr.Code == "55P03":
+					lockErrs.Add(1)
+				case i != locked && err == nil && v == i:
+					others.Add(1)
+				case err == nil && i == locked:
+					t.Errorf("the locked table's check read %d while the lock was held", v)
+				default:
+					t.Errorf("check %d: %v (read %d)", i, err, v)
+				}
+				oks.Add(1)
+			}})
+		defer h.Remove()
+		h.Arm(0, 200*time.Millisecond)
+	}
+	began := time.Now()
+	testenv.Eventually(t, 15*time.Second, "three lock timeouts of the locked table's check, and the others' rows each time", func() bool {
+		return lockErrs.Load() >= 3 && others.Load() >= 3*int64(len(tables)-1)
+	})
+	// Each round waits out the lock timeout once; a batch held until the
+	// query timeout (20s) would not get here.
+	if took := time.Since(began); took > 10*time.Second {
+		t.Fatalf("three rounds took %s", took)
+	}
+	t.Logf("%d lock timeouts, %d other checks answered in %s", lockErrs.Load(), others.Load(), time.Since(began).Round(time.Millisecond))
+}
