@@ -290,9 +290,15 @@ func (l *checkLoop) send(checks []pending) int {
 	}
 	if err := l.pool().AcquireFunc(ctx, func(conn *pgxpool.Conn) error {
 		var sql strings.Builder
-		// Both settings last to the batch's end (its implicit transaction).
-		// The name tells an operator whose statements a lock holds up.
-		fmt.Fprintf(&sql, "SELECT set_config('lock_timeout', '%s', true), set_config('application_name', '%s', true)", checkLockTimeout, CheckSession)
+		// The settings last to the batch's end (its implicit transaction).
+		// The name tells an operator whose statements a lock holds up. The
+		// statement timeout applies to each statement of the batch on its
+		// own (PostgreSQL 13 and later) and ends before the batch's
+		// deadline, so a slow statement — a backlog count over a huge
+		// table — fails alone, as the server's error, and the others go
+		// again without it instead of all sharing a cancelled context.
+		fmt.Fprintf(&sql, "SELECT set_config('lock_timeout', '%s', true), set_config('statement_timeout', '%d', true), set_config('application_name', '%s', true)",
+			checkLockTimeout, max(timeout/2, time.Second).Milliseconds(), CheckSession)
 		for _, c := range checks {
 			sql.WriteString(";\n")
 			sql.WriteString(c.stmt)
@@ -354,14 +360,15 @@ func (r resultRow) Scan(dest ...any) error {
 }
 
 // inline writes args into sql's placeholders ($1, $2, …) as literals:
-// integers, and strings quoted (standard_conforming_strings, on since
-// PostgreSQL 9.1). Placeholders inside quotes are left alone.
+// integers, and strings as escape strings (E'…', backslashes and quotes
+// doubled), which read the same whatever standard_conforming_strings says.
+// Placeholders inside quotes are left alone.
 func inline(sql string, args []any) (string, error) {
 	lits := make([]string, len(args))
 	for i, a := range args {
 		switch v := a.(type) {
 		case string:
-			lits[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
+			lits[i] = "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(v) + "'"
 		case int:
 			lits[i] = strconv.Itoa(v)
 		case int64:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
@@ -160,4 +161,78 @@ func TestLockedTableFailsItsCheckAlone(t *testing.T) {
 		t.Fatalf("three rounds took %s", took)
 	}
 	t.Logf("%d lock timeouts, %d other checks answered in %s", lockErrs.Load(), others.Load(), time.Since(began).Round(time.Millisecond))
+}
+
+// A slow statement (here pg_sleep past the statement timeout, as a backlog
+// count over a huge table would be) fails alone, as the server's error,
+// and the other checks of its batch are answered: the batch's own
+// deadline never cancels them all.
+func TestSlowCheckFailsAlone(t *testing.T) {
+	p := openCheckPool(t, "checks-slow")
+	tables := checkTables(t, p, 4)
+	const slow = 1
+	var slowErrs, others atomic.Int64
+	for i, table := range tables {
+		var v int
+		sql := `SELECT id FROM ` + table
+		if i == slow {
+			sql = `SELECT id FROM ` + table + `, pg_sleep(5)`
+		}
+		// Timeout 2s: each statement of the batch may take 1s.
+		h := p.AddCheck(Check{SQL: sql, Args: func() []any { return nil }, Timeout: 2 * time.Second,
+			Scan: func(r pgx.Row) error { return r.Scan(&v) },
+			Done: func(err error) {
+				var pgErr *pgconn.PgError
+				switch {
+				case i == slow && errors.As(err, &pgErr) && pgErr.Code == "57014":
+					slowErrs.Add(1)
+				case i != slow && err == nil && v == i:
+					others.Add(1)
+				default:
+					t.Errorf("check %d: %v (read %d)", i, err, v)
+				}
+			}})
+		defer h.Remove()
+		h.Arm(0, 300*time.Millisecond)
+	}
+	testenv.Eventually(t, 20*time.Second, "two statement timeouts of the slow check, and the others' rows each time", func() bool {
+		return slowErrs.Load() >= 2 && others.Load() >= 2*int64(len(tables)-1)
+	})
+}
+
+// inline's literals read back as the strings they were made of, whatever
+// standard_conforming_strings says.
+func TestInlineLiterals(t *testing.T) {
+	p := openCheckPool(t, "checks-inline")
+	ctx := context.Background()
+	for _, scs := range []string{"on", "off"} {
+		for _, v := range []string{`plain`, `it's`, `back\slash`, `\'; DROP TABLE x; --`, `$1`, `''\\`} {
+			sql, err := inline(`SELECT $1::text`, []any{v})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			if err := p.db.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+				if _, err := c.Exec(ctx, "SET standard_conforming_strings = "+scs); err != nil {
+					return err
+				}
+				defer c.Exec(ctx, "RESET standard_conforming_strings")
+				// As the batch sends it: a simple query on the connection.
+				res, err := c.Conn().PgConn().Exec(ctx, sql).ReadAll()
+				if err != nil {
+					return err
+				}
+				got = string(res[0].Rows[0][0])
+				return nil
+			}); err != nil {
+				t.Fatalf("standard_conforming_strings=%s, %q as %s: %v", scs, v, sql, err)
+			}
+			if got != v {
+				t.Errorf("standard_conforming_strings=%s: %q came back as %q (%s)", scs, v, got, sql)
+			}
+		}
+	}
+	if sql, _ := inline(`SELECT '$1', $1, $2`, []any{"a", int64(7)}); sql != `SELECT '$1', E'a', 7` {
+		t.Errorf("inline: %s", sql)
+	}
 }
