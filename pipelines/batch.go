@@ -3,6 +3,7 @@ package pipelines
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -120,7 +121,12 @@ func (p *Pipeline) handleBatch(env *message.Message, batch []*message.Message, c
 	}
 	untried, failed := batch, []*message.Message(nil)
 	if fast {
-		untried, failed = p.publishBatch(batch, rep)
+		var ok bool
+		if untried, failed, ok = p.publishBatchSafely(batch, rep); !ok {
+			// What the batch had not settled goes one by one (an event it
+			// was publishing may be sent again: at least once).
+			untried, failed = unsettled(batch), nil
+		}
 	}
 	if len(untried)+len(failed) == 0 {
 		return
@@ -128,6 +134,15 @@ func (p *Pipeline) handleBatch(env *message.Message, batch []*message.Message, c
 	var wg sync.WaitGroup
 	run := func(m *message.Message, chain message.HandlerFunc, wait time.Duration) {
 		defer wg.Done()
+		// The chain's own recoverer covers the transforms and the publish;
+		// this covers the middleware around it, which the router's recover
+		// covered when events were its messages.
+		defer func() {
+			if r := recover(); r != nil {
+				p.Log.Error("panic in the pipeline's handler chain; the event is redelivered", "event_id", m.UUID, "panic", r)
+				m.Nack()
+			}
+		}()
 		if wait > 0 {
 			time.Sleep(wait)
 		}
@@ -142,6 +157,34 @@ func (p *Pipeline) handleBatch(env *message.Message, batch []*message.Message, c
 		go run(m, ch.retried, ch.wait)
 	}
 	wg.Wait()
+}
+
+// publishBatchSafely is publishBatch with a panic (a sink, an encoder, a
+// plugin) caught: ok false, logged. The per-event chain has Watermill's
+// recoverer; the batch path needs its own.
+func (p *Pipeline) publishBatchSafely(batch []*message.Message, rep *reporter) (untried, failed []*message.Message, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.Log.Error("panic while publishing a batch; its events go one by one", "events", len(batch), "panic", r)
+			ok = false
+		}
+	}()
+	untried, failed = p.publishBatch(batch, rep)
+	return untried, failed, true
+}
+
+// unsettled are the events of batch neither acked nor nacked yet.
+func unsettled(batch []*message.Message) []*message.Message {
+	var out []*message.Message
+	for _, m := range batch {
+		select {
+		case <-m.Acked():
+		case <-m.Nacked():
+		default:
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // settle runs one event through the per-event chain and acks or nacks it,
@@ -193,14 +236,13 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow, 
 		if why := m.Metadata.Get(plugins.MetaHeadersError); why != "" {
 			p.warnHeaders(m, why)
 		}
-		w := pending{event: m, out: m, stage: times[k*len(p.Stages) : (k+1)*len(p.Stages)]}
+		// A copy: transforms, the sent-at header, the publish span's
+		// traceparent and the publish metrics' context mark change the
+		// message published; the event as read stays untouched for the
+		// chain and the dead-letter topic.
+		w := pending{event: m, out: m.CopyWithContext(), stage: times[k*len(p.Stages) : (k+1)*len(p.Stages)]}
 		if readAt, err := plugins.ParseTime(m.Metadata.Get(plugins.MetaReadAt)); err == nil {
 			w.read = readAt
-		}
-		if len(p.Stages) > 0 {
-			// Transforms may change the message in place; the event as read
-			// stays untouched for the chain and the dead-letter topic.
-			w.out = m.CopyWithContext()
 		}
 		settled := false
 	stages:
@@ -273,7 +315,14 @@ func (p *Pipeline) publishBatch(batch []*message.Message, rep *reporter) (slow, 
 		w := &work[i]
 		w.span.End(errs[i])
 		if errs[i] != nil {
-			failed = append(failed, w.event)
+			obs.observe(last, took, outcomeError)
+			if deadLetterable(errs[i]) {
+				// No retry fixes it (oversize, unroutable): the chain
+				// tries once and dead-letters it, without the wait.
+				slow = append(slow, w.event)
+			} else {
+				failed = append(failed, w.event)
+			}
 			continue
 		}
 		observe(w, len(p.Stages))
@@ -369,6 +418,14 @@ func (s batchSink) Publish(topic string, msgs ...*message.Message) error {
 		return s.Sink.Publish(topic, msgs...)
 	}
 	errs := s.batch.PublishBatch(topic, msgs)
+	if len(errs) != len(msgs) {
+		// A plugin's mistake must not ack what it did not confirm.
+		err := fmt.Errorf("sink's PublishBatch returned %d outcomes for %d messages", len(errs), len(msgs))
+		errs = make([]error, len(msgs))
+		for i := range errs {
+			errs[i] = err
+		}
+	}
 	for _, err := range errs {
 		if err != nil {
 			return &batchErrors{errs: errs}

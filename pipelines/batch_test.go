@@ -30,6 +30,8 @@ type batchingSink struct {
 	sizes   []int               // every PublishBatch's length
 	got     map[string][]string // topic → outbox ids, in publish order
 	singles int                 // Publish calls of one message
+	// panicOnce makes the first PublishBatch of several messages panic.
+	panicOnce bool
 	events  []plugintest.Delivered
 }
 
@@ -51,7 +53,12 @@ func (s *batchingSink) Publish(topic string, msgs ...*message.Message) error {
 func (s *batchingSink) PublishBatch(topic string, msgs []*message.Message) []error {
 	s.mu.Lock()
 	s.sizes = append(s.sizes, len(msgs))
+	panics := s.panicOnce && len(msgs) > 1
+	s.panicOnce = s.panicOnce && !panics
 	s.mu.Unlock()
+	if panics {
+		panic("sink bug")
+	}
 	return s.publish(topic, msgs)
 }
 
@@ -218,4 +225,56 @@ func stageCount(t *testing.T, reg *prometheus.Registry, stage, outcome string) i
 		}
 	}
 	return int(n)
+}
+
+// A sink that panics in the middle of a batch does not strand its events:
+// they go one by one through the chain (Watermill's recoverer), every one
+// arrives, in order, and the process lives on.
+func TestBatchPanicGoesEventByEvent(t *testing.T) {
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	ctx := context.Background()
+	var written []plugintest.Written
+	for i := range 500 {
+		w, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("agg-%d", i%50))
+		if err != nil {
+			t.Fatal(err)
+		}
+		written = append(written, w)
+	}
+	sink := &batchingSink{failed: map[string]bool{}, got: map[string][]string{}, panicOnce: true}
+	r := plugins.NewRegistry()
+	xid8.Register(r)
+	plugins.RegisterSink(r, "batching", func() *noCfg { return &noCfg{} }, func(*noCfg, plugins.Env) (plugins.Sink, error) { return sink, nil })
+	plugins.RegisterTransform(r, "to_events", func() *noCfg { return &noCfg{} }, func(*noCfg, plugins.Env) (plugins.Transform, error) {
+		return plugins.TransformFunc(func(m *message.Message) ([]*message.Message, error) {
+			m.Metadata.Set(plugins.MetaTopic, "events")
+			return []*message.Message{m}, nil
+		}), nil
+	})
+	specs, err := pipelines.Loader{Registry: r}.LoadBytes("panic.yaml", []byte(fmt.Sprintf(`name: panic
+source: {type: xid8, dsn: %q, poll_interval: 20ms}
+transforms:
+  - {type: to_events}
+sink: {type: batching}
+`, e.DSN)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(runCtx, specs) }()
+	defer func() { cancel(); <-done }()
+	testenv.Eventually(t, 60*time.Second, "every event", func() bool {
+		_, events, _, _ := sink.snapshot()
+		return len(events) >= len(written)
+	})
+	_, events, _, _ := sink.snapshot()
+	plugintest.Check(written, events, true).Assert(t, 0)
+	if sink.panicOnce {
+		t.Fatal("the sink never panicked: no batch of several events reached it")
+	}
 }
