@@ -297,8 +297,11 @@ func (s *Source) prepare(ctx context.Context, pool pgsource.Querier) error {
 		// What a claim takes but for the aggregate rule: a row held back
 		// by its aggregate wakes the worker for a claim that finds nothing,
 		// as the idle poll did.
-		claimable: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s WHERE published_at IS NULL
-			AND (claimed_until IS NULL OR claimed_until < now()))`, tbl),
+		// A scalar subquery in id order, not EXISTS (whose ORDER BY the
+		// planner drops): it walks the unpublished-rows index, never the
+		// delivered rows retention still keeps.
+		claimable: fmt.Sprintf(`SELECT (SELECT true FROM %s WHERE published_at IS NULL
+			AND (claimed_until IS NULL OR claimed_until < now()) ORDER BY %s LIMIT 1) IS NOT NULL`, tbl, id),
 		health: fmt.Sprintf(`SELECT count(*),
 			COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8,
 			count(*) FILTER (WHERE claimed_by = '%s')
