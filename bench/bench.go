@@ -438,8 +438,12 @@ func (r *runner) memoryScenario(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// maxIdleRabbitMQ is the most idle pipelines the bench runs into RabbitMQ.
-const maxIdleRabbitMQ = 500
+// maxIdleRabbitMQ is the most idle pipelines the bench runs into RabbitMQ;
+// maxIdleWal the most idle wal pipelines (within the cluster's slots).
+const (
+	maxIdleRabbitMQ = 500
+	maxIdleWal      = 100
+)
 
 func (r *runner) idleScenario(ctx context.Context) error {
 	var errs []error
@@ -452,6 +456,10 @@ func (r *runner) idleScenario(ctx context.Context) error {
 					// descriptors) out of descriptors, which breaks it for
 					// every other user of the server until it restarts.
 					r.prog.note(fmt.Sprintf("idle ferry %s→%s ×%d: skipped, a connection per pipeline is more than a default RabbitMQ accepts (at most %d here)", src, sink, n, maxIdleRabbitMQ))
+					continue
+				}
+				if src == wal.Name && n > maxIdleWal {
+					r.prog.note(fmt.Sprintf("idle ferry %s→%s ×%d: skipped, each wal pipeline holds a replication slot and a walsender (the bench cluster has %s)", src, sink, n, clusterSettings["max_replication_slots"]))
 					continue
 				}
 				m, err := r.ferryIdle(ctx, src, sink, n)
