@@ -301,7 +301,8 @@ func testBrokerDown(t *testing.T, h SinkHarness) {
 // 1,000 events in batches of 100 all confirmed and stored once; a batch to
 // a routed destination goes there; an event the broker refuses (Refuse)
 // fails alone, as Publish classifies it, and the rest of its batch is
-// stored. A batch before Start or after Close fails every event.
+// stored. A batch before Start, with the broker down (when the harness can
+// stop it) or after Close fails every event.
 func testBatch(t *testing.T, h SinkHarness) {
 	const batches, size = 10, 100
 	tg := h.Target(t)
@@ -398,6 +399,23 @@ func testBatch(t *testing.T, h SinkHarness) {
 			t.Errorf("event %s of the routed batch went to %q, want %q", r.ID, r.Destination, tg.Routed)
 		case !routedEvent && r.Destination != tg.Default:
 			t.Errorf("event %s went to %q, want %q", r.ID, r.Destination, tg.Default)
+		}
+	}
+
+	if tg.Stop != nil {
+		// Broker down: no outcome may be nil, however the client reports
+		// a connection it could not get.
+		restart := tg.Stop(t)
+		down := []*message.Message{event("down-1", "order-7", 7, nil), event("down-2", "order-8", 8, nil), event("down-3", "order-9", 9, nil)}
+		errs := bp.PublishBatch("", down)
+		restart(t)
+		if len(errs) != len(down) {
+			t.Fatalf("PublishBatch with the broker down returned %d outcomes for %d events", len(errs), len(down))
+		}
+		for j, err := range errs {
+			if err == nil {
+				t.Errorf("PublishBatch with the broker down: event %s confirmed", down[j].UUID)
+			}
 		}
 	}
 

@@ -193,11 +193,23 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 		}
 		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: topic, Values: values, MaxLen: s.cfg.MaxLen, Approx: true})
 	}
-	// Exec's own error is the first command's; each command keeps its own.
-	_, _ = pipe.Exec(ctx)
+	// A command is confirmed only by its reply: the entry's id. When no
+	// connection could be had (Redis down), go-redis returns the dial error
+	// from Exec and leaves every command without an error of its own.
+	_, execErr := pipe.Exec(ctx)
 	for i, cmd := range cmds {
-		if cmd != nil && cmd.Err() != nil {
-			errs[i] = fmt.Errorf("redis stream sink: stream %s: xadd %s: %w", topic, msgs[i].UUID, cmd.Err())
+		if cmd == nil {
+			continue
+		}
+		err := cmd.Err()
+		if err == nil && cmd.Val() == "" {
+			err = execErr
+			if err == nil {
+				err = errors.New("no reply")
+			}
+		}
+		if err != nil {
+			errs[i] = fmt.Errorf("redis stream sink: stream %s: xadd %s: %w", topic, msgs[i].UUID, err)
 		}
 	}
 	return errs
