@@ -32,7 +32,7 @@ type batchingSink struct {
 	singles int                 // Publish calls of one message
 	// panicOnce makes the first PublishBatch of several messages panic.
 	panicOnce bool
-	events  []plugintest.Delivered
+	events    []plugintest.Delivered
 }
 
 func (s *batchingSink) Start(context.Context) error { return nil }
