@@ -683,37 +683,11 @@ func benchEvents(b *testing.B, batches int) [][]*message.Message {
 //	go test ./sinks/nats -run '^$' -bench 'Publish' -benchtime 200x
 func BenchmarkPublish(b *testing.B) {
 	s, _ := batchSink(b, testenv.NATS(b), 0)
-	batches := benchEvents(b, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for _, batch := range batches {
-		var wg sync.WaitGroup
-		for _, m := range batch {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := s.Publish("", m); err != nil {
-					b.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+	plugintest.BenchmarkPublish(b, s, benchEvents(b, b.N))
 }
 
 // BenchmarkPublishBatch: the same 100 events as one PublishBatch call.
 func BenchmarkPublishBatch(b *testing.B) {
 	s, _ := batchSink(b, testenv.NATS(b), 0)
-	batches := benchEvents(b, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for _, batch := range batches {
-		for _, err := range s.PublishBatch("", batch) {
-			if err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+	plugintest.BenchmarkPublishBatch(b, s, benchEvents(b, b.N))
 }

@@ -655,37 +655,11 @@ func benchSink(b *testing.B) *rabbitmq.Sink {
 //	go test ./sinks/rabbitmq -run '^$' -bench 'Publish' -benchtime 100x
 func BenchmarkPublish(b *testing.B) {
 	s := benchSink(b)
-	batches := benchEvents(b, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for _, batch := range batches {
-		var wg sync.WaitGroup
-		for _, m := range batch {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := s.Publish("", m); err != nil {
-					b.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+	plugintest.BenchmarkPublish(b, s, benchEvents(b, b.N))
 }
 
 // BenchmarkPublishBatch: the same 100 events as one PublishBatch call.
 func BenchmarkPublishBatch(b *testing.B) {
 	s := benchSink(b)
-	batches := benchEvents(b, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for _, batch := range batches {
-		for _, err := range s.PublishBatch("", batch) {
-			if err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/event")
+	plugintest.BenchmarkPublishBatch(b, s, benchEvents(b, b.N))
 }
