@@ -745,6 +745,10 @@ type Unready struct {
 	Path string `json:"path"`
 	// Message says why.
 	Message string `json:"message"`
+	// Pipeline and Tenant are the pipeline's, when Path names one: the API
+	// shows a caller only its tenant's.
+	Pipeline string `json:"-"`
+	Tenant   string `json:"-"`
 }
 
 // Ready reports whether every pipeline this instance should run runs.
@@ -782,9 +786,24 @@ func (s *Supervisor) Readiness() []Unready {
 		if st.LastError != "" {
 			msg += ": " + st.LastError
 		}
-		out = append(out, Unready{Path: "pipelines." + st.Name, Message: msg})
+		out = append(out, Unready{Path: "pipelines." + st.Name, Message: msg, Pipeline: st.Name, Tenant: st.Tenant})
 	}
 	return out
+}
+
+// RunningCount is how many pipelines run here, and how many this instance
+// knows that do not (standby and paused ones count as neither).
+func (s *Supervisor) RunningCount() (running, notRunning int) {
+	for _, st := range s.Statuses() {
+		switch st.State {
+		case StateRunning:
+			running++
+		case StateStandby, StatePaused:
+		default:
+			notRunning++
+		}
+	}
+	return running, notRunning
 }
 
 func redactErr(err error) string {

@@ -75,7 +75,7 @@ func (c *api) controlRoutes() []route {
 		{"GET", "/plugins", accessRead, c.plugins},
 		{"GET", "/tenants", accessRead, c.listTenants},
 		{"GET", "/tenants/{name}", accessRead, c.getTenant},
-		{"PUT", "/tenants/{name}", accessWrite, c.putTenant},
+		{"PUT", "/tenants/{name}", accessAdmin, c.putTenant},
 		{"GET", "/tokens", accessAdmin, c.listTokens},
 		{"POST", "/tokens", accessAdmin, c.createToken},
 		{"DELETE", "/tokens/{id}", accessAdmin, c.deleteToken},
@@ -100,22 +100,35 @@ func (c *api) registerControl(mux *http.ServeMux) {
 
 // guard authenticates the caller and checks the route's access. Once any
 // token exists (the admin token, or one in the store) every route needs
-// one, reads included.
+// one, reads included. An address that keeps failing authentication is
+// throttled; every refusal (401, 403, 429) is audited.
 func (c *api) guard(rt route) http.HandlerFunc {
+	pattern := rt.method + " /api/v1" + rt.path
 	return func(w http.ResponseWriter, r *http.Request) {
+		addr := clientAddress(r)
+		rec := &statusRecorder{ResponseWriter: w}
+		var p principal
+		defer func() { c.auditRefusal(r, pattern, addr, p, rec) }()
+		if wait := c.throttle.retryAfter(addr); wait > 0 {
+			throttled(rec, wait)
+			return
+		}
 		p, prob := c.authenticate(r)
 		if prob != nil {
 			if prob.code == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
+				if r.Header.Get("Authorization") != "" {
+					c.throttle.failed(addr) // a guess, not a forgotten header
+				}
 			}
-			writeProblem(w, prob)
+			writeProblem(rec, prob)
 			return
 		}
 		if prob := checkAccess(rt.access, p); prob != nil {
-			writeProblem(w, prob)
+			writeProblem(rec, prob)
 			return
 		}
-		rt.handle(w, r, p)
+		rt.handle(rec, r, p)
 	}
 }
 
@@ -179,6 +192,9 @@ type detail struct {
 }
 
 func writeProblem(w http.ResponseWriter, p *problem) {
+	if rec, ok := w.(*statusRecorder); ok && rec.reason == "" {
+		rec.reason = redact.String(p.msg)
+	}
 	body := map[string]any{"error": redact.String(p.msg)}
 	if len(p.details) > 0 {
 		for i := range p.details {
@@ -206,7 +222,9 @@ func storeProblem(err error, what string) *problem {
 	case errors.Is(err, store.ErrExists):
 		return &problem{code: http.StatusConflict, msg: what + ": already exists"}
 	case errors.Is(err, store.ErrForbidden):
-		return &problem{code: http.StatusForbidden, msg: err.Error()}
+		// A name another tenant's pipeline holds (names are global: they
+		// name slots and metrics). Say it is taken, not whose it is.
+		return &problem{code: http.StatusConflict, msg: what + ": the name is not available", details: []detail{{Path: "name", Message: "already used"}}}
 	case errors.Is(err, store.ErrLimit):
 		return &problem{code: http.StatusUnprocessableEntity, msg: err.Error(), details: []detail{{Path: "tenant", Message: err.Error()}}}
 	}
@@ -374,6 +392,12 @@ func (c *api) listPipelines(w http.ResponseWriter, r *http.Request, p principal)
 	writeJSON(w, http.StatusOK, body)
 }
 
+// noSuchPipeline is the answer for a pipeline the caller cannot see,
+// whether it is missing or another tenant's.
+func noSuchPipeline(name string) *problem {
+	return &problem{code: http.StatusNotFound, msg: fmt.Sprintf("no such pipeline: %q", name)}
+}
+
 // findWritable is find for a change: the caller's scope must also allow
 // writing the pipeline's tenant.
 func (c *api) findWritable(w http.ResponseWriter, r *http.Request, p principal) (PipelineView, bool) {
@@ -403,12 +427,15 @@ func (c *api) find(w http.ResponseWriter, r *http.Request, p principal) (Pipelin
 			continue
 		}
 		if !p.actor.Scope.CanSeeTenant(v.Tenant) {
-			writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not read pipeline %s", p.actor.Scope, name)})
-			return v, stale, false
+			// Answered exactly as a missing pipeline: another tenant's
+			// names are not this caller's to learn. The audit log says what
+			// it was.
+			markHidden(w, fmt.Sprintf("pipeline %s of another tenant", name))
+			break
 		}
 		return v, stale, true
 	}
-	writeProblem(w, &problem{code: http.StatusNotFound, msg: fmt.Sprintf("no such pipeline: %q", name)})
+	writeProblem(w, noSuchPipeline(name))
 	return PipelineView{}, stale, false
 }
 

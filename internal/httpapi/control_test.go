@@ -42,6 +42,10 @@ type controlFixture struct {
 	conv *store.Converger
 	srv  *httptest.Server
 	ui   *console.Console
+	// throttle is the API's failed-authentication budget; startControl*
+	// lift it unless a test sets opts.
+	throttle httpapi.Throttle
+	metrics  string // the API's metrics token
 }
 
 func startControl(t *testing.T, admin string) *controlFixture {
@@ -64,9 +68,12 @@ func startControlVia(t *testing.T, admin string, converge bool, storeDSN func(st
 }
 
 // startControlOn starts the fixture with h's outbox table.
-func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(string) string, h plugintest.SourceHarness) *controlFixture {
+func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(string) string, h plugintest.SourceHarness, opts ...func(*controlFixture)) *controlFixture {
 	t.Helper()
-	f := &controlFixture{e: relaytest.Setup(t, h)}
+	f := &controlFixture{e: relaytest.Setup(t, h), throttle: httpapi.Throttle{Burst: 1 << 20}}
+	for _, o := range opts {
+		o(f)
+	}
 	ctx := context.Background()
 	dsn := f.e.DSN
 	if storeDSN != nil {
@@ -99,8 +106,10 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 	}
 	t.Cleanup(func() { stopConverging(); <-converged; stopSupervisor(); <-done })
 	f.ui = console.New(console.Options{Statuses: f.sup.Statuses, Gatherer: reg})
+	// The tables below send many wrong tokens from one address on purpose:
+	// the throttle has its own test (TestFailedAuthThrottled).
 	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
-		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui}))
+		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui, Throttle: f.throttle, MetricsToken: f.metrics}))
 	t.Cleanup(f.srv.Close)
 	return f
 }
@@ -542,7 +551,12 @@ func TestTenantTokenAndLimits(t *testing.T) {
 	if r.code != 200 || r.body["name"] != "team-a" {
 		t.Fatalf("tenant record: %d %s", r.code, r.raw)
 	}
-	if r := f.do(t, "PUT", "/api/v1/tenants/team-a", tok, "application/yaml", "limits: {max_pipelines: 1, rate: 100}\n"); r.code != 200 {
+	// A tenant may read its limits, never set them: raising its own quota
+	// would make every limit a suggestion.
+	if r := f.do(t, "PUT", "/api/v1/tenants/team-a", tok, "application/yaml", "limits: {max_pipelines: 0, rate: 0}\n"); r.code != 403 {
+		t.Fatalf("a tenant set its own limits: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "PUT", "/api/v1/tenants/team-a", adminToken, "application/yaml", "limits: {max_pipelines: 1, rate: 100}\n"); r.code != 200 {
 		t.Fatalf("limits: %d %s", r.code, r.raw)
 	}
 	r = f.do(t, "POST", "/api/v1/pipelines", tok, "application/yaml", f.pipelineYAML("second", ""))
