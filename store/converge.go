@@ -22,6 +22,10 @@ type Snapshot struct {
 	Pipelines []Pipeline
 	Tenants   []Tenant
 	Tokens    []Token
+	// Secrets are the tenants' secrets, opened, by tenant and name: what
+	// tenant pipelines resolve with, kept so that resolution goes on while
+	// the store cannot be read. In memory only; never serialised.
+	Secrets map[string]map[string]string `json:"-"`
 	// ReadAt is when the store was last read successfully.
 	ReadAt time.Time
 	// Stale is set when the last read failed: this is older news.
@@ -46,7 +50,8 @@ type Converger struct {
 	Store      *Store
 	Supervisor *pipelines.Supervisor
 	// Loader parses store pipelines; its LookupEnv resolves their ${VAR}
-	// references on this instance.
+	// references on this instance, and a tenant pipeline's are resolved
+	// from the tenant's secrets when its lookup of them is SecretLookup().
 	Loader pipelines.Loader
 	// LoadFiles loads the file-defined pipelines; nil when there are none.
 	LoadFiles func() ([]*pipelines.Spec, error)
@@ -57,8 +62,9 @@ type Converger struct {
 	Instance string
 	Logger   *slog.Logger
 
-	convergeMu sync.Mutex // one convergence at a time
-	files      []*pipelines.Spec
+	convergeMu     sync.Mutex // one convergence at a time
+	files          []*pipelines.Spec
+	secretProblems string // what the last read could not open, to log changes only
 
 	mu   sync.Mutex
 	snap Snapshot
@@ -121,6 +127,20 @@ func (c *Converger) Snapshot() Snapshot {
 	return c.snap
 }
 
+// SecretLookup returns the lookup of tenants' secrets a Loader resolves
+// tenant pipelines with (pipelines.Loader's TenantSecrets): it reads the
+// latest snapshot, so during a convergence it already sees the secrets
+// that convergence read, and during a store outage the last ones read.
+func (c *Converger) SecretLookup() func(tenant, name string) (string, bool) {
+	return func(tenant, name string) (string, bool) {
+		c.mu.Lock()
+		secrets := c.snap.Secrets
+		c.mu.Unlock()
+		v, ok := secrets[tenant][name]
+		return v, ok
+	}
+}
+
 // Changed asks for a convergence soon (after a write through this
 // instance's API, without waiting for the notification).
 func (c *Converger) Changed() {
@@ -142,8 +162,13 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (pipelines.Relo
 	rows, err := c.Store.Pipelines(ctx)
 	var tenants []Tenant
 	var tokens []Token
+	var secrets map[string]map[string]string
+	var unopened []error
 	if err == nil {
 		tenants, err = c.Store.Tenants(ctx)
+	}
+	if err == nil {
+		secrets, unopened, err = c.Store.openSecrets(ctx, "")
 	}
 	if err == nil {
 		tokens, err = c.Store.Tokens(ctx)
@@ -156,11 +181,17 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (pipelines.Relo
 			return pipelines.ReloadResult{}, fmt.Errorf("read the store: %w", redact.Error(err))
 		}
 		// A file reload goes ahead with the store's last known pipelines.
-		rows, tenants, tokens = snap.Pipelines, snap.Tenants, snap.Tokens
+		rows, tenants, tokens, secrets = snap.Pipelines, snap.Tenants, snap.Tokens, snap.Secrets
 	} else {
 		snap.ReadAt, snap.Stale = time.Now(), false
+		c.reportSecretProblems(unopened)
 	}
-	snap.Pipelines, snap.Tenants, snap.Tokens = rows, tenants, tokens
+	snap.Pipelines, snap.Tenants, snap.Tokens, snap.Secrets = rows, tenants, tokens, secrets
+	// The loader resolves tenant pipelines through SecretLookup: it must
+	// see these secrets before storeSpecs loads them.
+	c.mu.Lock()
+	c.snap.Secrets = secrets
+	c.mu.Unlock()
 	snap.Files = map[string]*pipelines.Spec{}
 	for _, s := range c.files {
 		snap.Files[s.Name] = s
@@ -265,6 +296,21 @@ func (c *Converger) reportProblems(old, now map[string]string) {
 			c.log().Error("store pipeline does not run on this instance", "pipeline", name, "err", now[name])
 		}
 	}
+}
+
+// reportSecretProblems logs the secrets that do not open when that list
+// changes. The pipelines that use them report an unset secret; this says
+// why.
+func (c *Converger) reportSecretProblems(unopened []error) {
+	msg := errors.Join(unopened...)
+	text := ""
+	if msg != nil {
+		text = msg.Error()
+	}
+	if text != c.secretProblems && text != "" {
+		c.log().Error("tenant secrets that do not open on this instance", "err", text)
+	}
+	c.secretProblems = text
 }
 
 // Run converges on every notification and every Interval until ctx ends.
