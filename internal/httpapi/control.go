@@ -79,6 +79,11 @@ func (c *api) controlRoutes() []route {
 		{"GET", "/tokens", accessAdmin, c.listTokens},
 		{"POST", "/tokens", accessAdmin, c.createToken},
 		{"DELETE", "/tokens/{id}", accessAdmin, c.deleteToken},
+		{"POST", "/tokens/{id}/rotate", accessAdmin, c.rotateToken},
+		{"GET", "/tenants/{name}/secrets", accessRead, c.listSecrets},
+		{"PUT", "/tenants/{name}/secrets/{secret}", accessWrite, c.putSecret},
+		{"DELETE", "/tenants/{name}/secrets/{secret}", accessWrite, c.deleteSecret},
+		{"POST", "/secrets/reencrypt", accessAdmin, c.reencryptSecrets},
 		{"GET", "/audit", accessAdmin, c.audit},
 		{"POST", "/reload", accessAdmin, c.reloadFiles},
 		{"GET", "/openapi.json", accessRead, c.openAPI},
@@ -167,14 +172,35 @@ func (c *api) authenticate(r *http.Request) (principal, *problem) {
 	}
 	// Both comparisons always run and take constant time.
 	isAdmin := c.o.AdminToken != "" && constantTimeEqual(got, c.o.AdminToken)
-	t, found := store.MatchToken(toks, got)
+	t, match := store.MatchTokenAt(toks, got, time.Now())
 	switch {
 	case isAdmin:
 		return principal{actor: store.Actor{TokenID: bootstrapTokenID, Scope: store.ScopeAdmin}}, nil
-	case found:
+	case match == store.TokenValid:
+		c.touch(t.ID)
 		return principal{actor: store.Actor{TokenID: t.ID, Scope: t.Scope}}, nil
+	case match == store.TokenExpired:
+		return principal{}, &problem{code: http.StatusUnauthorized, msg: "token expired"}
 	}
 	return principal{}, &problem{code: http.StatusUnauthorized, msg: "unknown or revoked token"}
+}
+
+// touch records a token's use (the store keeps one write a minute per
+// token), in the background: the request does not wait on the store.
+func (c *api) touch(id string) {
+	select {
+	case c.auditSlots <- struct{}{}:
+	default:
+		return // busy: the next use records it
+	}
+	go func() {
+		defer func() { <-c.auditSlots }()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.o.Control.Store.TouchToken(ctx, id); err != nil {
+			c.log().Debug("record a token's use", "token_id", id, "err", redact.Error(err))
+		}
+	}()
 }
 
 // problem is an API error: {"error": …, "details": [{path, message}]}.
@@ -213,6 +239,7 @@ func writeProblem(w http.ResponseWriter, p *problem) {
 // the store being unreachable: 503, nothing written.
 func storeProblem(err error, what string) *problem {
 	var vm *store.VersionMismatchError
+	var ve *store.ValidationError
 	switch {
 	case errors.As(err, &vm):
 		return &problem{code: http.StatusConflict, msg: what + ": " + vm.Error() + "; read it again and retry with If-Match: \"" + strconv.FormatInt(vm.Current, 10) + "\"",
@@ -225,6 +252,14 @@ func storeProblem(err error, what string) *problem {
 		// A name another tenant's pipeline holds (names are global: they
 		// name slots and metrics). Say it is taken, not whose it is.
 		return &problem{code: http.StatusConflict, msg: what + ": the name is not available", details: []detail{{Path: "name", Message: "already used"}}}
+	case errors.Is(err, store.ErrNoKey):
+		return &problem{code: http.StatusConflict, msg: what + ": " + err.Error()}
+	case errors.As(err, &ve):
+		prob := &problem{code: http.StatusUnprocessableEntity, msg: what + ": invalid; nothing was changed"}
+		for _, fp := range ve.Problems {
+			prob.details = append(prob.details, detail{Path: fp.Path, Message: fp.Message})
+		}
+		return prob
 	case errors.Is(err, store.ErrLimit):
 		return &problem{code: http.StatusUnprocessableEntity, msg: err.Error(), details: []detail{{Path: "tenant", Message: err.Error()}}}
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
@@ -80,7 +81,11 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 		dsn = storeDSN(dsn)
 	}
 	var err error
-	if f.st, err = store.Open(ctx, dsn); err != nil {
+	keys, err := secretbox.NewKeyring(bytes.Repeat([]byte{7}, secretbox.KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.st, err = store.OpenWith(ctx, dsn, store.Options{Keyring: keys}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(f.st.Close)
@@ -336,7 +341,10 @@ func TestControlBadInput(t *testing.T) {
 		{"tenant limits wrong type", "PUT", "/api/v1/tenants/team-a", adminToken, "application/yaml", "limits: {rate: fast}\n", 400, ""},
 		{"bad tenant name", "PUT", "/api/v1/tenants/Team", adminToken, "application/json", `{"limits":{}}`, 400, "name"},
 		{"bad scope", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"root"}`, 422, "scope"},
-		{"token unknown field", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"read","ttl":"1h"}`, 400, "ttl"},
+		{"token unknown field", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"read","expiry":"1h"}`, 400, "expiry"},
+		{"token bad ttl", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"read","ttl":"a while"}`, 422, "ttl"},
+		{"secret bad name", "PUT", "/api/v1/tenants/team-a/secrets/no-dashes", adminToken, "application/json", `{"value":"x"}`, 422, "name"},
+		{"secret unknown field", "PUT", "/api/v1/tenants/team-a/secrets/DB", adminToken, "application/json", `{"value":"x","plain":true}`, 400, "plain"},
 		{"unknown endpoint", "GET", "/api/v1/nothing", adminToken, "", "", 404, ""},
 	}
 	for _, c := range cases {

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/ferryhq/ferry/store"
 )
 
 // refusal is one refused request, as the audit log keeps it: who (token id
@@ -100,5 +102,8 @@ func (c *api) auditRefusal(r *http.Request, route, addr string, p principal, rec
 	}()
 }
 
-// writeRefusal is replaced when the store's AuditDenied lands.
-func (c *api) writeRefusal(ctx context.Context, ref refusal) error { return nil }
+// writeRefusal adds ref to its minute's audit row.
+func (c *api) writeRefusal(ctx context.Context, ref refusal) error {
+	return c.o.Control.Store.AuditDenied(ctx, store.DeniedRequest{TokenID: ref.TokenID, Scope: store.Scope(ref.Scope),
+		Address: ref.Address, Route: ref.Route, Code: ref.Code, Reason: ref.Reason})
+}

@@ -76,6 +76,11 @@ func TestScopeRouteTable(t *testing.T) {
 		for _, n := range []string{"a-new", "b-new"} {
 			f.st.DeletePipeline(ctx, admin, n, 0) //nolint:errcheck
 		}
+		for _, tenant := range []string{"team-a", "team-b"} {
+			if _, err := f.st.PutSecret(ctx, admin, tenant, "DB_URL", []byte("postgres://u:pw@h/db")); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	var cases []routeCase
 	for _, who := range []string{"a", "b"} {
@@ -101,6 +106,10 @@ func TestScopeRouteTable(t *testing.T) {
 			routeCase{"GET", "/api/v1/tenants/" + tenant, "", "", who, "read", false},
 			// A tenant's limits and policy are the admin's to set.
 			routeCase{"PUT", "/api/v1/tenants/" + tenant, "application/json", `{"limits":{"rate":100}}`, who, "admin", false},
+			// Its secrets are its own (and the admin's), never another's.
+			routeCase{"GET", "/api/v1/tenants/" + tenant + "/secrets", "", "", who, "read", false},
+			routeCase{"PUT", "/api/v1/tenants/" + tenant + "/secrets/DB_URL", "application/json", `{"value":"postgres://u:pw2@h/db"}`, who, "write", false},
+			routeCase{"DELETE", "/api/v1/tenants/" + tenant + "/secrets/DB_URL", "", "", who, "write", false},
 		)
 	}
 	cases = append(cases,
@@ -112,6 +121,8 @@ func TestScopeRouteTable(t *testing.T) {
 		routeCase{"GET", "/api/v1/tokens", "", "", "", "admin", false},
 		routeCase{"POST", "/api/v1/tokens", "application/json", `{"scope":"read"}`, "", "admin", false},
 		routeCase{"DELETE", "/api/v1/tokens/{id}", "", "", "", "admin", false},
+		routeCase{"POST", "/api/v1/tokens/{id}/rotate", "application/json", `{"grace":"1m"}`, "", "admin", false},
+		routeCase{"POST", "/api/v1/secrets/reencrypt", "", "", "", "admin", false},
 		routeCase{"GET", "/api/v1/audit", "", "", "", "admin", false},
 		routeCase{"POST", "/api/v1/reload", "", "", "", "admin", false},
 	)
@@ -162,6 +173,7 @@ func TestScopeRouteTable(t *testing.T) {
 			for _, n := range []string{"a-pipe", "b-pipe", "team-a", "team-b"} {
 				route = strings.ReplaceAll(route, n, "{name}")
 			}
+			route = strings.ReplaceAll(route, "DB_URL", "{secret}")
 			routesSeen[c.method+" "+route] = true
 			if got != want {
 				t.Errorf("%-14s %s %s: got %d (%s), want %s: %s", scope, c.method, c.path, r.code, got, want, r.raw)

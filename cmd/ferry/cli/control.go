@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -10,13 +11,14 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/store"
 )
 
 // controlFlags are `ferry run`'s control-plane flags.
 type controlFlags struct {
-	store, secretsDir string
+	store, secretsDir, secretsKeyFile string
 	interval          time.Duration
 	fs                *flag.FlagSet // for --instance-id
 }
@@ -26,6 +28,7 @@ func (c *controlFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.store, "store", "", "PostgreSQL DSN of the control-plane store (else $FERRY_STORE_DSN, which keeps its password out of the process list): pipelines managed over /api/v1, tenants, tokens, audit log, and the HA heartbeat unless --coordination-dsn is given; with it, -c is optional")
 	fs.StringVar(&c.secretsDir, "secrets-dir", "", "directory of files named after ${VAR} references (Kubernetes secret volume style), consulted when the environment lacks the variable")
 	fs.DurationVar(&c.interval, "store-interval", 5*time.Second, "full read of the store as a safety net behind its change notifications")
+	fs.StringVar(&c.secretsKeyFile, "secrets-key-file", "", "file of the keys tenant secrets are encrypted with in the store, one per line (32 bytes, hex or base64; the first encrypts, every one decrypts: see docs/security.md for rotation); else $FERRY_SECRETS_KEY; neither: tenants' secrets cannot be set")
 }
 
 // storeDSN is --store, else $FERRY_STORE_DSN. The variable is not the
@@ -79,7 +82,11 @@ func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, file
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := store.Open(ctx, c.storeDSN())
+	keys, err := secretbox.LoadKeyring(c.secretsKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--secrets-key-file: %w", err)
+	}
+	st, err := store.OpenWith(ctx, c.storeDSN(), store.Options{Keyring: keys})
 	if err != nil {
 		return nil, err
 	}
