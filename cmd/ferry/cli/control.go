@@ -19,8 +19,8 @@ import (
 // controlFlags are `ferry run`'s control-plane flags.
 type controlFlags struct {
 	store, secretsDir, secretsKeyFile string
-	interval          time.Duration
-	fs                *flag.FlagSet // for --instance-id
+	interval                          time.Duration
+	fs                                *flag.FlagSet // for --instance-id
 }
 
 func (c *controlFlags) register(fs *flag.FlagSet) {

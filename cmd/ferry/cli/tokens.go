@@ -76,9 +76,9 @@ func tokensCmd(args []string, stdout, stderr io.Writer) int {
 	case "list":
 		var out struct {
 			Tokens []struct {
-				ID          string    `json:"id"`
-				Scope       string    `json:"scope"`
-				Description string    `json:"description"`
+				ID          string     `json:"id"`
+				Scope       string     `json:"scope"`
+				Description string     `json:"description"`
 				CreatedBy   string     `json:"created_by"`
 				CreatedAt   time.Time  `json:"created_at"`
 				ExpiresAt   *time.Time `json:"expires_at"`
