@@ -83,7 +83,8 @@ func (d *decoder) readTenant(root *yaml.Node) (tenant string, ok bool) {
 		}
 		return "", false
 	case tenant != decoded.Tenant:
-		// Core tags only, yet read two ways (`tenant: !!null team-a`).
+		// No case is known to get here past the checks above; should one
+		// read the tenant two ways, refuse rather than pick one.
 		d.fail("tenant", "must be written as a plain string: tenant: NAME")
 		return "", false
 	case tenant != "" && !pipelineName.MatchString(tenant):
