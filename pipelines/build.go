@@ -83,7 +83,10 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
 	}
-	env.Logger = env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant)
+	// Every line about the pipeline passes through its Mask: a component
+	// may log an error quoting a value a secret filled in. The name and
+	// tenant are never filled in, and stay as they are.
+	env.Logger = maskedLogger(env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant), spec)
 	if env.Report == nil {
 		env.Report = plugins.NopReporter{}
 	}
