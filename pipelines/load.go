@@ -241,6 +241,14 @@ func isTenantDoc(root *yaml.Node) bool {
 
 func (l Loader) parseTenant(file string, root *yaml.Node) (*TenantSpec, []*Error) {
 	d := &decoder{file: file, lines: map[string]int{}, resolve: l.envResolver()}
+	if l.TenantSecrets != nil {
+		// Submitted to the control plane, by anyone with a token: resolving
+		// from the server's environment would tell which variables it has.
+		// Limits are numbers; they need no references.
+		d.resolve = resolver{lookup: func(string) (string, bool) { return "", false }, notSet: func(name string) error {
+			return fmt.Errorf("${%s}: a tenant document sent to the API is not interpolated; write the value", name)
+		}}
+	}
 	d.index(root, "")
 	var doc tenantDocument // zero limits: no cap
 	d.decode(root, "", &doc)

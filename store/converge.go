@@ -257,7 +257,7 @@ func (c *Converger) storeSpecs(rows []Pipeline, tenants []Tenant, files map[stri
 		if p.DesiredState != DesiredRunning {
 			continue
 		}
-		loaded, err := c.Loader.LoadBytes("store:"+p.Name, []byte(p.Config))
+		loaded, err := c.TenantLoader().LoadBytes("store:"+p.Name, []byte(p.Config))
 		if err == nil && (len(loaded) != 1 || loaded[0].Name != p.Name) {
 			err = fmt.Errorf("store:%s: the stored configuration does not define exactly pipeline %q", p.Name, p.Name)
 		}
@@ -364,4 +364,24 @@ func (c *Converger) listen(ctx context.Context) {
 		case <-time.After(d):
 		}
 	}
+}
+
+// TenantLoader is Loader in control-plane mode: what everything the store
+// holds or is sent is loaded with.
+func (c *Converger) TenantLoader() pipelines.Loader {
+	l := c.Loader
+	if l.TenantSecrets == nil {
+		l.TenantSecrets = c.SecretLookup()
+	}
+	if l.AllowFiles == nil {
+		l.AllowFiles = func(tenant string) bool {
+			for _, t := range c.Snapshot().Tenants {
+				if t.Name == tenant {
+					return t.Policy.AllowFiles
+				}
+			}
+			return false
+		}
+	}
+	return l
 }

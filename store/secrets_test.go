@@ -399,11 +399,12 @@ func TestConvergerSecretLookup(t *testing.T) {
 	}
 	conv := &store.Converger{Store: reader, Supervisor: sup}
 	lookup := conv.SecretLookup()
-	// The loader resolves with the lookup, as the CLI wires it; it records
-	// what it got while the convergence loaded the store's pipeline.
+	// The loader resolves a tenant's pipeline with the lookup, as the
+	// converger wires it by default; this one records what it got while
+	// the convergence loaded the store's pipeline.
 	var resolved []string
-	conv.Loader = pipelines.Loader{LookupEnv: func(name string) (string, bool) {
-		v, ok := lookup("team-a", name)
+	conv.Loader = pipelines.Loader{TenantSecrets: func(tenant, name string) (string, bool) {
+		v, ok := lookup(tenant, name)
 		resolved = append(resolved, name+"="+v)
 		return v, ok
 	}}

@@ -26,12 +26,21 @@ import (
 type Control struct {
 	Store     *store.Store
 	Converger *store.Converger
-	// Loader validates submitted pipelines with this instance's
-	// environment, as `ferry validate` does.
+	// Loader validates submitted pipelines as the converger will load
+	// them; the zero Loader means the converger's (Converger.TenantLoader).
 	Loader pipelines.Loader
 	// Registry lists the component types for GET /plugins; nil means
 	// plugins.Default.
 	Registry *plugins.Registry
+}
+
+// loader is the loader submitted and stored pipelines are read with: in
+// control-plane mode, so a tenant's pipeline sees only its tenant's secrets.
+func (c *Control) loader() pipelines.Loader {
+	if c.Loader.TenantSecrets == nil {
+		return c.Converger.TenantLoader()
+	}
+	return c.Loader
 }
 
 // access is what a route requires of the caller's scope before the handler
@@ -630,7 +639,7 @@ func (c *api) preparePipeline(body []byte, name string, scope store.Scope) ([]by
 		}
 		text = b
 	}
-	specs, err := c.o.Control.Loader.LoadBytes("request", text)
+	specs, err := c.o.Control.loader().LoadBytes("request", text)
 	if err != nil {
 		return nil, nil, &problem{code: http.StatusUnprocessableEntity, msg: "invalid pipeline; nothing was changed", details: loadDetails(err)}
 	}
@@ -640,6 +649,13 @@ func (c *api) preparePipeline(body []byte, name string, scope store.Scope) ([]by
 	}
 	if specs[0].Name == "" {
 		return nil, nil, &problem{code: http.StatusBadRequest, msg: "the pipeline needs a name", details: []detail{{Path: "name", Message: "must not be empty"}}}
+	}
+	// The tenant as loaded decides whose secrets resolved it and whose it
+	// is stored as, so it is what must be the token's: a check of the text
+	// alone misses an alias, a merge key or a tag that decodes otherwise.
+	if st := scope.Tenant(); st != "" && scope.CanWrite() && specs[0].Tenant != st {
+		m := fmt.Sprintf("the pipeline loads as tenant %q: scope %s may only write tenant %q's pipelines", specs[0].Tenant, scope, st)
+		return nil, nil, &problem{code: http.StatusForbidden, msg: m, details: []detail{{Path: "tenant", Message: m}}}
 	}
 	return text, specs[0], nil
 }
@@ -797,7 +813,7 @@ func (c *api) validate(w http.ResponseWriter, r *http.Request, _ principal) {
 		writeProblem(w, prob)
 		return
 	}
-	specs, err := c.o.Control.Loader.LoadBytes("request", body)
+	specs, err := c.o.Control.loader().LoadBytes("request", body)
 	names := []string{}
 	for _, s := range specs {
 		names = append(names, s.Name)

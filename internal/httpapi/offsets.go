@@ -42,7 +42,7 @@ func (c *api) sourceOf(v PipelineView) (*pipelines.Spec, *problem) {
 	if err != nil {
 		return nil, storeProblem(err, "pipeline "+v.Name)
 	}
-	specs, err := c.o.Control.Loader.LoadBytes("store:"+v.Name, []byte(row.Config))
+	specs, err := c.o.Control.loader().LoadBytes("store:"+v.Name, []byte(row.Config))
 	if err != nil || len(specs) != 1 {
 		return nil, &problem{code: http.StatusUnprocessableEntity, msg: "the stored configuration of " + v.Name + " does not load here: " + redact.String(errString(err))}
 	}

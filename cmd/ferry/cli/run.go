@@ -151,7 +151,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 			go ui.Run(ctx)
 		}
 		srv, err := serveHTTP(*httpAddr, httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, AdminToken: token, Reload: reload, Logger: log,
-			Control: control.api(loader), Console: ui, MetricsToken: metricsToken}), log)
+			Control: control.api(), Console: ui, MetricsToken: metricsToken}), log)
 		if err != nil {
 			fmt.Fprintf(stderr, "--http: %v\n", err)
 			return 1
