@@ -41,9 +41,10 @@ func (o *Outbox) DatabaseEndpoints(retentionPath string) ([]plugins.Endpoint, er
 var dsnFileParams = []string{"sslrootcert", "sslcert", "sslkey", "sslcrl", "sslcrldir", "sslkeylogfile",
 	"passfile", "service", "servicefile"}
 
-// uriForm is the form a DSN must have to tell its endpoint; the messages
-// quote it, never the DSN.
-const uriForm = "postgres://user[:password]@host[:port]/database"
+// uriForm is the form a DSN must have to tell its endpoint (a password
+// may follow the user); the messages quote it, never the DSN. It is not
+// written with a password, which redaction would mask.
+const uriForm = "postgres://user@host[:port]/database"
 
 // ParseDSNEndpoints reads a PostgreSQL connection URI into database
 // endpoints at path "dsn" (see DatabaseEndpoints). Errors are

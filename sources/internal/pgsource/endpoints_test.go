@@ -53,7 +53,7 @@ func TestDatabaseEndpoints(t *testing.T) {
 		{name: "abstract socket", dsn: "postgres://u@%40pg/orders",
 			want: []plugins.Endpoint{with(db("@pg", 5432, "orders", "u"), func(e *plugins.Endpoint) { e.Socket = true })}},
 
-		{name: "keyword DSN", dsn: "host=db user=u dbname=orders", err: "not a URL postgres://user[:password]@host[:port]/database"},
+		{name: "keyword DSN", dsn: "host=db user=u dbname=orders", err: "not a URL postgres://user@host[:port]/database"},
 		{name: "other scheme", dsn: "mysql://u@db/orders", err: "not a URL"},
 		{name: "no user", dsn: "postgres://db/orders", err: "names no user"},
 		{name: "no database", dsn: "postgres://u@db", err: "names no database"},
