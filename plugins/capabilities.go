@@ -73,12 +73,12 @@ import (
 //
 //   - DestinationLister: the tenant policy checks the destinations the
 //     config names against the tenant's allowed prefixes before the
-//     pipeline runs (templates by their fixed text), and the pipeline,
-//     when its destinations are restricted, publishes to the sink's
-//     default destination only if those the sink names are allowed.
-//     Without it a tenant's pipeline may not use the sink, and a
-//     transform's destinations are known only per event (each is checked
-//     at publish).
+//     pipeline runs (templates by their fixed text); a pipeline whose
+//     destinations are restricted publishes nothing unless every
+//     destination its sink's config names is allowed (a RabbitMQ exchange
+//     is used for every topic). Without it a tenant's pipeline may not
+//     use the sink, and a transform's destinations are known only per
+//     event (each is checked at publish).
 //
 // On any config struct, a string field tagged `ferry:"template"` keeps its
 // ${…} for the component: the loader does not read it as an environment
