@@ -86,6 +86,11 @@ type Options struct {
 	// Ownership, when set, runs each exclusive pipeline only while this
 	// instance owns it (high availability across instances).
 	Ownership *Ownership
+	// Destinations, when set, gives each pipeline, every time it starts,
+	// the topics it may publish to (Pipeline.RestrictDestinations; a
+	// tenant policy's AllowsDestination); nil for a pipeline whose topics
+	// are not restricted, such as the admin's.
+	Destinations func(spec *Spec) func(topic string) bool
 }
 
 // Supervisor runs every pipeline of the process as a handler in one
@@ -381,6 +386,9 @@ func (s *Supervisor) start(e *entry) error {
 		DatabaseConnections: s.opts.DatabaseConnections})
 	if err != nil {
 		return err
+	}
+	if s.opts.Destinations != nil {
+		p.RestrictDestinations(s.opts.Destinations(e.spec))
 	}
 	if s.metrics != nil {
 		// The router only decorates the publisher it publishes handler output
