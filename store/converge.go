@@ -2,11 +2,15 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/policy"
 )
 
 // Snapshot is what an instance last read from the store, and what it made
@@ -39,6 +44,9 @@ type Snapshot struct {
 	// Running is, per pipeline, what the instances running it reported,
 	// freshest first.
 	Running map[string][]InstanceStatus
+	// Loaded are the store's pipelines that load here, running and paused,
+	// in the store's order: what a tenant's pipeline is judged against.
+	Loaded []placedSpec `json:"-"`
 }
 
 // Converger makes a supervisor run the file-defined pipelines plus the
@@ -60,6 +68,9 @@ type Converger struct {
 	// Instance names this instance in what it reports it runs; empty
 	// reports nothing.
 	Instance string
+	// Reserved are Ferry's own databases (the store, the HA coordination
+	// database): no tenant's pipeline may read them (policy.Reserve).
+	Reserved []policy.ReservedDatabase
 	Logger   *slog.Logger
 
 	convergeMu     sync.Mutex // one convergence at a time
@@ -196,7 +207,8 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (pipelines.Relo
 	for _, s := range c.files {
 		snap.Files[s.Name] = s
 	}
-	specs, problems := c.storeSpecs(rows, tenants, snap.Files)
+	specs, problems, placed := c.storeSpecs(rows, tenants, snap.Files)
+	snap.Loaded = placed
 	c.reportProblems(snap.Problems, problems)
 	snap.Problems = problems
 	c.mu.Lock()
@@ -243,18 +255,17 @@ func (c *Converger) exchangeStatuses(ctx context.Context) {
 	c.mu.Unlock()
 }
 
-// storeSpecs loads the store's running pipelines with this instance's
-// environment. One that does not load, or whose name a file already uses,
-// is left out and reported; the rest run.
-func (c *Converger) storeSpecs(rows []Pipeline, tenants []Tenant, files map[string]*pipelines.Spec) ([]*pipelines.Spec, map[string]string) {
+// storeSpecs loads the store's pipelines and returns those to run: the
+// running ones that load here and pass their tenant's policy. Paused ones
+// are loaded too — a paused pipeline's database is still its tenant's —
+// but not run. One that does not load, breaks its policy, or whose name a
+// file already uses is left out and reported.
+func (c *Converger) storeSpecs(rows []Pipeline, tenants []Tenant, files map[string]*pipelines.Spec) ([]*pipelines.Spec, map[string]string, []placedSpec) {
 	problems := map[string]string{}
-	var specs []*pipelines.Spec
+	var placed []placedSpec
 	for _, p := range rows {
 		if f, dup := files[p.Name]; dup {
 			problems[p.Name] = fmt.Sprintf("pipeline %q is defined both in the store and in %s:%d; the file's runs, the store's does not", p.Name, f.File, f.Line)
-			continue
-		}
-		if p.DesiredState != DesiredRunning {
 			continue
 		}
 		loaded, err := c.TenantLoader().LoadBytes("store:"+p.Name, []byte(p.Config))
@@ -262,10 +273,33 @@ func (c *Converger) storeSpecs(rows []Pipeline, tenants []Tenant, files map[stri
 			err = fmt.Errorf("store:%s: the stored configuration does not define exactly pipeline %q", p.Name, p.Name)
 		}
 		if err != nil {
-			problems[p.Name] = redact.String(err.Error())
+			if p.DesiredState == DesiredRunning {
+				problems[p.Name] = redact.String(err.Error())
+			}
 			continue
 		}
-		specs = append(specs, loaded[0])
+		placed = append(placed, placedSpec{spec: loaded[0], createdAt: p.CreatedAt, running: p.DesiredState == DesiredRunning})
+	}
+	policies := map[string]policy.Policy{}
+	for _, t := range tenants {
+		policies[t.Name] = t.Policy
+	}
+	var specs []*pipelines.Spec
+	for _, ps := range placed {
+		if ps.spec.Tenant != "" {
+			if errs := policy.Check(ps.spec, policies[ps.spec.Tenant], c.policyEnv(ps.spec.Name, ps.createdAt, files, placed)); len(errs) > 0 {
+				if ps.running {
+					problems[ps.spec.Name] = joinErrors(errs)
+				}
+				continue
+			}
+			// A policy change restarts the tenant's pipelines: they publish
+			// only where the policy they started with allowed.
+			ps.spec.Hash = hashWith(ps.spec.Hash, policies[ps.spec.Tenant])
+		}
+		if ps.running {
+			specs = append(specs, ps.spec)
+		}
 	}
 	var ts []*pipelines.TenantSpec
 	for _, t := range tenants {
@@ -285,7 +319,84 @@ func (c *Converger) storeSpecs(rows []Pipeline, tenants []Tenant, files map[stri
 			}
 		}
 	}
-	return specs, problems
+	return specs, problems, placed
+}
+
+// placedSpec is a store pipeline as loaded, with what the policy check
+// orders by.
+type placedSpec struct {
+	spec      *pipelines.Spec
+	createdAt time.Time
+	running   bool
+}
+
+// policyEnv is what a tenant's pipeline is judged against: the file
+// pipelines and the store pipelines created before it (running or
+// paused), and Ferry's own databases. Only older pipelines count, so a
+// newcomer cannot get an established pipeline refused by reading its
+// database or table; it is the newcomer that is refused.
+func (c *Converger) policyEnv(name string, createdAt time.Time, files map[string]*pipelines.Spec, placed []placedSpec) policy.CheckEnv {
+	env := policy.CheckEnv{Reserved: c.Reserved}
+	for _, f := range files {
+		env.Others = append(env.Others, f)
+	}
+	for _, ps := range placed {
+		if ps.spec.Name != name && (createdAt.IsZero() || ps.createdAt.Before(createdAt) ||
+			(ps.createdAt.Equal(createdAt) && ps.spec.Name < name)) {
+			env.Others = append(env.Others, ps.spec)
+		}
+	}
+	return env
+}
+
+// CheckPolicy judges a pipeline sent to the API against its tenant's
+// policy as the converger will (the tenant read from the store when it
+// answers, else the last snapshot), with the pipelines known now. An
+// update keeps its place (createdAt: the stored row's); a new pipeline
+// (zero createdAt) is judged against every other.
+func (c *Converger) CheckPolicy(ctx context.Context, spec *pipelines.Spec, createdAt time.Time) []*pipelines.Error {
+	if spec.Tenant == "" {
+		return nil
+	}
+	snap := c.Snapshot()
+	pol := policy.Policy{}
+	if t, err := c.Store.Tenant(ctx, spec.Tenant); err == nil {
+		pol = t.Policy
+	} else {
+		for _, t := range snap.Tenants {
+			if t.Name == spec.Tenant {
+				pol = t.Policy
+			}
+		}
+	}
+	return policy.Check(spec, pol, c.policyEnv(spec.Name, createdAt, snap.Files, snap.Loaded))
+}
+
+// TenantPolicy is a tenant's policy as last read (the zero Policy, which
+// allows nothing, for a tenant without a record).
+func (c *Converger) TenantPolicy(tenant string) policy.Policy {
+	for _, t := range c.Snapshot().Tenants {
+		if t.Name == tenant {
+			return t.Policy
+		}
+	}
+	return policy.Policy{}
+}
+
+// joinErrors is a spec's problems, one per line.
+func joinErrors(errs []*pipelines.Error) string {
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "\n")
+}
+
+// hashWith folds a tenant's policy into a spec's hash.
+func hashWith(hash string, pol policy.Policy) string {
+	js, _ := json.Marshal(pol)
+	sum := sha256.Sum256(append([]byte(hash+"/"), js...))
+	return hex.EncodeToString(sum[:8])
 }
 
 // reportProblems logs a problem when it appears or changes, not on every

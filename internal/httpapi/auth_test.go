@@ -9,6 +9,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/policy"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
 )
@@ -109,6 +110,11 @@ func TestReadyzSaysLittleWithoutToken(t *testing.T) {
 	ctx := context.Background()
 	admin := store.Actor{TokenID: "test", Scope: store.ScopeAdmin}
 	// A pipeline whose database does not answer: not running, with an error.
+	pol := f.st
+	if _, _, err := pol.PutTenantSpec(ctx, admin, "team-b", store.TenantSpec{Policy: policy.Policy{Databases: []string{"127.0.0.1:1/db"},
+		Brokers: []string{strings.TrimPrefix(f.e.NATS, "nats://")}, Destinations: []string{"x."}}}, 0); err != nil {
+		t.Fatal(err)
+	}
 	y := "name: b-secret-name\ntenant: team-b\nsource: {type: xid8, dsn: \"postgres://u@127.0.0.1:1/db\", poll_interval: 20ms}\n" +
 		"sink: {type: nats, url: \"" + f.e.NATS + "\", subject: x.y}\n"
 	_, sum, _ := store.Canonical([]byte(y))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -574,6 +575,10 @@ func (c *api) writePipeline(w http.ResponseWriter, r *http.Request, p principal,
 	}
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
+	if prob := c.checkPolicy(ctx, spec); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	res, err := c.o.Control.Store.PutPipeline(ctx, p.actor, store.Write{Name: spec.Name, Tenant: spec.Tenant, Config: string(text),
 		Canonical: sum, IfMatch: version, CreateOnly: createOnly})
 	if err != nil {
@@ -806,23 +811,100 @@ func (c *api) restart(w http.ResponseWriter, r *http.Request, p principal) {
 }
 
 // validate checks pipelines (and tenant documents) as `ferry validate`
-// does, reporting every problem at once.
-func (c *api) validate(w http.ResponseWriter, r *http.Request, _ principal) {
+// does, reporting every problem at once, and a tenant's pipeline against
+// its tenant's policy. A tenant's token validates only its own tenant's
+// pipelines (a document without a tenant is its tenant's): with another
+// tenant's, the answer would tell which secrets that tenant has.
+func (c *api) validate(w http.ResponseWriter, r *http.Request, p principal) {
 	body, prob := readPipelineBody(w, r)
 	if prob != nil {
 		writeProblem(w, prob)
 		return
 	}
+	if body, prob = ownDocuments(body, p.actor.Scope); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	specs, err := c.o.Control.loader().LoadBytes("request", body)
 	names := []string{}
-	for _, s := range specs {
-		names = append(names, s.Name)
-	}
 	errs := []detail{}
 	if err != nil {
 		errs = loadDetails(err)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"valid": err == nil, "pipelines": names, "errors": errs})
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	for _, s := range specs {
+		names = append(names, s.Name)
+		if st := p.actor.Scope.Tenant(); st != "" && p.actor.Scope.CanWrite() && s.Tenant != st {
+			writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("pipeline %s loads as tenant %q: scope %s may only validate tenant %q's pipelines", s.Name, s.Tenant, p.actor.Scope, st)})
+			return
+		}
+		if prob := c.checkPolicy(ctx, s); prob != nil {
+			errs = append(errs, prob.details...)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"valid": len(errs) == 0, "pipelines": names, "errors": errs})
+}
+
+// checkPolicy judges a tenant's pipeline against its tenant's policy, as
+// the converger will: 422 with every violation, or nil. An update is
+// judged from its place among the pipelines (the stored row's creation).
+func (c *api) checkPolicy(ctx context.Context, spec *pipelines.Spec) *problem {
+	if spec.Tenant == "" {
+		return nil
+	}
+	var createdAt time.Time
+	if row, err := c.o.Control.Store.Pipeline(ctx, spec.Name); err == nil {
+		createdAt = row.CreatedAt
+	}
+	errs := c.o.Control.Converger.CheckPolicy(ctx, spec, createdAt)
+	if len(errs) == 0 {
+		return nil
+	}
+	prob := &problem{code: http.StatusUnprocessableEntity, msg: fmt.Sprintf("pipeline %s: not allowed by tenant %s's policy; nothing was changed", spec.Name, spec.Tenant)}
+	for _, e := range errs {
+		prob.details = append(prob.details, detail{Path: e.Path, Line: e.Line, Message: e.Msg})
+	}
+	return prob
+}
+
+// ownDocuments gives every pipeline document without a tenant the tenant
+// of a tenant's token, and refuses a kind: tenant document from one (a
+// tenant's limits are the admin's). Other scopes' bodies pass unchanged.
+func ownDocuments(body []byte, scope store.Scope) ([]byte, *problem) {
+	st := scope.Tenant()
+	if st == "" || !scope.CanWrite() {
+		return body, nil
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(body))
+	var out bytes.Buffer
+	enc := yaml.NewEncoder(&out)
+	for {
+		var root yaml.Node
+		err := dec.Decode(&root)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return body, nil // the loader locates the syntax error
+		}
+		if len(root.Content) == 1 && root.Content[0].Kind == yaml.MappingNode {
+			doc := root.Content[0]
+			if kind, _ := mapValue(doc, "kind"); kind == "tenant" {
+				return nil, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not set tenants' limits (kind: tenant documents are an admin's)", scope)}
+			}
+			if t, ok := mapValue(doc, "tenant"); !ok || t == "" {
+				setMapValue(doc, "tenant", st, 1)
+			}
+		}
+		if err := enc.Encode(&root); err != nil {
+			return nil, yamlProblem(err)
+		}
+	}
+	if err := enc.Close(); err != nil {
+		return nil, yamlProblem(err)
+	}
+	return out.Bytes(), nil
 }
 
 func (c *api) reloadFiles(w http.ResponseWriter, r *http.Request, _ principal) {

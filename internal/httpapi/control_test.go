@@ -26,6 +26,7 @@ import (
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/policy"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
 
@@ -89,6 +90,7 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 		t.Fatal(err)
 	}
 	t.Cleanup(f.st.Close)
+	f.allowTenants(t, "team-a", "team-b")
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if f.sup, err = pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
@@ -117,6 +119,28 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui, Throttle: f.throttle, MetricsToken: f.metrics}))
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// allowTenants gives each tenant the policy this fixture's pipelines
+// need: the test database (which they all share), the NATS server and the
+// test subjects. Tests of the policy set their own.
+func (f *controlFixture) allowTenants(t testing.TB, tenants ...string) {
+	t.Helper()
+	db, err := url.Parse(f.e.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nats, err := url.Parse(f.e.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := policy.Policy{Databases: []string{db.Host + db.Path}, Brokers: []string{nats.Host}, Destinations: []string{"ferry.test."}, SharedDatabases: true}
+	for _, tenant := range tenants {
+		if _, _, err := f.st.PutTenantSpec(context.Background(), store.Actor{TokenID: "test", Scope: store.ScopeAdmin}, tenant,
+			store.TenantSpec{Policy: pol}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // pipelineYAML is a valid pipeline of tenant (none when empty).
@@ -236,7 +260,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 		_, err := f.sup.Status("orders")
 		return err != nil
 	})
-	r = f.do(t, "GET", "/api/v1/audit", adminToken, "", "")
+	r = f.do(t, "GET", "/api/v1/audit?pipeline=orders", adminToken, "", "")
 	var actions []string
 	for _, e := range r.body["entries"].([]any) {
 		m := e.(map[string]any)
@@ -374,8 +398,8 @@ func TestControlBadInput(t *testing.T) {
 	if ps, _ := f.st.Pipelines(ctx); len(ps) != 0 {
 		t.Errorf("bad input wrote %d pipelines", len(ps))
 	}
-	if ts, _ := f.st.Tenants(ctx); len(ts) != 0 {
-		t.Errorf("bad input wrote %d tenants", len(ts))
+	if ts, _ := f.st.Tenants(ctx); len(ts) != 2 { // the fixture's team-a and team-b
+		t.Errorf("bad input wrote %d tenants", len(ts)-2)
 	}
 }
 

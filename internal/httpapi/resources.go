@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -66,11 +67,12 @@ func (c *api) getTenant(w http.ResponseWriter, r *http.Request, p principal) {
 	}{t, stale})
 }
 
-// tenantBody is PUT /tenants/{name}'s body: the whole record, limits and
-// policy (one left out is set to its zero value: no caps, nothing allowed).
+// tenantBody is PUT /tenants/{name}'s body: limits and policy, each set
+// whole when given; a section left out keeps what the tenant has (so a
+// change of limits cannot wipe the policy by omission).
 type tenantBody struct {
-	Limits store.TenantLimits `json:"limits" yaml:"limits"`
-	Policy policy.Policy      `json:"policy" yaml:"policy"`
+	Limits *store.TenantLimits `json:"limits" yaml:"limits"`
+	Policy *policy.Policy      `json:"policy" yaml:"policy"`
 }
 
 func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
@@ -88,7 +90,33 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, prob)
 		return
 	}
-	spec := store.TenantSpec{Limits: body.Limits, Policy: body.Policy}
+	version, prob := ifMatch(r)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	var spec store.TenantSpec
+	if body.Limits == nil || body.Policy == nil {
+		cur, err := c.o.Control.Store.Tenant(ctx, name)
+		switch {
+		case err == nil:
+			spec = store.TenantSpec{Limits: cur.Limits, Policy: cur.Policy}
+			if version == 0 {
+				version = cur.Version // what is kept must still be what was read
+			}
+		case !errors.Is(err, store.ErrNotFound):
+			writeProblem(w, storeProblem(err, "tenant "+name))
+			return
+		}
+	}
+	if body.Limits != nil {
+		spec.Limits = *body.Limits
+	}
+	if body.Policy != nil {
+		spec.Policy = *body.Policy
+	}
 	if ps := spec.Validate(); len(ps) > 0 {
 		prob := &problem{code: http.StatusUnprocessableEntity, msg: "invalid tenant limits or policy; nothing was changed"}
 		for _, fp := range ps {
@@ -97,13 +125,6 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, prob)
 		return
 	}
-	version, prob := ifMatch(r)
-	if prob != nil {
-		writeProblem(w, prob)
-		return
-	}
-	ctx, cancel := ctxTimeout(r)
-	defer cancel()
 	t, created, err := c.o.Control.Store.PutTenantSpec(ctx, p.actor, name, spec, version)
 	if err != nil {
 		writeProblem(w, storeProblem(err, "tenant "+name))

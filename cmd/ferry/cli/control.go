@@ -13,6 +13,7 @@ import (
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/policy"
 	"github.com/ferryhq/ferry/store"
 )
 
@@ -101,7 +102,9 @@ type controlPlane struct {
 }
 
 // start opens the store and converges once; nil without --store.
-func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, files []string, log *slog.Logger) (*controlPlane, error) {
+// The converger is stored in *conv before it first converges: the
+// supervisor's destination check (run.go) reads it as pipelines start.
+func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, files []string, coordinationDSN string, conv **store.Converger, log *slog.Logger) (*controlPlane, error) {
 	if c.storeDSN() == "" {
 		return nil, nil
 	}
@@ -119,14 +122,27 @@ func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, file
 	if f := c.fs.Lookup("instance-id"); f != nil {
 		instance = f.Value.String()
 	}
-	conv := &store.Converger{Store: st, Supervisor: sup, Loader: l, Interval: c.interval, Logger: log, Instance: instance,
+	cv := &store.Converger{Store: st, Supervisor: sup, Loader: l, Interval: c.interval, Logger: log, Instance: instance,
 		LoadFiles: func() ([]*pipelines.Spec, error) { return c.loadFiles(l, files) }}
-	conv.Loader = c.storeLoader(conv)
-	if err := conv.Start(ctx); err != nil {
+	cv.Loader = c.storeLoader(cv)
+	// No tenant's pipeline may read Ferry's own databases.
+	for _, own := range []struct{ name, dsn string }{{"the store", c.storeDSN()}, {"the HA coordination database", coordinationDSN}} {
+		if own.dsn == "" {
+			continue
+		}
+		r, err := policy.Reserve(own.name, own.dsn)
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
+		cv.Reserved = append(cv.Reserved, r...)
+	}
+	*conv = cv
+	if err := cv.Start(ctx); err != nil {
 		st.Close()
 		return nil, err
 	}
-	return &controlPlane{store: st, conv: conv}, nil
+	return &controlPlane{store: st, conv: cv}, nil
 }
 
 func (p *controlPlane) close() { p.store.Close() }

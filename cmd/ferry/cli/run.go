@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/store"
 )
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
@@ -92,6 +93,19 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		log.Info("high availability: coordination database", "from", from, "instance", *instance)
 		opts.Ownership = &pipelines.Ownership{Instance: *instance, CoordinationDSN: dsn, CoordinationFrom: from, Interval: *haInterval}
 	}
+	// A tenant's store pipeline publishes only where its tenant's policy
+	// allows, checked per event (its topic may come from row data). The
+	// converger exists once the supervisor does; pipelines start after.
+	var conv *store.Converger
+	opts.Destinations = func(spec *pipelines.Spec) func(string) bool {
+		switch {
+		case spec.Tenant == "" || !strings.HasPrefix(spec.File, "store:"):
+			return nil // the operator's own pipelines
+		case conv == nil:
+			return func(string) bool { return false } // no policy known: nothing
+		}
+		return conv.TenantPolicy(spec.Tenant).AllowsDestination
+	}
 	sup, err := pipelines.NewSupervisor(opts)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -108,7 +122,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		return sup.Reload(specs)
 	}
-	control, err := cp.start(sup, loader, files, log)
+	coordDSN := ""
+	if opts.Ownership != nil {
+		coordDSN = opts.Ownership.CoordinationDSN
+	}
+	control, err := cp.start(sup, loader, files, coordDSN, &conv, log)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
