@@ -603,6 +603,13 @@ func (d *decoder) component(reg *plugins.Registry, kind plugins.Kind, n *yaml.No
 	for _, e := range d.errs[before:] {
 		failed[e.Path] = true
 	}
+	if d.tenant != nil && (len(failed) > 0 || !d.tenantEndpoints(path, cfg)) {
+		// Validate would open what the tenant named (a DSN's sslrootcert):
+		// its answer would say whether the file exists. A tenant's
+		// component is validated only once it decodes and names nothing of
+		// the relay's own.
+		return Component{Type: typ, Path: path, Factory: f, Config: cfg}, false
+	}
 	d.validateExcept(path, cfg.Validate(), failed)
 	return Component{Type: typ, Path: path, Factory: f, Config: cfg}, len(d.errs) == before
 }

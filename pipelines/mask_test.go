@@ -99,7 +99,7 @@ func TestSupervisorMasksSecretsInStatusAndLogs(t *testing.T) {
 	xid8.Register(r)
 	sink := &captureSink{failed: map[string]bool{}}
 	plugins.RegisterSink(r, "capture", func() *noCfg { return &noCfg{} }, func(*noCfg, plugins.Env) (plugins.Sink, error) { return sink, nil })
-	doc := "name: masked\ntenant: team-a\nsource: {type: xid8, dsn: 'postgres://127.0.0.1:1/${DB}', poll_interval: 20ms}\nsink: {type: capture}\n"
+	doc := "name: masked\ntenant: team-a\nsource: {type: xid8, dsn: 'postgres://u@127.0.0.1:1/${DB}', poll_interval: 20ms}\nsink: {type: capture}\n"
 	for _, mode := range []string{"file", "control plane"} {
 		t.Run(mode, func(t *testing.T) {
 			l := pipelines.Loader{Registry: r, LookupEnv: func(k string) (string, bool) { v, ok := map[string]string{"DB": secret}[k]; return v, ok }}

@@ -9,6 +9,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
 )
 
 // The rules of a tenant's pipeline in control-plane mode (see Loader): what
@@ -292,4 +293,35 @@ func notMask(s string) string {
 		}
 		return r
 	}, s)
+}
+
+// tenantEndpoints refuses, before a tenant's component is validated, the
+// connection strings that name the relay's own files, services or
+// sockets (sslrootcert=, passfile=, service=, host=/run/postgresql), and
+// those whose server the environment would choose: validating them opens
+// the file or reads the environment. It reports whether the component
+// may be validated.
+func (d *decoder) tenantEndpoints(path string, cfg plugins.Config) bool {
+	e, ok := cfg.(plugins.Endpointer)
+	if !ok {
+		return true // the policy refuses a connecting component that declares nothing
+	}
+	eps, err := e.Endpoints()
+	if err != nil {
+		d.validate(path, err)
+		return false
+	}
+	ok = true
+	for _, ep := range eps {
+		at := join(path, ep.Path)
+		switch {
+		case ep.Socket:
+			d.fail(at, "a unix-socket host is never allowed in a tenant's pipeline: name a TCP host")
+			ok = false
+		case len(ep.Files) > 0 && !d.tenant.allowFiles:
+			d.fail(at, "%s (%s)", msgServerFile, strings.Join(ep.Files, ", "))
+			ok = false
+		}
+	}
+	return ok
 }

@@ -419,7 +419,7 @@ func TestTenantPipelinesRefuseLiteralPasswords(t *testing.T) {
 		{"url without a password", dsn("postgres://u@db/app"), ""},
 		{"whole dsn a reference", tenantPipeline, ""},
 		{"password pair", dsn("'host=db user=u password=hunter2 dbname=app'"), "request:5: source.dsn"},
-		{"password pair reference", dsn("'host=db user=u password=${PW} dbname=app'"), ""},
+		{"password pair reference", dsn("'postgres://u@db/app?password=${PW}'"), ""},
 		{"nats password", sinkKey("user: a\n  password: hunter2"), "request:12: sink.password"},
 		{"nats password reference", sinkKey("user: a\n  password: ${NATS_PW}"), ""},
 		{"nats password with a default", sinkKey("user: a\n  password: ${NATS_PW:-hunter2}"), "request:12: sink.password"},
@@ -489,4 +489,41 @@ func fieldTag(cfg any, field string) string {
 		return "(no field)"
 	}
 	return f.Tag.Get("ferry")
+}
+
+// A tenant's DSN that names a file of the relay's (sslrootcert, passfile,
+// a service) or a socket is refused before anything opens it: the answer
+// is the same whether the file exists, and no environment is consulted.
+func TestTenantDSNFilesRefusedBeforeValidate(t *testing.T) {
+	dsn := func(v string) string { return strings.Replace(tenantPipeline, "${DB_URL}", "'"+v+"'", 1) }
+	answer := func(doc string) string {
+		l, _ := controlPlane()
+		_, err := l.LoadBytes("request", []byte(doc))
+		if err == nil {
+			t.Fatalf("loaded: %s", doc)
+		}
+		return err.Error()
+	}
+	exists := answer(dsn("postgres://u@db/app?sslrootcert=/etc/passwd"))
+	missing := answer(dsn("postgres://u@db/app?sslrootcert=/no/such/file"))
+	if exists != missing || !strings.Contains(exists, "may not name files on the server (sslrootcert)") {
+		t.Fatalf("an existing and a missing file answer differently:\n%s\n%s", exists, missing)
+	}
+	if strings.Contains(exists, "/etc/passwd") {
+		t.Errorf("the path in the answer: %s", exists)
+	}
+	for _, v := range []string{"postgres://u@db/app?passfile=/root/.pgpass", "postgres://u@db/app?service=prod"} {
+		if got := answer(dsn(v)); !strings.Contains(got, "may not name files on the server") {
+			t.Errorf("%s: %s", v, got)
+		}
+	}
+	if got := answer(dsn("postgres://u@%2Fvar%2Frun%2Fpostgresql/app")); !strings.Contains(got, "unix-socket host is never allowed") {
+		t.Errorf("socket: %s", got)
+	}
+	// The admin's own pipelines name what they like.
+	admin := strings.Replace(dsn("postgres://u@db/app?sslrootcert=/etc/passwd"), "tenant: team-a\n", "", 1)
+	l, _ := controlPlane()
+	if _, err := l.LoadBytes("request", []byte(admin)); err != nil && strings.Contains(err.Error(), "may not name files") {
+		t.Errorf("admin pipeline: %v", err)
+	}
 }

@@ -56,6 +56,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
+	if cp.storeDSN() != "" {
+		if cleared := clearLibpqEnvironment(); len(cleared) > 0 {
+			log.Warn("with --store, libpq's PG* environment variables are cleared: a tenant's connection string must mean what it says, not what this server's environment adds (write the store's and your pipelines' settings in their DSNs)", "cleared", cleared)
+		}
+	}
 	token, err := adminToken(*tokenFile)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -214,6 +219,27 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("ferry stopped")
 	return 0
+}
+
+// clearLibpqEnvironment removes the variables pgx, like libpq, takes
+// defaults from (PGPASSWORD, PGPORT, PGSERVICE, PGSSLCERT, …), and points
+// the password and service files at nothing: a tenant's DSN without a
+// password would otherwise send this server's password, from the
+// environment or ~/.pgpass, to whatever host the tenant named. It returns
+// the names it cleared.
+func clearLibpqEnvironment() []string {
+	var cleared []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "PG") {
+			os.Unsetenv(name)
+			cleared = append(cleared, name)
+		}
+	}
+	// Without these, pgx reads ~/.pgpass and ~/.pg_service.conf.
+	os.Setenv("PGPASSFILE", os.DevNull)
+	os.Setenv("PGSERVICEFILE", os.DevNull)
+	return cleared
 }
 
 // adminToken reads the admin token from a file, else $FERRY_ADMIN_TOKEN.
