@@ -124,6 +124,15 @@ func (c *api) guard(rt route) http.HandlerFunc {
 		rec := &statusRecorder{ResponseWriter: w}
 		var p principal
 		defer func() { c.auditRefusal(r, pattern, addr, p, rec) }()
+		defer func() {
+			// A bug in a handler answers 500, not a dropped connection.
+			if v := recover(); v != nil {
+				c.log().Error("panic in an API handler", "route", pattern, "panic", fmt.Sprint(v))
+				if rec.code == 0 {
+					writeProblem(rec, &problem{code: http.StatusInternalServerError, msg: "internal error; see the server's log"})
+				}
+			}
+		}()
 		if wait := c.throttle.retryAfter(addr); wait > 0 {
 			throttled(rec, wait)
 			return

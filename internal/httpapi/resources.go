@@ -170,7 +170,7 @@ func (c *api) createToken(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, storeProblem(err, "token"))
 		return
 	}
-	c.log().Info("token created", "token_id", t.ID, "scope", string(t.Scope), "by", p.actor.TokenID, "expires_at", t.ExpiresAt)
+	c.log().Info("token created", "token_id", t.ID, "scope", string(t.Scope), "by", p.actor.TokenID, "ttl", ttl)
 	writeJSON(w, http.StatusCreated, newTokenBody(t, secret))
 }
 

@@ -134,7 +134,10 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	in := startStoreInstance(t, "console", dsn, "--ui-sample-interval", "1s")
+	in := startStoreInstance(t, "console", testenv.Postgres(t), "--ui-sample-interval", "1s")
+	for _, tenant := range []string{"team-a", "team-b", "team-c"} {
+		in.allowTenant(t, tenant, dsn, nats.URL(), "ferry.console")
+	}
 	for name, tenant := range pipes {
 		y := fmt.Sprintf("name: %s\ntenant: %s\nsource: {type: xid8, dsn: %q, table: outbox_%s, poll_interval: 20ms}\nsink: {type: nats, url: %q, subject: %s.%s}\n",
 			name, tenant, dsn, name, nats.URL(), subject, name)
