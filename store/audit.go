@@ -102,6 +102,9 @@ type DeniedRequest struct {
 	// Reason says why, in words that hold no secret (never the presented
 	// token).
 	Reason string
+	// Count is how many such refusals this is (a caller that gathers them
+	// writes them at once); 0 means 1.
+	Count int
 }
 
 // Bounds of what a denied request records: the values come from a caller
@@ -135,11 +138,12 @@ func (s *Store) AuditDenied(ctx context.Context, d DeniedRequest) error {
 	// two keys collide.
 	key := strconv.Itoa(d.Code) + " " + addr + " " + route
 	detail := fmt.Sprintf("%d %s from %s: %s", d.Code, route, addr, clip(d.Reason, maxDeniedReason))
-	_, err := s.pool.Exec(ctx, `INSERT INTO ferry_audit (token_id, scope, action, tenant, detail, denied_key)
-		VALUES ($1, $2, 'denied', $3, $4, $5)
+	n := max(d.Count, 1)
+	_, err := s.pool.Exec(ctx, `INSERT INTO ferry_audit (token_id, scope, action, tenant, detail, denied_key, count)
+		VALUES ($1, $2, 'denied', $3, $4, $5, $6)
 		ON CONFLICT (token_id, denied_key, (date_trunc('minute', at AT TIME ZONE 'UTC'))) WHERE action = 'denied'
-		DO UPDATE SET count = ferry_audit.count + 1`,
-		clip(token, 64), string(d.Scope), d.Scope.Tenant(), detail, key)
+		DO UPDATE SET count = ferry_audit.count + EXCLUDED.count`,
+		clip(token, 64), string(d.Scope), d.Scope.Tenant(), detail, key, n)
 	return err
 }
 

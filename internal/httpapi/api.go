@@ -81,7 +81,8 @@ func New(o Options) http.Handler {
 type api struct {
 	o        Options
 	throttle *authThrottle
-	// auditSlots bounds the refusals being written to the audit log at once.
+	refusals refusalLog
+	// auditSlots bounds the background writes of tokens' last use.
 	auditSlots    chan struct{}
 	deniedTotal   *prometheus.CounterVec
 	deniedDropped prometheus.Counter

@@ -36,10 +36,11 @@ type Control struct {
 }
 
 // loader is the loader submitted and stored pipelines are read with: in
-// control-plane mode, so a tenant's pipeline sees only its tenant's secrets.
+// control-plane mode, so a tenant's pipeline sees only its tenant's
+// secrets, read fresh from the store (Converger.RequestLoader).
 func (c *Control) loader() pipelines.Loader {
 	if c.Loader.TenantSecrets == nil {
-		return c.Converger.TenantLoader()
+		return c.Converger.RequestLoader()
 	}
 	return c.Loader
 }
@@ -635,7 +636,13 @@ func (c *api) preparePipeline(body []byte, name string, scope store.Scope) ([]by
 		return nil, nil, &problem{code: http.StatusBadRequest, msg: m, details: []detail{{Path: "name", Message: m}}}
 	}
 	tenant, hasTenant := mapValue(doc, "tenant")
-	if st := scope.Tenant(); st != "" && scope.CanWrite() {
+	plain := true
+	if n := mapNode(doc, "tenant"); n != nil && (n.Kind != yaml.ScalarNode || n.Anchor != "" || n.Tag == "!!binary") {
+		// Not a plain name: the loader refuses what it is (an alias, a
+		// tag), and the check after loading compares the tenant as loaded.
+		plain = false
+	}
+	if st := scope.Tenant(); st != "" && scope.CanWrite() && plain {
 		switch {
 		case !hasTenant || tenant == "":
 			setMapValue(doc, "tenant", st, 1)
@@ -672,6 +679,16 @@ func (c *api) preparePipeline(body []byte, name string, scope store.Scope) ([]by
 		return nil, nil, &problem{code: http.StatusForbidden, msg: m, details: []detail{{Path: "tenant", Message: m}}}
 	}
 	return text, specs[0], nil
+}
+
+// mapNode is key's value node in mapping n, or nil.
+func mapNode(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }
 
 func mapValue(n *yaml.Node, key string) (string, bool) {

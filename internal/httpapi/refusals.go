@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ferryhq/ferry/store"
@@ -15,7 +16,10 @@ import (
 type refusal struct {
 	TokenID, Scope, Address, Route string
 	Code                           int
-	Reason                         string
+	// Reason and Count are set when it is written: refusals are gathered
+	// by the fields above.
+	Reason string
+	Count  int
 }
 
 // statusRecorder remembers the status a handler answered and, for a
@@ -63,11 +67,12 @@ func (s *statusRecorder) refused() bool {
 	return s.hidden
 }
 
-// auditRefusal writes a refused request to the audit log, in the
-// background: the caller's answer does not wait on the store. At most a
-// few writes run at once and the store aggregates per minute, so a flood
-// costs neither memory nor table rows; what does not fit is counted and
-// dropped.
+// auditRefusal counts a refused request for the audit log. Refusals are
+// gathered in memory by caller, address, route and status and written a
+// second later, one upsert each with its count (the store adds it to the
+// minute's row): a flood costs one write per kind a second, and the
+// caller's answer does not wait on the store. Past maxPendingRefusals
+// kinds at once, the rest are counted as unaudited and dropped.
 func (c *api) auditRefusal(r *http.Request, route, addr string, p principal, rec *statusRecorder) {
 	if !rec.refused() {
 		return
@@ -84,26 +89,62 @@ func (c *api) auditRefusal(r *http.Request, route, addr string, p principal, rec
 	if c.o.Control == nil {
 		return
 	}
-	ref := refusal{TokenID: tokenID, Scope: scope, Address: addr, Route: route, Code: code, Reason: rec.reason}
-	select {
-	case c.auditSlots <- struct{}{}:
-	default:
-		c.deniedDropped.Inc()
-		return
+	key := refusal{TokenID: tokenID, Scope: scope, Address: addr, Route: route, Code: code}
+	c.refusals.mu.Lock()
+	defer c.refusals.mu.Unlock()
+	if c.refusals.pending == nil {
+		c.refusals.pending = map[refusal]*pendingRefusal{}
 	}
-	go func() {
-		defer func() { <-c.auditSlots }()
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-		defer cancel()
-		if err := c.writeRefusal(ctx, ref); err != nil {
+	pr, ok := c.refusals.pending[key]
+	if !ok {
+		if len(c.refusals.pending) >= maxPendingRefusals {
 			c.deniedDropped.Inc()
-			c.log().Debug("audit a refused request", "err", err)
+			return
 		}
-	}()
+		pr = &pendingRefusal{reason: rec.reason}
+		c.refusals.pending[key] = pr
+	}
+	pr.count++
+	if !c.refusals.scheduled {
+		c.refusals.scheduled = true
+		time.AfterFunc(time.Second, c.flushRefusals)
+	}
+}
+
+// maxPendingRefusals bounds the kinds of refusal held for the next write.
+const maxPendingRefusals = 10_000
+
+// refusalLog is what auditRefusal gathers for the next write.
+type refusalLog struct {
+	mu        sync.Mutex
+	pending   map[refusal]*pendingRefusal
+	scheduled bool
+}
+
+type pendingRefusal struct {
+	reason string
+	count  int
+}
+
+// flushRefusals writes what was gathered.
+func (c *api) flushRefusals() {
+	c.refusals.mu.Lock()
+	pending := c.refusals.pending
+	c.refusals.pending, c.refusals.scheduled = nil, false
+	c.refusals.mu.Unlock()
+	for key, pr := range pending {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		key.Reason, key.Count = pr.reason, pr.count
+		if err := c.writeRefusal(ctx, key); err != nil {
+			c.deniedDropped.Add(float64(pr.count))
+			c.log().Debug("audit refused requests", "err", err)
+		}
+		cancel()
+	}
 }
 
 // writeRefusal adds ref to its minute's audit row.
 func (c *api) writeRefusal(ctx context.Context, ref refusal) error {
 	return c.o.Control.Store.AuditDenied(ctx, store.DeniedRequest{TokenID: ref.TokenID, Scope: store.Scope(ref.Scope),
-		Address: ref.Address, Route: ref.Route, Code: ref.Code, Reason: ref.Reason})
+		Address: ref.Address, Route: ref.Route, Code: ref.Code, Reason: ref.Reason, Count: ref.Count})
 }

@@ -258,7 +258,7 @@ func (c *api) listTokens(w http.ResponseWriter, r *http.Request, _ principal) {
 
 func (c *api) audit(w http.ResponseWriter, r *http.Request, _ principal) {
 	q := r.URL.Query()
-	f := store.AuditFilter{Pipeline: q.Get("pipeline")}
+	f := store.AuditFilter{Pipeline: q.Get("pipeline"), Action: q.Get("action")}
 	for key, dst := range map[string]*int64{"before": &f.BeforeID} {
 		if v := q.Get(key); v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)

@@ -52,39 +52,15 @@ func (c *controlFlags) loader() pipelines.Loader {
 		if v, ok := os.LookupEnv(name); ok {
 			return v, true
 		}
-		return readSecretFile(dir, name)
-	}}
-}
-
-// storeLoader loads what the control plane holds and takes (see
-// store.Converger.TenantLoader): a tenant's pipeline resolves ${NAME} from
-// its tenant's secrets in the store, then --secrets-dir/<tenant>/NAME.
-func (c *controlFlags) storeLoader(conv *store.Converger) pipelines.Loader {
-	l := conv.TenantLoader()
-	if c.secretsDir == "" {
-		return l
-	}
-	stored, dir := l.TenantSecrets, c.secretsDir
-	l.TenantSecrets = func(tenant, name string) (string, bool) {
-		if v, ok := stored(tenant, name); ok {
-			return v, true
+		if name == "" || strings.ContainsAny(name, `/\`) || name[0] == '.' {
+			return "", false
 		}
-		return readSecretFile(filepath.Join(dir, tenant), name)
-	}
-	return l
-}
-
-// readSecretFile reads dir/name (a Kubernetes secret volume's layout).
-// The name is a variable name (the loader checked it): no path in it.
-func readSecretFile(dir, name string) (string, bool) {
-	if name == "" || strings.ContainsAny(name, `/\`) || name[0] == '.' {
-		return "", false
-	}
-	b, err := os.ReadFile(filepath.Join(dir, name))
-	if err != nil {
-		return "", false
-	}
-	return strings.TrimRight(string(b), "\r\n"), true
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return "", false
+		}
+		return strings.TrimRight(string(b), "\r\n"), true
+	}}
 }
 
 // loadFiles loads the pipeline files; with --store there may be none.
@@ -124,7 +100,7 @@ func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, file
 	}
 	cv := &store.Converger{Store: st, Supervisor: sup, Loader: l, Interval: c.interval, Logger: log, Instance: instance,
 		LoadFiles: func() ([]*pipelines.Spec, error) { return c.loadFiles(l, files) }}
-	cv.Loader = c.storeLoader(cv)
+	cv.SecretsDir = c.secretsDir
 	// No tenant's pipeline may read Ferry's own databases.
 	for _, own := range []struct{ name, dsn string }{{"the store", c.storeDSN()}, {"the HA coordination database", coordinationDSN}} {
 		if own.dsn == "" {
@@ -148,10 +124,10 @@ func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, file
 func (p *controlPlane) close() { p.store.Close() }
 
 // api is the control plane the HTTP API serves; nil without --store. It
-// validates what it is sent with the converger's loader: as it will run.
+// loads what it is sent as the converger will (Converger.RequestLoader).
 func (p *controlPlane) api() *httpapi.Control {
 	if p == nil {
 		return nil
 	}
-	return &httpapi.Control{Store: p.store, Converger: p.conv, Loader: p.conv.Loader}
+	return &httpapi.Control{Store: p.store, Converger: p.conv}
 }
