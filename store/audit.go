@@ -41,6 +41,10 @@ const (
 	ActionSecretPut       = "secret_put"
 	ActionSecretDelete    = "secret_delete"
 	ActionSecretReencrypt = "secret_reencrypt"
+	// ActionMigrateSecret is a stored tenant pipeline whose literal
+	// passwords moved into its tenant's secrets (see
+	// Converger.MigrateLiteralSecrets).
+	ActionMigrateSecret = "migrate_secret"
 	// ActionDenied is a minute of refused requests (401, 403, 429) of one
 	// caller from one address on one route with one status.
 	ActionDenied = "denied"

@@ -94,9 +94,12 @@ func (c *Converger) log() *slog.Logger {
 	return slog.Default()
 }
 
-// Start loads the files and converges once; the supervisor then starts
-// what it was given when it runs. An invalid file or an unreadable store
-// fails the start.
+// Start loads the files, moves the literal passwords of stored tenant
+// pipelines into secrets (MigrateLiteralSecrets) and converges once; the
+// supervisor then starts what it was given when it runs. An invalid file
+// or an unreadable store fails the start; a pipeline that could not be
+// migrated (for want of a secrets key, say) does not: it is logged, and
+// the loader refuses it, saying why.
 func (c *Converger) Start(ctx context.Context) error {
 	c.convergeMu.Lock()
 	defer c.convergeMu.Unlock()
@@ -106,6 +109,15 @@ func (c *Converger) Start(ctx context.Context) error {
 			return err
 		}
 		c.files = specs
+	}
+	if _, err := c.MigrateLiteralSecrets(ctx); err != nil {
+		var nk *MigrationNeedsKeyError
+		if errors.As(err, &nk) {
+			c.log().Warn("stored tenant pipelines hold literal passwords; without a secrets key they are not migrated and do not run",
+				"pipelines", nk.Pipelines, "err", redact.Error(err))
+		} else {
+			c.log().Warn("stored tenant pipelines with literal passwords not migrated", "err", redact.Error(err))
+		}
 	}
 	_, err := c.converge(ctx, true)
 	return err

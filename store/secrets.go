@@ -81,46 +81,78 @@ func (s *Store) PutSecret(ctx context.Context, actor Actor, tenant, name string,
 	if s.keyring == nil {
 		return SecretInfo{}, ErrNoKey
 	}
+	var info SecretInfo
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		put, err := s.putSecretTx(ctx, tx, tenant, name, value, actor.String(), true)
+		info = put.info
+		if err != nil || !put.changed {
+			return err
+		}
+		return audit(ctx, tx, actor, ActionSecretPut, "", tenant, put.oldVersion, &info.Version,
+			fmt.Sprintf("secret %s/%s version %d (key %s)", tenant, name, info.Version, info.KeyID))
+	})
+	return info, err
+}
+
+// secretPut is what putSecretTx did.
+type secretPut struct {
+	info SecretInfo
+	// oldVersion is the version replaced; nil for a new secret.
+	oldVersion *int64
+	// changed is false when the secret already held the value under the
+	// current key: nothing was written.
+	changed bool
+}
+
+// errSecretHeld refuses to overwrite a secret that holds another value.
+var errSecretHeld = errors.New("already holds another value")
+
+// putSecretTx seals value and writes it as tenant's secret name in tx,
+// recording updatedBy; the caller checked the name, the size, the scope
+// and that the store has a key ring, and audits. Without overwrite, a
+// secret of that name that holds another value (or does not open) is
+// left as it is and the put fails with errSecretHeld.
+func (s *Store) putSecretTx(ctx context.Context, tx pgx.Tx, tenant, name string, value []byte, updatedBy string, overwrite bool) (secretPut, error) {
 	aad := secretAAD(tenant, name)
 	keyID, sealed, err := s.keyring.Seal(value, aad)
 	if err != nil {
-		return SecretInfo{}, err
+		return secretPut{}, err
 	}
-	var info SecretInfo
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var cur []byte
-		var curKey string
-		var curVersion int64
-		err := tx.QueryRow(ctx, `SELECT ciphertext, key_id, version FROM ferry_secrets WHERE tenant = $1 AND name = $2 FOR UPDATE`,
-			tenant, name).Scan(&cur, &curKey, &curVersion)
-		exists := err == nil
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
+	var cur []byte
+	var curKey string
+	var curVersion int64
+	err = tx.QueryRow(ctx, `SELECT ciphertext, key_id, version FROM ferry_secrets WHERE tenant = $1 AND name = $2 FOR UPDATE`,
+		tenant, name).Scan(&cur, &curKey, &curVersion)
+	exists := err == nil
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return secretPut{}, err
+	}
+	if exists && (curKey == keyID || !overwrite) {
+		old, openErr := s.keyring.Open(curKey, cur, aad)
+		same := openErr == nil && bytes.Equal(old, value)
+		switch {
+		case same && curKey == keyID:
+			info, err := scanSecretInfo(tx.QueryRow(ctx, `SELECT `+secretInfoColumns+` FROM ferry_secrets WHERE tenant = $1 AND name = $2`, tenant, name))
+			return secretPut{info: info}, err
+		case !same && !overwrite:
+			return secretPut{}, fmt.Errorf("secret %s/%s %w", tenant, name, errSecretHeld)
 		}
-		if exists && curKey == keyID {
-			if old, err := s.keyring.Open(curKey, cur, aad); err == nil && bytes.Equal(old, value) {
-				info, err = scanSecretInfo(tx.QueryRow(ctx, `SELECT `+secretInfoColumns+` FROM ferry_secrets WHERE tenant = $1 AND name = $2`, tenant, name))
-				return err
-			}
-		}
-		// The row lock (or, for a new secret, the primary key) serialises
-		// writers of one secret: versions never repeat.
-		info, err = scanSecretInfo(tx.QueryRow(ctx, `INSERT INTO ferry_secrets (tenant, name, ciphertext, key_id, updated_by)
-			VALUES ($1, $2, $3, $4, $5)
-			ON CONFLICT (tenant, name) DO UPDATE SET ciphertext = EXCLUDED.ciphertext, key_id = EXCLUDED.key_id,
-			  version = ferry_secrets.version + 1, updated_by = EXCLUDED.updated_by, updated_at = now()
-			RETURNING `+secretInfoColumns, tenant, name, sealed, keyID, actor.String()))
-		if err != nil {
-			return err
-		}
-		var old *int64
-		if exists {
-			old = &curVersion
-		}
-		return audit(ctx, tx, actor, ActionSecretPut, "", tenant, old, &info.Version,
-			fmt.Sprintf("secret %s/%s version %d (key %s)", tenant, name, info.Version, keyID))
-	})
-	return info, err
+	}
+	// The row lock (or, for a new secret, the primary key) serialises
+	// writers of one secret: versions never repeat.
+	info, err := scanSecretInfo(tx.QueryRow(ctx, `INSERT INTO ferry_secrets (tenant, name, ciphertext, key_id, updated_by)
+		VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (tenant, name) DO UPDATE SET ciphertext = EXCLUDED.ciphertext, key_id = EXCLUDED.key_id,
+		  version = ferry_secrets.version + 1, updated_by = EXCLUDED.updated_by, updated_at = now()
+		RETURNING `+secretInfoColumns, tenant, name, sealed, keyID, updatedBy))
+	if err != nil {
+		return secretPut{}, err
+	}
+	put := secretPut{info: info, changed: true}
+	if exists {
+		put.oldVersion = &curVersion
+	}
+	return put, nil
 }
 
 // DeleteSecret forgets a tenant's secret (ErrNotFound when it has none of
