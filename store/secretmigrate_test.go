@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/policy"
 	natssink "github.com/ferryhq/ferry/sinks/nats"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
@@ -114,6 +115,11 @@ func TestMigrateLiteralSecretsAtStart(t *testing.T) {
 	ctx := context.Background()
 	s, conn := openStore(t, testenv.Postgres(t), ring(t, 1))
 	putRaw(t, s, "orders", "team-a", literalOrders)
+	// What an admin allows team-a, so the migrated pipeline runs.
+	if _, _, err := s.PutTenantSpec(ctx, admin, "team-a", store.TenantSpec{Policy: policy.Policy{Databases: []string{"127.0.0.1:1/orders"},
+		Brokers: []string{"127.0.0.1:1"}, Destinations: []string{"orders."}}}, 0); err != nil {
+		t.Fatal(err)
+	}
 	adminText := strings.NewReplacer("tenant: team-a\n", "", "name: orders", "name: admins", dbPassword, "adm1n-Pa55", natsPassword, "adm1n-N4ts").Replace(literalOrders)
 	putRaw(t, s, "admins", "", adminText)
 	if _, err := s.PutSecret(ctx, admin, "team-a", "FERRY_ORDERS_SINK_PASSWORD", []byte("another pipeline's")); err != nil {
