@@ -225,6 +225,10 @@ type tenantDocument struct {
 	Kind   string `yaml:"kind" ferry:"literal"`
 	Name   string `yaml:"name" ferry:"literal"`
 	Limits Limits `yaml:"limits"`
+	// Policy is what the tenant's store pipelines may reach (package
+	// policy). `ferry pipelines apply` sets it in the store, which checks
+	// it; file pipelines are the operator's and are not judged by it.
+	Policy yaml.Node `yaml:"policy"`
 }
 
 func isTenantDoc(root *yaml.Node) bool {

@@ -422,7 +422,7 @@ func TestPipelinesPlanApply(t *testing.T) {
 		return fmt.Sprintf("name: %s\nsource: {type: xid8, dsn: \"${ORDERS_DB_URL}\"}\nsink: {type: nats, url: %q, subject: %s}\n", name, e.NATS, subject)
 	}
 	write("a.yaml", p("alpha", "s.alpha")+"---\n"+p("beta", "s.beta"))
-	write("tenants.yaml", "kind: tenant\nname: team-x\nlimits: {rate: 100}\n")
+	write("tenants.yaml", "kind: tenant\nname: team-x\nlimits: {rate: 100}\npolicy: {brokers: [\"nats.internal:4222\"], destinations: [team-x.]}\n")
 	// A pipeline only the server has, to prune.
 	if code, body := in.api("POST", "/api/v1/pipelines", p("gamma", "s.gamma"), nil); code != 201 {
 		t.Fatalf("%d %s", code, body)
@@ -454,6 +454,12 @@ func TestPipelinesPlanApply(t *testing.T) {
 	}
 	if fmt.Sprint(steps(applied)) != fmt.Sprint(steps(plan)) {
 		t.Fatalf("apply did\n%s\nbut the plan said\n%s", applied, plan)
+	}
+	var tx struct {
+		Policy struct{ Brokers, Destinations []string }
+	}
+	if code, body := in.api("GET", "/api/v1/tenants/team-x", "", &tx); code != 200 || fmt.Sprint(tx.Policy.Brokers, tx.Policy.Destinations) != "[nats.internal:4222] [team-x.]" {
+		t.Fatalf("team-x's policy after apply: %d %s", code, body)
 	}
 	code, list, _ := run("pipelines", "list", "--url", url, "-o", "json")
 	if code != 0 || !strings.Contains(list, `"alpha"`) || strings.Contains(list, `"gamma"`) || !strings.Contains(list, `"beta"`) {

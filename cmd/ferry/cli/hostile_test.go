@@ -38,8 +38,8 @@ type hostile struct {
 	// secrets are values no answer or log line may ever show; tokens are
 	// shown once, when made, and never in a log line.
 	secrets, tokenValues []string
-	answers strings.Builder // every answer, for the final grep
-	addr    atomic.Uint32   // the next loopback address for a fresh client
+	answers              strings.Builder // every answer, for the final grep
+	addr                 atomic.Uint32   // the next loopback address for a fresh client
 }
 
 // Passwords the trust-auth test server ignores, so they can be anywhere.
