@@ -115,10 +115,13 @@ func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 	if len(why) > 0 {
 		body["status"], code = "not ready", http.StatusServiceUnavailable
 	}
-	if r.Header.Get("Authorization") != "" {
-		scope, ok := a.caller(w, r)
-		if !ok {
-			return
+	if r.Header.Get("Authorization") != "" || a.openReads() {
+		scope := store.ScopeAdmin // no token exists: every read is open
+		if !a.openReads() {
+			var ok bool
+			if scope, ok = a.caller(w, r); !ok {
+				return
+			}
 		}
 		details := []pipelines.Unready{}
 		for _, u := range why {
@@ -160,6 +163,15 @@ func (a *api) caller(w http.ResponseWriter, r *http.Request) (store.Scope, bool)
 	w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
 	writeProblem(w, &problem{code: http.StatusUnauthorized, msg: "unknown or revoked token"})
 	return "", false
+}
+
+// openReads reports whether no token exists at all, so every read is open
+// (the API's rule too): then /readyz gives its reasons to anyone.
+func (a *api) openReads() bool {
+	if a.o.AdminToken != "" {
+		return false
+	}
+	return a.o.Control == nil || len(a.o.Control.Converger.Snapshot().Tokens) == 0
 }
 
 // scopeMetrics is the metrics token's scope: /metrics and /readyz's counts.

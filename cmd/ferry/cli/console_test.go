@@ -418,9 +418,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("a team-b token sees pipelines|tenants %q, want billing|team-b", seen)
 	}
 	// The API refuses it another tenant's history (the page has no card
-	// to ask for it).
-	if code, body := apiAs(in, tok.Token, "GET", "/api/v1/pipelines/orders/history"); code != 403 {
-		t.Errorf("team-b token reading orders' history: %d %s, want 403", code, body)
+	// to ask for it), as if the pipeline did not exist.
+	if code, body := apiAs(in, tok.Token, "GET", "/api/v1/pipelines/orders/history"); code != 404 {
+		t.Errorf("team-b token reading orders' history: %d %s, want 404", code, body)
 	}
 
 	// A broker outage shows as backing off, with the error.
