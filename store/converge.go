@@ -38,7 +38,7 @@ type Snapshot struct {
 	// Stale is set when the last read failed: this is older news.
 	Stale bool
 	// Files are the file-defined pipelines, by name.
-	Files map[string]*pipelines.Spec
+	Files map[string]*pipelines.Spec `json:"-"`
 	// Problems says, per pipeline name, why a store pipeline does not run on
 	// this instance (its YAML does not load here, or a file defines the
 	// same name).
