@@ -379,10 +379,14 @@ func (l *batchLags) observe(to plugins.Reporter) {
 // publishMany publishes msgs to topic in one call and returns each one's
 // outcome: the sink's own when it is a plugins.BatchPublisher, else the
 // call's error for every message (a failed call may have delivered some,
-// which the chain then sends again: at least once).
+// which the chain then sends again: at least once). A topic outside the
+// pipeline's destinations is each message's permanent error, unpublished.
 func (p *Pipeline) publishMany(topic string, msgs []*message.Message) []error {
 	errs := make([]error, len(msgs))
-	err := p.Publisher.Publish(topic, msgs...)
+	err := p.destinations.refuse(topic)
+	if err == nil {
+		err = p.Publisher.Publish(topic, msgs...)
+	}
 	if err == nil {
 		return errs
 	}

@@ -32,6 +32,9 @@ type Pipeline struct {
 	report  plugins.Reporter
 	// tracer starts each publish's span; nil when tracing is off.
 	tracer *tracing.Publisher
+	// destinations refuses topics outside a tenant's destinations; nil
+	// when they are not restricted (RestrictDestinations).
+	destinations *destinationGuard
 	// headersWarned is when a row with unreadable headers was last logged
 	// (Unix nanoseconds): one line a minute, however many rows.
 	headersWarned atomic.Int64
@@ -83,7 +86,10 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
 	}
-	env.Logger = env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant)
+	// Every line about the pipeline passes through its Mask: a component
+	// may log an error quoting a value a secret filled in. The name and
+	// tenant are never filled in, and stay as they are.
+	env.Logger = maskedLogger(env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant), spec)
 	if env.Report == nil {
 		env.Report = plugins.NopReporter{}
 	}
@@ -180,6 +186,10 @@ func (p *Pipeline) Handle(msg *message.Message) error {
 	}
 	start := time.Now()
 	last := len(p.Stages) + 1
+	if topic, err := p.refusedDestination(msgs); err != nil {
+		obs.observe(last, time.Since(start), outcomeError)
+		return &StageError{Stage: StagePublish, Topic: topic, Err: err}
+	}
 	for _, m := range msgs {
 		if h := m.Metadata.Get(plugins.MetaSentAtHeader); h != "" {
 			m.Metadata.Set(h, plugins.FormatTime(time.Now()))

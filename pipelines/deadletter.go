@@ -70,10 +70,10 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 			msg.Metadata.Set(plugins.MetaDeadLetter, "true")
 			msg.Metadata.Set(HeaderDeadLetterStage, stage)
 			msg.Metadata.Set(HeaderDeadLetterTopic, topic)
-			msg.Metadata.Set(HeaderDeadLetterError, redact.String(err.Error()))
+			msg.Metadata.Set(HeaderDeadLetterError, p.Spec.Mask(redact.String(err.Error())))
 			// Watermill's poison queue writes err.Error() into the message's
-			// reason_poisoned header: hand it the redacted text.
-			return out, redact.Error(err)
+			// reason_poisoned header: hand it the redacted, masked text.
+			return out, p.Spec.maskError(redact.Error(err))
 		}
 	}
 	// Count and log only what the dead-letter topic really took.

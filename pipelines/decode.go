@@ -21,6 +21,9 @@ var nodeType = reflect.TypeOf(yaml.Node{})
 // returned. A ${VAR} that cannot be filled in leaves its key at the default
 // and the rest is decoded, so every other problem shows too.
 func (d *decoder) decode(n *yaml.Node, path string, out any) {
+	if d.tenant != nil {
+		d.checkTenantFields(n, path, reflect.TypeOf(out), "")
+	}
 	d.interpolate(n, path, reflect.TypeOf(out))
 	// Unknown keys are errors, but decoding goes on (yaml.v3 skips them), so
 	// one typo does not hide every other problem behind "missing" errors.
@@ -218,8 +221,11 @@ func friendlyKind(tag, value string) string {
 // variable's value is always data: it cannot add keys or change the
 // document's structure. Fields tagged `ferry:"template"` are left alone:
 // their ${…} are the component's own placeholders (a topic pattern such as
-// "outbox.event.${route}"). Component sections (yaml.Node fields) are
-// interpolated when they are decoded into their own config type.
+// "outbox.event.${route}"). Fields tagged `ferry:"literal"` (a document's
+// name, tenant and kind) are left alone too: what they say decides how the
+// rest is resolved, so they must mean what is written — a $ there is just a
+// character their own check refuses. Component sections (yaml.Node fields)
+// are interpolated when they are decoded into their own config type.
 func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -232,7 +238,7 @@ func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
 		if !strings.Contains(n.Value, "$") {
 			return
 		}
-		v, err := expandVars(n.Value, d.lookup)
+		v, err := expandVars(n.Value, d.resolve)
 		if err != nil {
 			d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Path: path, Msg: err.Error()})
 			// Decoded as null: the key keeps its default, and Validate's
@@ -261,7 +267,7 @@ func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
 				if !ok {
 					continue // an unknown key; checkKeys reports it
 				}
-				if f.Tag.Get("ferry") == "template" {
+				if tag := f.Tag.Get("ferry"); tag == "template" || tag == "literal" {
 					continue
 				}
 				vt = f.Type
@@ -283,44 +289,96 @@ func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
 
 var varName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-func expandVars(s string, lookup func(string) (string, bool)) (string, error) {
-	var b strings.Builder
+// resolver fills in ${NAME} references: lookup finds a value, notSet is the
+// error of a reference it finds none for, and filled (optional) hears of
+// every value lookup gave.
+type resolver struct {
+	lookup func(string) (string, bool)
+	notSet func(name string) error
+	filled func(name, value string)
+}
+
+// envNotSet is the error of a reference the environment does not fill.
+func envNotSet(name string) error {
+	return fmt.Errorf("environment variable %s is not set (use ${%s:-default} for a default)", name, name)
+}
+
+// token is a piece of a scalar as written: literal text (with $$ already
+// made $), or a ${name} / ${name:-def} reference.
+type token struct {
+	text      string // the literal text, when ref is false
+	ref       bool
+	name, def string
+	hasDef    bool
+}
+
+// tokenize splits s into literal text and references. Errors name the
+// problem, never the value: it may hold a password.
+func tokenize(s string) ([]token, error) {
+	var toks []token
+	var lit strings.Builder
+	flush := func() {
+		if lit.Len() > 0 {
+			toks = append(toks, token{text: lit.String()})
+			lit.Reset()
+		}
+	}
 	for i := 0; i < len(s); i++ {
 		if s[i] != '$' {
-			b.WriteByte(s[i])
+			lit.WriteByte(s[i])
 			continue
 		}
 		if i+1 < len(s) && s[i+1] == '$' {
-			b.WriteByte('$')
+			lit.WriteByte('$')
 			i++
 			continue
 		}
 		if i+1 >= len(s) || s[i+1] != '{' {
-			b.WriteByte('$')
+			lit.WriteByte('$')
 			continue
 		}
-		// Errors name the problem, never the value: it may hold a password.
 		end := strings.IndexByte(s[i:], '}')
 		if end < 0 {
-			return "", fmt.Errorf("unterminated ${ (write $$ for a literal $)")
+			return nil, fmt.Errorf("unterminated ${ (write $$ for a literal $)")
 		}
 		expr := s[i+2 : i+end]
 		name, def, hasDef := strings.Cut(expr, ":-")
 		if !varName.MatchString(name) {
-			return "", fmt.Errorf("${…}: %q is not a variable name (letters, digits and _)", name)
+			return nil, fmt.Errorf("${…}: %q is not a variable name (letters, digits and _)", name)
 		}
-		v, ok := lookup(name)
+		flush()
+		toks = append(toks, token{ref: true, name: name, def: def, hasDef: hasDef})
+		i += end
+	}
+	flush()
+	return toks, nil
+}
+
+func expandVars(s string, r resolver) (string, error) {
+	toks, err := tokenize(s)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, t := range toks {
+		if !t.ref {
+			b.WriteString(t.text)
+			continue
+		}
+		v, ok := r.lookup(t.name)
 		switch {
 		case ok && v != "":
 			b.WriteString(v)
-		case hasDef:
-			b.WriteString(def)
+			if r.filled != nil {
+				r.filled(t.name, v)
+			}
+		case t.hasDef:
+			b.WriteString(t.def)
 		case ok:
 			// Set but empty, no default: the user chose empty.
 		default:
-			return "", fmt.Errorf("environment variable %s is not set (use ${%s:-default} for a default)", name, name)
+			return "", r.notSet(t.name)
 		}
-		i += end
 	}
 	return b.String(), nil
 }

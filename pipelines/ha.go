@@ -261,7 +261,7 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 	for _, e := range owned {
 		if err := e.lock.Lost(); err != nil {
 			// Another instance may own it already: stop at once.
-			s.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", redact.Error(err))
+			s.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
 			s.toStandby(e)
 			unowned = append(unowned, e)
 			continue
@@ -363,8 +363,9 @@ func (s *Supervisor) setStandby(e *entry, holder string) {
 	e.setState(StateStandby)
 	e.status.Owner, e.status.LastError, e.status.NextRetry = holder, "", time.Time{}
 	e.ownerChecked = time.Now()
+	spec := e.spec
 	s.mu.Unlock()
-	e.rep.reset()
+	e.rep.reset(spec)
 }
 
 // takeOver tries to own and start up to room of es (all locked on dsn),
@@ -400,7 +401,7 @@ func (s *Supervisor) takeOver(ctx context.Context, o *Ownership, dsn string, es 
 		s.mu.Unlock()
 		s.log.Info("took ownership", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "instance", o.Instance)
 		if err := s.start(e); err != nil {
-			s.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", redact.Error(err))
+			s.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
 			s.release(e)
 			continue
 		}

@@ -48,11 +48,45 @@ func (e *Error) Error() string {
 
 // Loader reads pipeline files. The zero value uses plugins.Default and the
 // process environment.
+//
+// It has two modes. Without TenantSecrets (files given with -c, `ferry
+// validate`, embedders), every pipeline resolves ${NAME} through LookupEnv,
+// as the operator who wrote the files meant.
+//
+// With TenantSecrets, the loader is in control-plane mode: it reads
+// pipelines that tenants submitted, and a tenant is not trusted. A pipeline
+// whose `tenant:` is non-empty (a tenant pipeline) then:
+//   - resolves ${NAME} only through TenantSecrets(tenant, NAME), never the
+//     environment or a file; an unknown reference says the same whether or
+//     not the server has a variable of that name;
+//   - may not use YAML anchors, aliases, merge keys or tags other than the
+//     core ones, anywhere in its document: its tenant, as the loader reads it
+//     before decoding, is then the tenant the decoded spec carries;
+//   - may not name files on the server (fields tagged `ferry:"file"`)
+//     unless AllowFiles says its tenant may;
+//   - may not hold a literal password: a field tagged `ferry:"secret"` is
+//     empty or exactly one ${NAME}, and the password of a URL or of a
+//     password= pair in any other field, as written, is a ${NAME} reference.
+//
+// Pipelines without a tenant are an admin's, and load as in the first mode.
+// In both modes `name`, `tenant` and `kind` are never interpolated. Files
+// are an admin's whatever their `tenant:` says: load them with a Loader
+// without TenantSecrets.
 type Loader struct {
 	// Registry resolves `type:` names; nil means plugins.Default.
 	Registry *plugins.Registry
-	// LookupEnv resolves ${VAR}; nil means os.LookupEnv.
+	// LookupEnv resolves ${VAR} of pipelines without a tenant (and of every
+	// pipeline without TenantSecrets); nil means os.LookupEnv.
 	LookupEnv func(string) (string, bool)
+	// TenantSecrets, when set, resolves the ${NAME} references of every
+	// pipeline whose tenant is non-empty, instead of LookupEnv: a tenant's
+	// pipeline sees only its tenant's secrets. Setting it turns on the
+	// checks above for tenant pipelines.
+	TenantSecrets func(tenant, name string) (string, bool)
+	// AllowFiles says whether a tenant's pipelines may name files on the
+	// server (the policy's allow_files); nil means none may. It matters only
+	// with TenantSecrets.
+	AllowFiles func(tenant string) bool
 }
 
 // Load reads pipelines from files and directories (every *.yaml and *.yml
@@ -173,9 +207,9 @@ func uniqueNames(specs []*Spec) []*Error {
 // document is the top level of a pipeline file. Component sections stay as
 // nodes: their schema depends on their `type`.
 type document struct {
-	Kind       string      `yaml:"kind"`
-	Name       string      `yaml:"name"`
-	Tenant     string      `yaml:"tenant"`
+	Kind       string      `yaml:"kind" ferry:"literal"`
+	Name       string      `yaml:"name" ferry:"literal"`
+	Tenant     string      `yaml:"tenant" ferry:"literal"`
 	Source     yaml.Node   `yaml:"source"`
 	Transforms []yaml.Node `yaml:"transforms"`
 	Sink       yaml.Node   `yaml:"sink"`
@@ -188,9 +222,13 @@ type document struct {
 
 // tenantDocument is a `kind: tenant` document.
 type tenantDocument struct {
-	Kind   string `yaml:"kind"`
-	Name   string `yaml:"name"`
+	Kind   string `yaml:"kind" ferry:"literal"`
+	Name   string `yaml:"name" ferry:"literal"`
 	Limits Limits `yaml:"limits"`
+	// Policy is what the tenant's store pipelines may reach (package
+	// policy). `ferry pipelines apply` sets it in the store, which checks
+	// it; file pipelines are the operator's and are not judged by it.
+	Policy yaml.Node `yaml:"policy"`
 }
 
 func isTenantDoc(root *yaml.Node) bool {
@@ -206,10 +244,22 @@ func isTenantDoc(root *yaml.Node) bool {
 }
 
 func (l Loader) parseTenant(file string, root *yaml.Node) (*TenantSpec, []*Error) {
-	d := &decoder{file: file, lines: map[string]int{}, lookup: l.lookup()}
+	d := &decoder{file: file, lines: map[string]int{}, resolve: l.envResolver()}
+	if l.TenantSecrets != nil {
+		// Submitted to the control plane, by anyone with a token: resolving
+		// from the server's environment would tell which variables it has.
+		// Limits are numbers; they need no references.
+		d.resolve = resolver{lookup: func(string) (string, bool) { return "", false }, notSet: func(name string) error {
+			return fmt.Errorf("${%s}: a tenant document sent to the API is not interpolated; write the value", name)
+		}}
+	}
 	d.index(root, "")
 	var doc tenantDocument // zero limits: no cap
 	d.decode(root, "", &doc)
+	if doc.Kind != "tenant" {
+		// isTenantDoc read `kind` as written; the decoder must agree.
+		d.fail("kind", "must be written as a plain string: kind: tenant")
+	}
 	if !pipelineName.MatchString(doc.Name) {
 		d.fail("name", "%q is not a tenant name: lowercase letters, digits, _ or -, starting with a letter", doc.Name)
 	}
@@ -225,11 +275,25 @@ func (l Loader) parseTenant(file string, root *yaml.Node) (*TenantSpec, []*Error
 	return &TenantSpec{Name: doc.Name, File: file, Line: root.Line, Limits: doc.Limits}, nil
 }
 
-func (l Loader) lookup() func(string) (string, bool) {
-	if l.LookupEnv != nil {
-		return l.LookupEnv
+// envResolver resolves from LookupEnv: for admin pipelines and files.
+func (l Loader) envResolver() resolver {
+	lookup := l.LookupEnv
+	if lookup == nil {
+		lookup = os.LookupEnv
 	}
-	return os.LookupEnv
+	return resolver{lookup: lookup, notSet: envNotSet}
+}
+
+// tenantResolver resolves from the tenant's secrets only. Its error is the
+// same whatever the server's environment holds: it must not tell a tenant
+// which variables the server has.
+func (l Loader) tenantResolver(tenant string) resolver {
+	return resolver{
+		lookup: func(name string) (string, bool) { return l.TenantSecrets(tenant, name) },
+		notSet: func(name string) error {
+			return fmt.Errorf("secret %s is not set for tenant %s (set it with: ferry secrets set --tenant %s %s)", name, tenant, tenant, name)
+		},
+	}
 }
 
 func (l Loader) parse(file string, data []byte) ([]*Spec, []*TenantSpec, []*Error) {
@@ -312,17 +376,35 @@ func applyTenants(specs []*Spec, tenants []*TenantSpec) []*Error {
 }
 
 func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
-	d := &decoder{file: file, lines: map[string]int{}, lookup: l.lookup()}
+	d := &decoder{file: file, lines: map[string]int{}, resolve: l.envResolver()}
 	if root.Kind != yaml.MappingNode {
 		return nil, []*Error{{File: file, Line: root.Line, Msg: "a pipeline must be a mapping with name, source, sink"}}
 	}
 	d.index(root, "")
+	if l.TenantSecrets != nil {
+		// The tenant first: it decides where ${NAME} comes from and which
+		// rules apply. A document whose tenant cannot be told safely is not
+		// decoded at all: nothing of it is resolved.
+		tenant, ok := d.readTenant(root)
+		if !ok {
+			return nil, d.errs
+		}
+		if tenant != "" {
+			d.resolve = l.tenantResolver(tenant)
+			d.tenant = &tenantRules{tenant: tenant, allowFiles: l.AllowFiles != nil && l.AllowFiles(tenant)}
+		}
+	}
+	d.resolve.filled = d.recordFilled
 
 	var doc document
 	doc.Limits = DefaultLimits()
 	d.decode(root, "", &doc)
 	if doc.Kind != "" && doc.Kind != "pipeline" {
 		d.fail("kind", "must be pipeline (the default) or tenant, got %q", doc.Kind)
+	}
+	if d.tenant != nil && doc.Tenant != d.tenant.tenant {
+		// readTenant makes this impossible; the rules above stand on it.
+		d.fail("tenant", "must be written as a plain string: tenant: NAME")
 	}
 	spec := &Spec{Name: doc.Name, Tenant: doc.Tenant, File: file, Line: root.Line, Limits: doc.Limits}
 	spec.Tracing = doc.Tracing
@@ -380,18 +462,31 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 	canonical, _ := yaml.Marshal(root)
 	sum := sha256.Sum256(canonical)
 	spec.Hash = hex.EncodeToString(sum[:8])
+	spec.Masks, spec.maskRefs = masksOf(d.secrets)
 	return spec, nil
 }
 
 // decoder accumulates the errors of one document, with a path → line index.
 type decoder struct {
-	file   string
-	lines  map[string]int
-	kinds  map[string]yaml.Kind // the kind of each path's value
-	values map[string]string    // each scalar path's value
-	errs   []*Error
-	lookup func(string) (string, bool)
-	filled []filled // what ${VAR} references filled in, in document order
+	file    string
+	lines   map[string]int
+	kinds   map[string]yaml.Kind // the kind of each path's value
+	values  map[string]string    // each scalar path's value
+	errs    []*Error
+	resolve resolver
+	filled  []filled // what ${VAR} references filled in, in document order
+	// secrets are the values references filled in, one per reference:
+	// what Spec.Mask hides.
+	secrets []filledRef
+	// tenant, when set, applies the tenant rules (control-plane mode).
+	tenant *tenantRules
+}
+
+// filledRef is the value the reference ${name} filled in.
+type filledRef struct{ name, value string }
+
+func (d *decoder) recordFilled(name, value string) {
+	d.secrets = append(d.secrets, filledRef{name, value})
 }
 
 // filled is a value a ${VAR} reference filled in at path, and the text as
@@ -511,6 +606,13 @@ func (d *decoder) component(reg *plugins.Registry, kind plugins.Kind, n *yaml.No
 	failed := map[string]bool{}
 	for _, e := range d.errs[before:] {
 		failed[e.Path] = true
+	}
+	if d.tenant != nil && (len(failed) > 0 || !d.tenantEndpoints(path, cfg)) {
+		// Validate would open what the tenant named (a DSN's sslrootcert):
+		// its answer would say whether the file exists. A tenant's
+		// component is validated only once it decodes and names nothing of
+		// the relay's own.
+		return Component{Type: typ, Path: path, Factory: f, Config: cfg}, false
 	}
 	d.validateExcept(path, cfg.Validate(), failed)
 	return Component{Type: typ, Path: path, Factory: f, Config: cfg}, len(d.errs) == before

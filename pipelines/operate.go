@@ -92,6 +92,7 @@ func (s *Supervisor) Reload(specs []*Spec) (ReloadResult, error) {
 			s.halt(e)
 			s.mu.Lock()
 			e.spec = sp
+			e.rep.spec.Store(sp) // errors before the restart are masked with the new secrets
 			e.status.Tenant, e.status.Source, e.status.Sink = sp.Tenant, sp.Source.Type, sp.Sink.Type
 			// Pipelines another instance owns (or nobody yet) start when this
 			// one owns them; paused ones stay paused with their new

@@ -1,6 +1,7 @@
 // Package pipelines is Ferry's pipeline model: the YAML schema and its loader
 // (strict decoding, ${VAR} interpolation, errors that name file, line and
-// path), the builder that turns a loaded spec into a source, transforms and a
+// path, and in control-plane mode the rules a tenant's pipeline obeys), the
+// builder that turns a loaded spec into a source, transforms and a
 // sink, and the supervisor that runs every pipeline of the process as a handler
 // in one Watermill router: its states, retries, dead-letter topic, lag and
 // health surfaces, and high-availability ownership.
@@ -50,6 +51,14 @@ type Spec struct {
 	Ownership string
 	// Tracing turns on a span per event publish (`tracing:`).
 	Tracing tracing.Config
+	// Masks are the values ${…} references filled in (from the environment
+	// or the tenant's secrets, not defaults written in the document) of at
+	// least MinMaskLen characters, deduplicated, longest first: what Mask
+	// hides in the pipeline's errors and logs.
+	Masks []string
+	// maskRefs names, for each of Masks the loader found, the reference
+	// that filled it in ("${DB_URL}").
+	maskRefs map[string]string
 }
 
 // Ownership modes.

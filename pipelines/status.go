@@ -57,6 +57,9 @@ type reporter struct {
 	name    string
 	tenant  string
 	failing atomic.Bool // so delivered() on the hot path is one load
+	// spec is the running incarnation's spec, whose Mask hides in errors
+	// what its secrets filled in; a reload with a new spec replaces it.
+	spec atomic.Pointer[Spec]
 
 	mu      sync.Mutex
 	lastErr string    // the episode's last error, to log a changed one once
@@ -70,6 +73,7 @@ type reporter struct {
 
 func (s *Supervisor) newReporter(spec *Spec) *reporter {
 	r := &reporter{s: s, name: spec.Name, tenant: spec.Tenant, hists: map[string]prometheus.Observer{}, windows: map[string]*lagWindow{}}
+	r.spec.Store(spec)
 	for _, seg := range plugins.Segments {
 		r.windows[seg] = &lagWindow{}
 		if s.lag != nil {
@@ -83,7 +87,7 @@ func (s *Supervisor) newReporter(spec *Spec) *reporter {
 // never the same error again: the component that retries logs its own
 // attempts, one line per backoff step.
 func (r *reporter) Failing(err error, retryIn time.Duration) {
-	msg := redactErr(err)
+	msg := r.errorText(err)
 	r.mu.Lock()
 	first := !r.failing.Swap(true)
 	changed := !first && msg != r.lastErr
@@ -173,8 +177,9 @@ func (r *reporter) recover() {
 	})
 }
 
-// reset forgets the episode: a new incarnation starts clean.
-func (r *reporter) reset() {
+// reset forgets the episode: a new incarnation of spec starts clean.
+func (r *reporter) reset(spec *Spec) {
+	r.spec.Store(spec)
 	r.mu.Lock()
 	r.failing.Store(false)
 	r.pending, r.lastErr = false, ""
@@ -184,9 +189,15 @@ func (r *reporter) reset() {
 func (r *reporter) Fatal(err error) {
 	r.s.update(r.name, func(e *entry) {
 		e.setState(StateFailed)
-		e.status.LastError = redactErr(err)
+		e.status.LastError = r.errorText(err)
 		e.status.NextRetry = time.Time{}
 	})
+}
+
+// errorText is err as status and logs show it: redacted, and masked with
+// the pipeline's spec.
+func (r *reporter) errorText(err error) string {
+	return r.spec.Load().Mask(redactErr(err))
 }
 
 func (r *reporter) ObserveLag(segment string, d time.Duration) {

@@ -86,6 +86,11 @@ type Options struct {
 	// Ownership, when set, runs each exclusive pipeline only while this
 	// instance owns it (high availability across instances).
 	Ownership *Ownership
+	// Destinations, when set, gives each pipeline, every time it starts,
+	// the topics it may publish to (Pipeline.RestrictDestinations; a
+	// tenant policy's AllowsDestination); nil for a pipeline whose topics
+	// are not restricted, such as the admin's.
+	Destinations func(spec *Spec) func(topic string) bool
 }
 
 // Supervisor runs every pipeline of the process as a handler in one
@@ -121,6 +126,9 @@ type Supervisor struct {
 	registry  *ownership.Registry           // set by the ownership coordinator
 	lockSess  map[string]*ownership.Session // by lock DSN: one per database (ha.go)
 	coord     Coordination                  // the coordination database as the last round found it
+	// reporters holds each pipeline's reporter by name, for lookups that
+	// must not take mu (the router's log lines).
+	reporters sync.Map
 }
 
 // tenantLimiter is shared by every pipeline of one tenant.
@@ -198,12 +206,19 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 			MaxInterval: 2 * time.Second, Multiplier: 2, RandomizationFactor: 0.25}
 	}
 	// Watermill logs handler start/stop at Info; those are debug detail here.
-	wlog := quietHandlerErrors{watermill.NewSlogLoggerWithLevelMapping(opts.Logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})}
+	var s *Supervisor
+	wlog := quietHandlerErrors{LoggerAdapter: watermill.NewSlogLoggerWithLevelMapping(opts.Logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug}),
+		specOf: func(name string) *Spec {
+			if s == nil { // the router logging while it is made
+				return nil
+			}
+			return s.specOf(name)
+		}}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: opts.DrainTimeout + 5*time.Second}, wlog)
 	if err != nil {
 		return nil, err
 	}
-	s := &Supervisor{opts: opts, log: opts.Logger, router: router, pipelines: map[string]*entry{}, tenants: map[string]*tenantLimiter{},
+	s = &Supervisor{opts: opts, log: opts.Logger, router: router, pipelines: map[string]*entry{}, tenants: map[string]*tenantLimiter{},
 		ready: make(chan struct{}), starting: make(chan struct{}, startConcurrency)}
 	if opts.Metrics != nil {
 		b := metrics.NewPrometheusMetricsBuilder(opts.Metrics, "ferry", "router")
@@ -291,6 +306,7 @@ func (s *Supervisor) add(spec *Spec) error {
 		Sink: spec.Sink.Type, State: StateStarting, Since: time.Now()}}
 	e.rep = s.newReporter(spec)
 	s.pipelines[spec.Name] = e
+	s.reporters.Store(spec.Name, e.rep)
 	// An exclusive pipeline stays starting until an ownership round has
 	// locked it here or found its owner.
 	waits := s.exclusive(e)
@@ -317,6 +333,7 @@ func (s *Supervisor) stop(name string) error {
 	s.release(e)
 	s.mu.Lock()
 	delete(s.pipelines, name)
+	s.reporters.Delete(name)
 	s.mu.Unlock()
 	return nil
 }
@@ -370,6 +387,9 @@ func (s *Supervisor) start(e *entry) error {
 	if err != nil {
 		return err
 	}
+	if s.opts.Destinations != nil {
+		p.RestrictDestinations(s.opts.Destinations(e.spec))
+	}
 	if s.metrics != nil {
 		// The router only decorates the publisher it publishes handler output
 		// with; a pipeline publishes inside its handler, so decorate the sink.
@@ -381,7 +401,7 @@ func (s *Supervisor) start(e *entry) error {
 	p.report = rep
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	e.rep.reset()
+	e.rep.reset(e.spec)
 	s.mu.Lock()
 	e.pipeline, e.stop, e.done = p, cancel, done
 	e.status.Starts++
@@ -564,7 +584,7 @@ func (s *Supervisor) addHandler(e *entry, p *Pipeline, handlersCtx context.Conte
 // tried is how many of the event's attempts were already made (and
 // failed) elsewhere: the retry middleware makes that many fewer.
 func (s *Supervisor) chain(e *entry, p *Pipeline, tried int) (message.HandlerFunc, error) {
-	chain := []message.HandlerMiddleware{reportOutcome(e.rep), recordError}
+	chain := []message.HandlerMiddleware{reportOutcome(e.rep), recordError(e.rep)}
 	if t := s.tenantLimiter(e.spec); t != nil {
 		if t.throttle != nil {
 			chain = append(chain, t.throttle)
@@ -745,6 +765,10 @@ type Unready struct {
 	Path string `json:"path"`
 	// Message says why.
 	Message string `json:"message"`
+	// Pipeline and Tenant are the pipeline's, when Path names one: the API
+	// shows a caller only its tenant's.
+	Pipeline string `json:"-"`
+	Tenant   string `json:"-"`
 }
 
 // Ready reports whether every pipeline this instance should run runs.
@@ -782,9 +806,24 @@ func (s *Supervisor) Readiness() []Unready {
 		if st.LastError != "" {
 			msg += ": " + st.LastError
 		}
-		out = append(out, Unready{Path: "pipelines." + st.Name, Message: msg})
+		out = append(out, Unready{Path: "pipelines." + st.Name, Message: msg, Pipeline: st.Name, Tenant: st.Tenant})
 	}
 	return out
+}
+
+// RunningCount is how many pipelines run here, and how many this instance
+// knows that do not (standby and paused ones count as neither).
+func (s *Supervisor) RunningCount() (running, notRunning int) {
+	for _, st := range s.Statuses() {
+		switch st.State {
+		case StateRunning:
+			running++
+		case StateStandby, StatePaused:
+		default:
+			notRunning++
+		}
+	}
+	return running, notRunning
 }
 
 func redactErr(err error) string {
@@ -797,9 +836,23 @@ func redactErr(err error) string {
 // quietHandlerErrors demotes Watermill's per-event error lines to debug:
 // a broker outage would log every event of every retry. The pipeline's
 // state, last error and one log line per failing episode say it instead.
-type quietHandlerErrors struct{ watermill.LoggerAdapter }
+//
+// An error about a pipeline's handler (Watermill names it in handler_name)
+// is masked with the pipeline's spec, as the pipeline's own lines are.
+type quietHandlerErrors struct {
+	watermill.LoggerAdapter
+	specOf  func(pipeline string) *Spec // nil: nothing to mask
+	handler string                      // from With, when it named one
+}
 
 func (q quietHandlerErrors) Error(msg string, err error, fields watermill.LogFields) {
+	handler := q.handler
+	if h, ok := fields["handler_name"].(string); ok {
+		handler = h
+	}
+	if q.specOf != nil && err != nil {
+		err = q.specOf(handler).maskError(redact.Error(err))
+	}
 	switch msg {
 	case "Handler returned error", "Error occurred, retrying":
 		q.LoggerAdapter.Debug(msg+": "+redact.String(err.Error()), fields)
@@ -809,7 +862,20 @@ func (q quietHandlerErrors) Error(msg string, err error, fields watermill.LogFie
 }
 
 func (q quietHandlerErrors) With(fields watermill.LogFields) watermill.LoggerAdapter {
-	return quietHandlerErrors{q.LoggerAdapter.With(fields)}
+	handler := q.handler
+	if h, ok := fields["handler_name"].(string); ok {
+		handler = h
+	}
+	return quietHandlerErrors{LoggerAdapter: q.LoggerAdapter.With(fields), specOf: q.specOf, handler: handler}
+}
+
+// specOf is the spec of the pipeline named name, as its reporter holds it
+// (no lock: Watermill logs from its own goroutines); nil when there is none.
+func (s *Supervisor) specOf(name string) *Spec {
+	if r, ok := s.reporters.Load(name); ok {
+		return r.(*reporter).spec.Load()
+	}
+	return nil
 }
 
 // reportOutcome tells the pipeline's reporter whether events get through:
@@ -832,19 +898,22 @@ func reportOutcome(rep *reporter) message.HandlerMiddleware {
 
 // recordError puts the final error of a failed message in its metadata
 // (plugins.MetaError) before the router nacks it, so the source can record
-// why — the nack itself carries no reason. It runs outside the retries.
-func recordError(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		out, err := h(msg)
-		if err != nil {
-			msg.Metadata.Set(plugins.MetaError, redact.String(err.Error()))
-			if reason, ok := plugins.IsPermanent(err); ok {
-				msg.Metadata.Set(plugins.MetaErrorPermanent, reason)
-			} else {
-				delete(msg.Metadata, plugins.MetaErrorPermanent)
+// why — the nack itself carries no reason. It runs outside the retries. The
+// text is the one status shows: redacted and masked.
+func recordError(rep *reporter) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err != nil {
+				msg.Metadata.Set(plugins.MetaError, rep.errorText(err))
+				if reason, ok := plugins.IsPermanent(err); ok {
+					msg.Metadata.Set(plugins.MetaErrorPermanent, reason)
+				} else {
+					delete(msg.Metadata, plugins.MetaErrorPermanent)
+				}
 			}
+			return out, err
 		}
-		return out, err
 	}
 }
 

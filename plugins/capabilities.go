@@ -59,9 +59,31 @@ import (
 //
 //   - LastStage: the loader rejects the transform anywhere but last.
 //
+// On any component config (endpoints.go):
+//
+//   - Endpointer: the tenant policy (package policy) reads Endpoints to
+//     allow or refuse every database and broker a tenant's pipeline would
+//     connect to, and to find a database another tenant's pipeline reads.
+//     Without it a tenant's pipeline may not use the component as its
+//     source or sink (it could connect anywhere); transforms without it
+//     are taken to connect nowhere. Every component that connects MUST
+//     implement it, reading its config alone (no environment, no files).
+//
+// On a sink or transform config (endpoints.go):
+//
+//   - DestinationLister: the tenant policy checks the destinations the
+//     config names against the tenant's allowed prefixes before the
+//     pipeline runs (templates by their fixed text); a pipeline whose
+//     destinations are restricted publishes nothing unless every
+//     destination its sink's config names is allowed (a RabbitMQ exchange
+//     is used for every topic). Without it a tenant's pipeline may not
+//     use the sink, and a transform's destinations are known only per
+//     event (each is checked at publish).
+//
 // On any config struct, a string field tagged `ferry:"template"` keeps its
 // ${…} for the component: the loader does not read it as an environment
-// variable.
+// variable; one tagged `ferry:"file"` names a file on the server, which a
+// tenant's pipeline may name only when its policy allows files.
 //
 // On a built sink (Start and Close are part of Sink):
 //

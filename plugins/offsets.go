@@ -110,7 +110,18 @@ type DeadLetterFilter struct {
 	// Limit is the most returned or replayed; 0 means all (listing: 100).
 	Limit  int
 	DryRun bool
+	// Allowed, when set, is where a replay may republish: a dead letter
+	// whose destination it refuses stays on the dead-letter topic (a
+	// tenant's pipeline publishes only where its policy allows, a replay
+	// included).
+	Allowed func(topic string) bool
 }
+
+// Refuses reports whether f keeps a replay from republishing to dest.
+func (f DeadLetterFilter) Refuses(dest string) bool { return f.Allowed != nil && !f.Allowed(dest) }
+
+// NoteRefusedDestination is the replay note for dead letters Refuses kept.
+const NoteRefusedDestination = "dead letters whose destination the tenant's policy does not allow stay on the dead-letter topic"
 
 // DeadLetterKeeper is implemented by source configs that park undeliverable
 // events on the source database.

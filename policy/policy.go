@@ -55,6 +55,13 @@ func (p Policy) Validate() error {
 			probs.Add(fmt.Sprintf("brokers[%d]", i), "%v", err)
 		}
 	}
+	for i, d := range p.Destinations {
+		// A prefix is compared as text: "orders.*" would allow only names
+		// starting with "orders.*", which is never what was meant.
+		if strings.ContainsAny(d, "*>") || strings.Contains(d, "${") {
+			probs.Add(fmt.Sprintf("destinations[%d]", i), "%q: want a prefix such as \"orders.\", not a pattern", d)
+		}
+	}
 	return probs.Err()
 }
 

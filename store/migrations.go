@@ -74,6 +74,29 @@ CREATE TABLE ferry_pipeline_status (
 );
 CREATE INDEX ferry_pipeline_status_instance ON ferry_pipeline_status (instance);
 `},
+	{3, "tenant secrets and policy, token expiry and last use, denied requests", `
+CREATE TABLE ferry_secrets (
+    tenant      text NOT NULL,
+    name        text NOT NULL,
+    ciphertext  bytea NOT NULL,
+    key_id      text NOT NULL,
+    version     bigint NOT NULL DEFAULT 1,
+    updated_by  text NOT NULL DEFAULT '',
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant, name)
+);
+ALTER TABLE ferry_tenants ADD COLUMN policy jsonb NOT NULL DEFAULT '{}';
+ALTER TABLE ferry_tokens ADD COLUMN expires_at timestamptz NULL,
+    ADD COLUMN last_used_at timestamptz NULL;
+ALTER TABLE ferry_audit ADD COLUMN count int NOT NULL DEFAULT 1,
+    ADD COLUMN denied_key text NULL;
+-- At most one 'denied' row per caller, (code, address, route) and UTC
+-- minute: the arbiter of AuditDenied's upsert, and how it finds the
+-- minute's row without scanning the log.
+CREATE UNIQUE INDEX ferry_audit_denied_minute ON ferry_audit
+    (token_id, denied_key, (date_trunc('minute', at AT TIME ZONE 'UTC')))
+    WHERE action = 'denied';
+`},
 }
 
 // SchemaSQL is every migration as one script, for `ferry schema store`:

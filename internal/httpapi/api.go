@@ -13,6 +13,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/store"
 )
 
 // Options configure the API.
@@ -41,13 +43,27 @@ type Options struct {
 	// Console, when set, serves the web console at /ui/ and each
 	// pipeline's lag history at /api/v1/pipelines/{name}/history.
 	Console *console.Console
+	// MetricsToken, when set, is the bearer token /metrics requires (an
+	// admin token is accepted too); empty leaves /metrics open.
+	MetricsToken string
+	// Throttle bounds failed authentications per client address; the zero
+	// value is 10 at once, then one a second.
+	Throttle Throttle
 }
 
 // New returns the API's handler.
 func New(o Options) http.Handler {
-	a := &api{o: o}
+	a := &api{o: o, throttle: newAuthThrottle(o.Throttle), auditSlots: make(chan struct{}, 4)}
+	a.deniedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_api_refused_total",
+		Help: "API requests refused, by status: 401 (no or unknown token), 403 (scope), 404 (another tenant's resource, answered as missing), 429 (throttled)."}, []string{"code"})
+	a.deniedDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_api_refusals_unaudited_total",
+		Help: "Refused API requests that could not be written to the audit log (store unavailable, or too many at once)."})
+	if o.Registry != nil {
+		a.deniedTotal = register(o.Registry, a.deniedTotal)
+		a.deniedDropped = register(o.Registry, a.deniedDropped)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry}))
+	mux.Handle("GET /metrics", a.metrics(promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", a.ready)
 	a.registerConsole(mux)
@@ -62,17 +78,123 @@ func New(o Options) http.Handler {
 	return mux
 }
 
-type api struct{ o Options }
+type api struct {
+	o        Options
+	throttle *authThrottle
+	refusals refusalLog
+	// auditSlots bounds the background writes of tokens' last use.
+	auditSlots    chan struct{}
+	deniedTotal   *prometheus.CounterVec
+	deniedDropped prometheus.Counter
+}
+
+// register registers c, or returns the collector already registered under
+// its name (a second handler on the same registry, as tests make).
+func register[C prometheus.Collector](reg *prometheus.Registry, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}
 
 // ready answers 200 when every pipeline this instance should run runs,
-// else 503 naming each one that does not (and the coordination database,
-// when it is unreachable) in details.
-func (a *api) ready(w http.ResponseWriter, _ *http.Request) {
-	if why := a.o.Supervisor.Readiness(); len(why) > 0 {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "not ready", "details": why})
-		return
+// else 503. Without a token it says only that, and how many pipelines run
+// and do not: the probe is open, and pipeline names and errors are tenant
+// data. With a token it names each pipeline the token may see that does
+// not run (and the coordination database, when it is unreachable).
+func (a *api) ready(w http.ResponseWriter, r *http.Request) {
+	why := a.o.Supervisor.Readiness()
+	running, notRunning := a.o.Supervisor.RunningCount()
+	body := map[string]any{"status": "ready", "pipelines": map[string]int{"running": running, "not_running": notRunning}}
+	code := http.StatusOK
+	if len(why) > 0 {
+		body["status"], code = "not ready", http.StatusServiceUnavailable
 	}
-	_, _ = w.Write([]byte("ok\n"))
+	if r.Header.Get("Authorization") != "" || a.openReads() {
+		scope := store.ScopeAdmin // no token exists: every read is open
+		if !a.openReads() {
+			var ok bool
+			if scope, ok = a.caller(w, r); !ok {
+				return
+			}
+		}
+		details := []pipelines.Unready{}
+		for _, u := range why {
+			if u.Tenant == "" && u.Pipeline == "" && scope != store.ScopeAdmin && scope != store.ScopeRead {
+				continue // the process's own state: for admins and readers
+			}
+			if u.Pipeline != "" && !scope.CanSeeTenant(u.Tenant) {
+				continue
+			}
+			details = append(details, u)
+		}
+		body["details"] = details
+	}
+	writeJSON(w, code, body)
+}
+
+// caller authenticates a request to an open route that says more to a
+// token holder (/readyz, and /metrics when it needs a token): the token's
+// scope, or a 401 written (and the address's budget drawn on).
+func (a *api) caller(w http.ResponseWriter, r *http.Request) (store.Scope, bool) {
+	addr := clientAddress(r)
+	if wait := a.throttle.retryAfter(addr); wait > 0 {
+		throttled(w, wait)
+		return "", false
+	}
+	got, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if a.o.AdminToken != "" && constantTimeEqual(got, a.o.AdminToken) {
+		return store.ScopeAdmin, true
+	}
+	if a.o.MetricsToken != "" && constantTimeEqual(got, a.o.MetricsToken) {
+		return scopeMetrics, true
+	}
+	if a.o.Control != nil {
+		if p, prob := a.authenticate(r); prob == nil && !p.anonymous {
+			return p.actor.Scope, true
+		}
+	}
+	a.throttle.failed(addr)
+	w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
+	writeProblem(w, &problem{code: http.StatusUnauthorized, msg: "unknown or revoked token"})
+	return "", false
+}
+
+// openReads reports whether no token exists at all, so every read is open
+// (the API's rule too): then /readyz gives its reasons to anyone.
+func (a *api) openReads() bool {
+	if a.o.AdminToken != "" {
+		return false
+	}
+	return a.o.Control == nil || len(a.o.Control.Converger.Snapshot().Tokens) == 0
+}
+
+// scopeMetrics is the metrics token's scope: /metrics and /readyz's counts.
+const scopeMetrics = store.Scope("metrics")
+
+// metrics guards /metrics when a metrics token is configured: the labels
+// name every pipeline and tenant of the process (docs/metrics.md lists
+// them). An admin or read token is accepted too; a tenant's is not.
+func (a *api) metrics(next http.Handler) http.Handler {
+	if a.o.MetricsToken == "" {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scope, ok := a.caller(w, r)
+		if !ok {
+			return
+		}
+		if scope != scopeMetrics && scope != store.ScopeAdmin && scope != store.ScopeRead {
+			writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not read the metrics", scope)})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // list is every pipeline's status, and with high availability the
@@ -113,6 +235,11 @@ func (a *api) admin(next http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusForbidden, "admin actions are disabled: start ferry with --admin-token-file or FERRY_ADMIN_TOKEN")
 			return
 		}
+		addr := clientAddress(r)
+		if wait := a.throttle.retryAfter(addr); wait > 0 {
+			throttled(w, wait)
+			return
+		}
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || got == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
@@ -120,6 +247,7 @@ func (a *api) admin(next http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		if subtle.ConstantTimeCompare([]byte(got), []byte(a.o.AdminToken)) != 1 {
+			a.throttle.failed(addr)
 			writeError(w, http.StatusForbidden, "wrong token")
 			return
 		}

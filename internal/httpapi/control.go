@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -26,12 +27,22 @@ import (
 type Control struct {
 	Store     *store.Store
 	Converger *store.Converger
-	// Loader validates submitted pipelines with this instance's
-	// environment, as `ferry validate` does.
+	// Loader validates submitted pipelines as the converger will load
+	// them; the zero Loader means the converger's (Converger.TenantLoader).
 	Loader pipelines.Loader
 	// Registry lists the component types for GET /plugins; nil means
 	// plugins.Default.
 	Registry *plugins.Registry
+}
+
+// loader is the loader submitted and stored pipelines are read with: in
+// control-plane mode, so a tenant's pipeline sees only its tenant's
+// secrets, read fresh from the store (Converger.RequestLoader).
+func (c *Control) loader() pipelines.Loader {
+	if c.Loader.TenantSecrets == nil {
+		return c.Converger.RequestLoader()
+	}
+	return c.Loader
 }
 
 // access is what a route requires of the caller's scope before the handler
@@ -75,10 +86,15 @@ func (c *api) controlRoutes() []route {
 		{"GET", "/plugins", accessRead, c.plugins},
 		{"GET", "/tenants", accessRead, c.listTenants},
 		{"GET", "/tenants/{name}", accessRead, c.getTenant},
-		{"PUT", "/tenants/{name}", accessWrite, c.putTenant},
+		{"PUT", "/tenants/{name}", accessAdmin, c.putTenant},
 		{"GET", "/tokens", accessAdmin, c.listTokens},
 		{"POST", "/tokens", accessAdmin, c.createToken},
 		{"DELETE", "/tokens/{id}", accessAdmin, c.deleteToken},
+		{"POST", "/tokens/{id}/rotate", accessAdmin, c.rotateToken},
+		{"GET", "/tenants/{name}/secrets", accessRead, c.listSecrets},
+		{"PUT", "/tenants/{name}/secrets/{secret}", accessWrite, c.putSecret},
+		{"DELETE", "/tenants/{name}/secrets/{secret}", accessWrite, c.deleteSecret},
+		{"POST", "/secrets/reencrypt", accessAdmin, c.reencryptSecrets},
 		{"GET", "/audit", accessAdmin, c.audit},
 		{"POST", "/reload", accessAdmin, c.reloadFiles},
 		{"GET", "/openapi.json", accessRead, c.openAPI},
@@ -100,22 +116,44 @@ func (c *api) registerControl(mux *http.ServeMux) {
 
 // guard authenticates the caller and checks the route's access. Once any
 // token exists (the admin token, or one in the store) every route needs
-// one, reads included.
+// one, reads included. An address that keeps failing authentication is
+// throttled; every refusal (401, 403, 429) is audited.
 func (c *api) guard(rt route) http.HandlerFunc {
+	pattern := rt.method + " /api/v1" + rt.path
 	return func(w http.ResponseWriter, r *http.Request) {
+		addr := clientAddress(r)
+		rec := &statusRecorder{ResponseWriter: w}
+		var p principal
+		defer func() { c.auditRefusal(r, pattern, addr, p, rec) }()
+		defer func() {
+			// A bug in a handler answers 500, not a dropped connection.
+			if v := recover(); v != nil {
+				c.log().Error("panic in an API handler", "route", pattern, "panic", fmt.Sprint(v))
+				if rec.code == 0 {
+					writeProblem(rec, &problem{code: http.StatusInternalServerError, msg: "internal error; see the server's log"})
+				}
+			}
+		}()
+		if wait := c.throttle.retryAfter(addr); wait > 0 {
+			throttled(rec, wait)
+			return
+		}
 		p, prob := c.authenticate(r)
 		if prob != nil {
 			if prob.code == http.StatusUnauthorized {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
+				if r.Header.Get("Authorization") != "" {
+					c.throttle.failed(addr) // a guess, not a forgotten header
+				}
 			}
-			writeProblem(w, prob)
+			writeProblem(rec, prob)
 			return
 		}
 		if prob := checkAccess(rt.access, p); prob != nil {
-			writeProblem(w, prob)
+			writeProblem(rec, prob)
 			return
 		}
-		rt.handle(w, r, p)
+		rt.handle(rec, r, p)
 	}
 }
 
@@ -154,14 +192,35 @@ func (c *api) authenticate(r *http.Request) (principal, *problem) {
 	}
 	// Both comparisons always run and take constant time.
 	isAdmin := c.o.AdminToken != "" && constantTimeEqual(got, c.o.AdminToken)
-	t, found := store.MatchToken(toks, got)
+	t, match := store.MatchTokenAt(toks, got, time.Now())
 	switch {
 	case isAdmin:
 		return principal{actor: store.Actor{TokenID: bootstrapTokenID, Scope: store.ScopeAdmin}}, nil
-	case found:
+	case match == store.TokenValid:
+		c.touch(t.ID)
 		return principal{actor: store.Actor{TokenID: t.ID, Scope: t.Scope}}, nil
+	case match == store.TokenExpired:
+		return principal{}, &problem{code: http.StatusUnauthorized, msg: "token expired"}
 	}
 	return principal{}, &problem{code: http.StatusUnauthorized, msg: "unknown or revoked token"}
+}
+
+// touch records a token's use (the store keeps one write a minute per
+// token), in the background: the request does not wait on the store.
+func (c *api) touch(id string) {
+	select {
+	case c.auditSlots <- struct{}{}:
+	default:
+		return // busy: the next use records it
+	}
+	go func() {
+		defer func() { <-c.auditSlots }()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.o.Control.Store.TouchToken(ctx, id); err != nil {
+			c.log().Debug("record a token's use", "token_id", id, "err", redact.Error(err))
+		}
+	}()
 }
 
 // problem is an API error: {"error": …, "details": [{path, message}]}.
@@ -179,6 +238,9 @@ type detail struct {
 }
 
 func writeProblem(w http.ResponseWriter, p *problem) {
+	if rec, ok := w.(*statusRecorder); ok && rec.reason == "" {
+		rec.reason = redact.String(p.msg)
+	}
 	body := map[string]any{"error": redact.String(p.msg)}
 	if len(p.details) > 0 {
 		for i := range p.details {
@@ -197,6 +259,7 @@ func writeProblem(w http.ResponseWriter, p *problem) {
 // the store being unreachable: 503, nothing written.
 func storeProblem(err error, what string) *problem {
 	var vm *store.VersionMismatchError
+	var ve *store.ValidationError
 	switch {
 	case errors.As(err, &vm):
 		return &problem{code: http.StatusConflict, msg: what + ": " + vm.Error() + "; read it again and retry with If-Match: \"" + strconv.FormatInt(vm.Current, 10) + "\"",
@@ -206,7 +269,17 @@ func storeProblem(err error, what string) *problem {
 	case errors.Is(err, store.ErrExists):
 		return &problem{code: http.StatusConflict, msg: what + ": already exists"}
 	case errors.Is(err, store.ErrForbidden):
-		return &problem{code: http.StatusForbidden, msg: err.Error()}
+		// A name another tenant's pipeline holds (names are global: they
+		// name slots and metrics). Say it is taken, not whose it is.
+		return &problem{code: http.StatusConflict, msg: what + ": the name is not available", details: []detail{{Path: "name", Message: "already used"}}}
+	case errors.Is(err, store.ErrNoKey):
+		return &problem{code: http.StatusConflict, msg: what + ": " + err.Error()}
+	case errors.As(err, &ve):
+		prob := &problem{code: http.StatusUnprocessableEntity, msg: what + ": invalid; nothing was changed"}
+		for _, fp := range ve.Problems {
+			prob.details = append(prob.details, detail{Path: fp.Path, Message: fp.Message})
+		}
+		return prob
 	case errors.Is(err, store.ErrLimit):
 		return &problem{code: http.StatusUnprocessableEntity, msg: err.Error(), details: []detail{{Path: "tenant", Message: err.Error()}}}
 	}
@@ -374,6 +447,12 @@ func (c *api) listPipelines(w http.ResponseWriter, r *http.Request, p principal)
 	writeJSON(w, http.StatusOK, body)
 }
 
+// noSuchPipeline is the answer for a pipeline the caller cannot see,
+// whether it is missing or another tenant's.
+func noSuchPipeline(name string) *problem {
+	return &problem{code: http.StatusNotFound, msg: fmt.Sprintf("no such pipeline: %q", name)}
+}
+
 // findWritable is find for a change: the caller's scope must also allow
 // writing the pipeline's tenant.
 func (c *api) findWritable(w http.ResponseWriter, r *http.Request, p principal) (PipelineView, bool) {
@@ -403,12 +482,15 @@ func (c *api) find(w http.ResponseWriter, r *http.Request, p principal) (Pipelin
 			continue
 		}
 		if !p.actor.Scope.CanSeeTenant(v.Tenant) {
-			writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not read pipeline %s", p.actor.Scope, name)})
-			return v, stale, false
+			// Answered exactly as a missing pipeline: another tenant's
+			// names are not this caller's to learn. The audit log says what
+			// it was.
+			markHidden(w, fmt.Sprintf("pipeline %s of another tenant", name))
+			break
 		}
 		return v, stale, true
 	}
-	writeProblem(w, &problem{code: http.StatusNotFound, msg: fmt.Sprintf("no such pipeline: %q", name)})
+	writeProblem(w, noSuchPipeline(name))
 	return PipelineView{}, stale, false
 }
 
@@ -503,6 +585,10 @@ func (c *api) writePipeline(w http.ResponseWriter, r *http.Request, p principal,
 	}
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
+	if prob := c.checkPolicy(ctx, spec); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	res, err := c.o.Control.Store.PutPipeline(ctx, p.actor, store.Write{Name: spec.Name, Tenant: spec.Tenant, Config: string(text),
 		Canonical: sum, IfMatch: version, CreateOnly: createOnly})
 	if err != nil {
@@ -550,7 +636,13 @@ func (c *api) preparePipeline(body []byte, name string, scope store.Scope) ([]by
 		return nil, nil, &problem{code: http.StatusBadRequest, msg: m, details: []detail{{Path: "name", Message: m}}}
 	}
 	tenant, hasTenant := mapValue(doc, "tenant")
-	if st := scope.Tenant(); st != "" && scope.CanWrite() {
+	plain := true
+	if n := mapNode(doc, "tenant"); n != nil && (n.Kind != yaml.ScalarNode || n.Anchor != "" || n.Tag == "!!binary") {
+		// Not a plain name: the loader refuses what it is (an alias, a
+		// tag), and the check after loading compares the tenant as loaded.
+		plain = false
+	}
+	if st := scope.Tenant(); st != "" && scope.CanWrite() && plain {
 		switch {
 		case !hasTenant || tenant == "":
 			setMapValue(doc, "tenant", st, 1)
@@ -568,7 +660,7 @@ func (c *api) preparePipeline(body []byte, name string, scope store.Scope) ([]by
 		}
 		text = b
 	}
-	specs, err := c.o.Control.Loader.LoadBytes("request", text)
+	specs, err := c.o.Control.loader().LoadBytes("request", text)
 	if err != nil {
 		return nil, nil, &problem{code: http.StatusUnprocessableEntity, msg: "invalid pipeline; nothing was changed", details: loadDetails(err)}
 	}
@@ -579,7 +671,24 @@ func (c *api) preparePipeline(body []byte, name string, scope store.Scope) ([]by
 	if specs[0].Name == "" {
 		return nil, nil, &problem{code: http.StatusBadRequest, msg: "the pipeline needs a name", details: []detail{{Path: "name", Message: "must not be empty"}}}
 	}
+	// The tenant as loaded decides whose secrets resolved it and whose it
+	// is stored as, so it is what must be the token's: a check of the text
+	// alone misses an alias, a merge key or a tag that decodes otherwise.
+	if st := scope.Tenant(); st != "" && scope.CanWrite() && specs[0].Tenant != st {
+		m := fmt.Sprintf("the pipeline loads as tenant %q: scope %s may only write tenant %q's pipelines", specs[0].Tenant, scope, st)
+		return nil, nil, &problem{code: http.StatusForbidden, msg: m, details: []detail{{Path: "tenant", Message: m}}}
+	}
 	return text, specs[0], nil
+}
+
+// mapNode is key's value node in mapping n, or nil.
+func mapNode(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }
 
 func mapValue(n *yaml.Node, key string) (string, bool) {
@@ -728,23 +837,100 @@ func (c *api) restart(w http.ResponseWriter, r *http.Request, p principal) {
 }
 
 // validate checks pipelines (and tenant documents) as `ferry validate`
-// does, reporting every problem at once.
-func (c *api) validate(w http.ResponseWriter, r *http.Request, _ principal) {
+// does, reporting every problem at once, and a tenant's pipeline against
+// its tenant's policy. A tenant's token validates only its own tenant's
+// pipelines (a document without a tenant is its tenant's): with another
+// tenant's, the answer would tell which secrets that tenant has.
+func (c *api) validate(w http.ResponseWriter, r *http.Request, p principal) {
 	body, prob := readPipelineBody(w, r)
 	if prob != nil {
 		writeProblem(w, prob)
 		return
 	}
-	specs, err := c.o.Control.Loader.LoadBytes("request", body)
-	names := []string{}
-	for _, s := range specs {
-		names = append(names, s.Name)
+	if body, prob = ownDocuments(body, p.actor.Scope); prob != nil {
+		writeProblem(w, prob)
+		return
 	}
+	specs, err := c.o.Control.loader().LoadBytes("request", body)
+	names := []string{}
 	errs := []detail{}
 	if err != nil {
 		errs = loadDetails(err)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"valid": err == nil, "pipelines": names, "errors": errs})
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	for _, s := range specs {
+		names = append(names, s.Name)
+		if st := p.actor.Scope.Tenant(); st != "" && p.actor.Scope.CanWrite() && s.Tenant != st {
+			writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("pipeline %s loads as tenant %q: scope %s may only validate tenant %q's pipelines", s.Name, s.Tenant, p.actor.Scope, st)})
+			return
+		}
+		if prob := c.checkPolicy(ctx, s); prob != nil {
+			errs = append(errs, prob.details...)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"valid": len(errs) == 0, "pipelines": names, "errors": errs})
+}
+
+// checkPolicy judges a tenant's pipeline against its tenant's policy, as
+// the converger will: 422 with every violation, or nil. An update is
+// judged from its place among the pipelines (the stored row's creation).
+func (c *api) checkPolicy(ctx context.Context, spec *pipelines.Spec) *problem {
+	if spec.Tenant == "" {
+		return nil
+	}
+	var createdAt time.Time
+	if row, err := c.o.Control.Store.Pipeline(ctx, spec.Name); err == nil {
+		createdAt = row.CreatedAt
+	}
+	errs := c.o.Control.Converger.CheckPolicy(ctx, spec, createdAt)
+	if len(errs) == 0 {
+		return nil
+	}
+	prob := &problem{code: http.StatusUnprocessableEntity, msg: fmt.Sprintf("pipeline %s: not allowed by tenant %s's policy; nothing was changed", spec.Name, spec.Tenant)}
+	for _, e := range errs {
+		prob.details = append(prob.details, detail{Path: e.Path, Line: e.Line, Message: e.Msg})
+	}
+	return prob
+}
+
+// ownDocuments gives every pipeline document without a tenant the tenant
+// of a tenant's token, and refuses a kind: tenant document from one (a
+// tenant's limits are the admin's). Other scopes' bodies pass unchanged.
+func ownDocuments(body []byte, scope store.Scope) ([]byte, *problem) {
+	st := scope.Tenant()
+	if st == "" || !scope.CanWrite() {
+		return body, nil
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(body))
+	var out bytes.Buffer
+	enc := yaml.NewEncoder(&out)
+	for {
+		var root yaml.Node
+		err := dec.Decode(&root)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return body, nil // the loader locates the syntax error
+		}
+		if len(root.Content) == 1 && root.Content[0].Kind == yaml.MappingNode {
+			doc := root.Content[0]
+			if kind, _ := mapValue(doc, "kind"); kind == "tenant" {
+				return nil, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not set tenants' limits (kind: tenant documents are an admin's)", scope)}
+			}
+			if t, ok := mapValue(doc, "tenant"); !ok || t == "" {
+				setMapValue(doc, "tenant", st, 1)
+			}
+		}
+		if err := enc.Encode(&root); err != nil {
+			return nil, yamlProblem(err)
+		}
+	}
+	if err := enc.Close(); err != nil {
+		return nil, yamlProblem(err)
+	}
+	return out.Bytes(), nil
 }
 
 func (c *api) reloadFiles(w http.ResponseWriter, r *http.Request, _ principal) {

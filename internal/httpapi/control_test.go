@@ -20,11 +20,13 @@ import (
 
 	"github.com/ferryhq/ferry/console"
 	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/policy"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
 
@@ -42,6 +44,10 @@ type controlFixture struct {
 	conv *store.Converger
 	srv  *httptest.Server
 	ui   *console.Console
+	// throttle is the API's failed-authentication budget; startControl*
+	// lift it unless a test sets opts.
+	throttle httpapi.Throttle
+	metrics  string // the API's metrics token
 }
 
 func startControl(t *testing.T, admin string) *controlFixture {
@@ -64,19 +70,27 @@ func startControlVia(t *testing.T, admin string, converge bool, storeDSN func(st
 }
 
 // startControlOn starts the fixture with h's outbox table.
-func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(string) string, h plugintest.SourceHarness) *controlFixture {
+func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(string) string, h plugintest.SourceHarness, opts ...func(*controlFixture)) *controlFixture {
 	t.Helper()
-	f := &controlFixture{e: relaytest.Setup(t, h)}
+	f := &controlFixture{e: relaytest.Setup(t, h), throttle: httpapi.Throttle{Burst: 1 << 20}}
+	for _, o := range opts {
+		o(f)
+	}
 	ctx := context.Background()
 	dsn := f.e.DSN
 	if storeDSN != nil {
 		dsn = storeDSN(dsn)
 	}
 	var err error
-	if f.st, err = store.Open(ctx, dsn); err != nil {
+	keys, err := secretbox.NewKeyring(bytes.Repeat([]byte{7}, secretbox.KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.st, err = store.OpenWith(ctx, dsn, store.Options{Keyring: keys}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(f.st.Close)
+	f.allowTenants(t, "team-a", "team-b")
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if f.sup, err = pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
@@ -99,10 +113,34 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 	}
 	t.Cleanup(func() { stopConverging(); <-converged; stopSupervisor(); <-done })
 	f.ui = console.New(console.Options{Statuses: f.sup.Statuses, Gatherer: reg})
+	// The tables below send many wrong tokens from one address on purpose:
+	// the throttle has its own test (TestFailedAuthThrottled).
 	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
-		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui}))
+		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui, Throttle: f.throttle, MetricsToken: f.metrics}))
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// allowTenants gives each tenant the policy this fixture's pipelines
+// need: the test database (which they all share), the NATS server and the
+// test subjects. Tests of the policy set their own.
+func (f *controlFixture) allowTenants(t testing.TB, tenants ...string) {
+	t.Helper()
+	db, err := url.Parse(f.e.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nats, err := url.Parse(f.e.NATS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := policy.Policy{Databases: []string{db.Host + db.Path}, Brokers: []string{nats.Host}, Destinations: []string{"ferry.test."}, SharedDatabases: true}
+	for _, tenant := range tenants {
+		if _, _, err := f.st.PutTenantSpec(context.Background(), store.Actor{TokenID: "test", Scope: store.ScopeAdmin}, tenant,
+			store.TenantSpec{Policy: pol}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // pipelineYAML is a valid pipeline of tenant (none when empty).
@@ -222,7 +260,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 		_, err := f.sup.Status("orders")
 		return err != nil
 	})
-	r = f.do(t, "GET", "/api/v1/audit", adminToken, "", "")
+	r = f.do(t, "GET", "/api/v1/audit?pipeline=orders", adminToken, "", "")
 	var actions []string
 	for _, e := range r.body["entries"].([]any) {
 		m := e.(map[string]any)
@@ -327,7 +365,10 @@ func TestControlBadInput(t *testing.T) {
 		{"tenant limits wrong type", "PUT", "/api/v1/tenants/team-a", adminToken, "application/yaml", "limits: {rate: fast}\n", 400, ""},
 		{"bad tenant name", "PUT", "/api/v1/tenants/Team", adminToken, "application/json", `{"limits":{}}`, 400, "name"},
 		{"bad scope", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"root"}`, 422, "scope"},
-		{"token unknown field", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"read","ttl":"1h"}`, 400, "ttl"},
+		{"token unknown field", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"read","expiry":"1h"}`, 400, "expiry"},
+		{"token bad ttl", "POST", "/api/v1/tokens", adminToken, "application/json", `{"scope":"read","ttl":"a while"}`, 422, "ttl"},
+		{"secret bad name", "PUT", "/api/v1/tenants/team-a/secrets/no-dashes", adminToken, "application/json", `{"value":"x"}`, 422, "name"},
+		{"secret unknown field", "PUT", "/api/v1/tenants/team-a/secrets/DB", adminToken, "application/json", `{"value":"x","plain":true}`, 400, "plain"},
 		{"unknown endpoint", "GET", "/api/v1/nothing", adminToken, "", "", 404, ""},
 	}
 	for _, c := range cases {
@@ -357,8 +398,8 @@ func TestControlBadInput(t *testing.T) {
 	if ps, _ := f.st.Pipelines(ctx); len(ps) != 0 {
 		t.Errorf("bad input wrote %d pipelines", len(ps))
 	}
-	if ts, _ := f.st.Tenants(ctx); len(ts) != 0 {
-		t.Errorf("bad input wrote %d tenants", len(ts))
+	if ts, _ := f.st.Tenants(ctx); len(ts) != 2 { // the fixture's team-a and team-b
+		t.Errorf("bad input wrote %d tenants", len(ts)-2)
 	}
 }
 
@@ -542,7 +583,12 @@ func TestTenantTokenAndLimits(t *testing.T) {
 	if r.code != 200 || r.body["name"] != "team-a" {
 		t.Fatalf("tenant record: %d %s", r.code, r.raw)
 	}
-	if r := f.do(t, "PUT", "/api/v1/tenants/team-a", tok, "application/yaml", "limits: {max_pipelines: 1, rate: 100}\n"); r.code != 200 {
+	// A tenant may read its limits, never set them: raising its own quota
+	// would make every limit a suggestion.
+	if r := f.do(t, "PUT", "/api/v1/tenants/team-a", tok, "application/yaml", "limits: {max_pipelines: 0, rate: 0}\n"); r.code != 403 {
+		t.Fatalf("a tenant set its own limits: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "PUT", "/api/v1/tenants/team-a", adminToken, "application/yaml", "limits: {max_pipelines: 1, rate: 100}\n"); r.code != 200 {
 		t.Fatalf("limits: %d %s", r.code, r.raw)
 	}
 	r = f.do(t, "POST", "/api/v1/pipelines", tok, "application/yaml", f.pipelineYAML("second", ""))

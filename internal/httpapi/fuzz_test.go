@@ -30,7 +30,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add("- a\n- b\n", 0, false)
 	f.Add(good+"---\n"+good, 0, false)
 	f.Add("&a [*a]", 0, false)
-	c := &api{o: Options{Control: &Control{}}}
+	c := &api{o: Options{Control: &Control{Converger: &store.Converger{}}}}
 	types := []string{"application/yaml", "application/json", "", "text/plain"}
 	f.Fuzz(func(t *testing.T, body string, ct int, tenantScope bool) {
 		req := httptest.NewRequest("PUT", "/api/v1/pipelines/orders/config", strings.NewReader(body))
@@ -49,7 +49,7 @@ func FuzzDecode(f *testing.F) {
 				if spec == nil {
 					t.Fatal("accepted without a spec")
 				}
-				if _, err := c.o.Control.Loader.LoadBytes("again", text); err != nil {
+				if _, err := c.o.Control.loader().LoadBytes("again", text); err != nil {
 					t.Fatalf("accepted text does not load again: %v\n%s", err, text)
 				}
 				return

@@ -42,7 +42,7 @@ func (c *api) sourceOf(v PipelineView) (*pipelines.Spec, *problem) {
 	if err != nil {
 		return nil, storeProblem(err, "pipeline "+v.Name)
 	}
-	specs, err := c.o.Control.Loader.LoadBytes("store:"+v.Name, []byte(row.Config))
+	specs, err := c.o.Control.loader().LoadBytes("store:"+v.Name, []byte(row.Config))
 	if err != nil || len(specs) != 1 {
 		return nil, &problem{code: http.StatusUnprocessableEntity, msg: "the stored configuration of " + v.Name + " does not load here: " + redact.String(errString(err))}
 	}
@@ -432,6 +432,12 @@ func (c *api) replayDeadLetters(w http.ResponseWriter, r *http.Request, p princi
 		view.Replayed = len(ids)
 	}
 	if readable {
+		if v.Tenant != "" && v.ManagedBy == managedByAPI {
+			// A replay publishes as the pipeline does: only where the
+			// tenant's policy allows (the dead letter's destination header
+			// is whatever the event carried).
+			f.Allowed = c.o.Control.Converger.TenantPolicy(v.Tenant).AllowsDestination
+		}
 		res, err := dlq.ReplayDeadLetterTopic(ctx, v.Name, spec.DeadLetter.Topic, f)
 		if res.Replayed > 0 && !f.DryRun {
 			c.auditReplay(ctx, p, v, f, fmt.Sprintf("%d dead letters republished from topic %s (reason %q, limit %d)", res.Replayed, res.Topic, f.Reason, f.Limit))

@@ -71,13 +71,15 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 
 	pipeline := f.pipelineYAML("a-pipe", "team-a")
 	bodies := map[string][2]string{
-		"POST /api/v1/pipelines":                 {"application/yaml", f.pipelineYAML("b-pipe", "")},
-		"PUT /api/v1/pipelines/{name}/config":    {"application/yaml", strings.ReplaceAll(pipeline, "20ms", "40ms")},
-		"POST /api/v1/validate":                  {"application/yaml", pipeline},
-		"PUT /api/v1/tenants/{name}":             {"application/json", `{"limits":{"rate":5}}`},
-		"POST /api/v1/tokens":                    {"application/json", `{"scope":"read"}`},
-		"PATCH /api/v1/pipelines/{name}/offsets": {"application/json", `{"to":"latest"}`},
-		"POST /api/v1/pipelines/{name}/backfill": {"application/json", `{"aggregate_type":"order"}`},
+		"POST /api/v1/pipelines":                      {"application/yaml", f.pipelineYAML("b-pipe", "")},
+		"PUT /api/v1/pipelines/{name}/config":         {"application/yaml", strings.ReplaceAll(pipeline, "20ms", "40ms")},
+		"POST /api/v1/validate":                       {"application/yaml", pipeline},
+		"PUT /api/v1/tenants/{name}":                  {"application/json", `{"limits":{"rate":5}}`},
+		"POST /api/v1/tokens":                         {"application/json", `{"scope":"read"}`},
+		"POST /api/v1/tokens/{id}/rotate":             {"application/json", `{"grace":"1m"}`},
+		"PUT /api/v1/tenants/{name}/secrets/{secret}": {"application/json", `{"value":"v"}`},
+		"PATCH /api/v1/pipelines/{name}/offsets":      {"application/json", `{"to":"latest"}`},
+		"POST /api/v1/pipelines/{name}/backfill":      {"application/json", `{"aggregate_type":"order"}`},
 	}
 	routes := append([]string{"GET /metrics", "GET /healthz", "GET /readyz", "GET /ui/"}, httpapi.ControlRoutes()...)
 	documented := map[string]bool{}
@@ -133,9 +135,9 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 			}
 		}
 		reset()
-		url := strings.NewReplacer("{name}", "a-pipe", "{id}", "tok_missing").Replace(path)
+		url := strings.NewReplacer("{name}", "a-pipe", "{id}", "tok_missing", "{secret}", "DB_URL").Replace(path)
 		if strings.HasPrefix(path, "/api/v1/tenants/") {
-			url = strings.ReplaceAll(path, "{name}", "team-a")
+			url = strings.NewReplacer("{name}", "team-a", "{secret}", "DB_URL").Replace(path)
 		}
 		req, _ := http.NewRequest(method, f.srv.URL+url, nil)
 		if _, pattern := mux.Handler(req); pattern != route {

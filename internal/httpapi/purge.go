@@ -19,7 +19,7 @@ const purgeWarning = "purge drops the pipeline's state on its source database (a
 // returns the warning to show and what was dropped. The pipeline must be
 // stopped everywhere first: a wal slot in use is waited for.
 func (c *api) purge(name, config string) (string, []string) {
-	specs, err := c.o.Control.Loader.LoadBytes("store:"+name, []byte(config))
+	specs, err := c.o.Control.loader().LoadBytes("store:"+name, []byte(config))
 	if err != nil || len(specs) != 1 {
 		return purgeWarning + "; nothing was purged: the stored configuration does not load here (" + redact.String(errString(err)) + ")", nil
 	}

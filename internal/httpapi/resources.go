@@ -2,10 +2,13 @@ package httpapi
 
 import (
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
+	"github.com/ferryhq/ferry/policy"
 	"github.com/ferryhq/ferry/store"
 )
 
@@ -64,9 +67,12 @@ func (c *api) getTenant(w http.ResponseWriter, r *http.Request, p principal) {
 	}{t, stale})
 }
 
-// tenantBody is PUT /tenants/{name}'s body.
+// tenantBody is PUT /tenants/{name}'s body: limits and policy, each set
+// whole when given; a section left out keeps what the tenant has (so a
+// change of limits cannot wipe the policy by omission).
 type tenantBody struct {
-	Limits store.TenantLimits `json:"limits" yaml:"limits"`
+	Limits *store.TenantLimits `json:"limits" yaml:"limits"`
+	Policy *policy.Policy      `json:"policy" yaml:"policy"`
 }
 
 func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
@@ -84,14 +90,6 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, prob)
 		return
 	}
-	if ps := body.Limits.Validate(); len(ps) > 0 {
-		prob := &problem{code: http.StatusUnprocessableEntity, msg: "invalid tenant limits; nothing was changed"}
-		for _, fp := range ps {
-			prob.details = append(prob.details, detail{Path: fp.Path, Message: fp.Message})
-		}
-		writeProblem(w, prob)
-		return
-	}
 	version, prob := ifMatch(r)
 	if prob != nil {
 		writeProblem(w, prob)
@@ -99,7 +97,35 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 	}
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
-	t, created, err := c.o.Control.Store.PutTenant(ctx, p.actor, name, body.Limits, version)
+	var spec store.TenantSpec
+	if body.Limits == nil || body.Policy == nil {
+		cur, err := c.o.Control.Store.Tenant(ctx, name)
+		switch {
+		case err == nil:
+			spec = store.TenantSpec{Limits: cur.Limits, Policy: cur.Policy}
+			if version == 0 {
+				version = cur.Version // what is kept must still be what was read
+			}
+		case !errors.Is(err, store.ErrNotFound):
+			writeProblem(w, storeProblem(err, "tenant "+name))
+			return
+		}
+	}
+	if body.Limits != nil {
+		spec.Limits = *body.Limits
+	}
+	if body.Policy != nil {
+		spec.Policy = *body.Policy
+	}
+	if ps := spec.Validate(); len(ps) > 0 {
+		prob := &problem{code: http.StatusUnprocessableEntity, msg: "invalid tenant limits or policy; nothing was changed"}
+		for _, fp := range ps {
+			prob.details = append(prob.details, detail{Path: fp.Path, Message: fp.Message})
+		}
+		writeProblem(w, prob)
+		return
+	}
+	t, created, err := c.o.Control.Store.PutTenantSpec(ctx, p.actor, name, spec, version)
 	if err != nil {
 		writeProblem(w, storeProblem(err, "tenant "+name))
 		return
@@ -117,6 +143,8 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 type tokenRequest struct {
 	Scope       string `json:"scope" yaml:"scope"`
 	Description string `json:"description" yaml:"description"`
+	// TTL, a duration such as "720h", makes the token expire; empty: never.
+	TTL string `json:"ttl" yaml:"ttl"`
 }
 
 func (c *api) createToken(w http.ResponseWriter, r *http.Request, p principal) {
@@ -130,16 +158,76 @@ func (c *api) createToken(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, &problem{code: http.StatusUnprocessableEntity, msg: err.Error(), details: []detail{{Path: "scope", Message: err.Error()}}})
 		return
 	}
+	ttl, prob := durationField("ttl", body.TTL)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
-	t, secret, err := c.o.Control.Store.CreateToken(ctx, p.actor, scope, body.Description)
+	t, secret, err := c.o.Control.Store.CreateTokenWith(ctx, p.actor, scope, store.TokenOptions{Description: body.Description, TTL: ttl})
 	if err != nil {
 		writeProblem(w, storeProblem(err, "token"))
 		return
 	}
-	c.log().Info("token created", "token_id", t.ID, "scope", string(t.Scope), "by", p.actor.TokenID)
-	writeJSON(w, http.StatusCreated, map[string]any{"id": t.ID, "scope": t.Scope, "description": t.Description,
-		"created_at": t.CreatedAt, "token": secret, "note": "the token is shown only now; Ferry keeps its SHA-256 hash"})
+	c.log().Info("token created", "token_id", t.ID, "scope", string(t.Scope), "by", p.actor.TokenID, "ttl", ttl)
+	writeJSON(w, http.StatusCreated, newTokenBody(t, secret))
+}
+
+// newTokenBody is the answer that carries a new token, the only time it
+// is shown.
+func newTokenBody(t store.Token, secret string) map[string]any {
+	return map[string]any{"id": t.ID, "scope": t.Scope, "description": t.Description, "created_at": t.CreatedAt,
+		"expires_at": t.ExpiresAt, "token": secret, "note": "the token is shown only now; Ferry keeps its SHA-256 hash"}
+}
+
+// durationField reads a duration such as "720h" from a request field;
+// empty is zero.
+func durationField(path, v string) (time.Duration, *problem) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		m := fmt.Sprintf("want a duration such as 720h or 10m, got %q", v)
+		return 0, &problem{code: http.StatusUnprocessableEntity, msg: path + ": " + m, details: []detail{{Path: path, Message: m}}}
+	}
+	return d, nil
+}
+
+// rotateRequest is POST /tokens/{id}/rotate's body.
+type rotateRequest struct {
+	// Grace is how long the old token keeps working ("10m"); empty: it
+	// stops now.
+	Grace string `json:"grace" yaml:"grace"`
+}
+
+// rotateToken makes a new token with the old one's scope and description;
+// the old one expires after the grace period.
+func (c *api) rotateToken(w http.ResponseWriter, r *http.Request, p principal) {
+	var body rotateRequest
+	if r.ContentLength != 0 {
+		if prob := decodeStrict(w, r, &body); prob != nil {
+			writeProblem(w, prob)
+			return
+		}
+	}
+	grace, prob := durationField("grace", body.Grace)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	t, secret, err := c.o.Control.Store.RotateToken(ctx, p.actor, r.PathValue("id"), grace)
+	if err != nil {
+		writeProblem(w, storeProblem(err, "token "+r.PathValue("id")))
+		return
+	}
+	c.log().Info("token rotated", "token_id", r.PathValue("id"), "new_token_id", t.ID, "grace", grace, "by", p.actor.TokenID)
+	body2 := newTokenBody(t, secret)
+	body2["rotated"] = r.PathValue("id")
+	writeJSON(w, http.StatusCreated, body2)
 }
 
 func (c *api) deleteToken(w http.ResponseWriter, r *http.Request, p principal) {
@@ -170,7 +258,7 @@ func (c *api) listTokens(w http.ResponseWriter, r *http.Request, _ principal) {
 
 func (c *api) audit(w http.ResponseWriter, r *http.Request, _ principal) {
 	q := r.URL.Query()
-	f := store.AuditFilter{Pipeline: q.Get("pipeline")}
+	f := store.AuditFilter{Pipeline: q.Get("pipeline"), Action: q.Get("action")}
 	for key, dst := range map[string]*int64{"before": &f.BeforeID} {
 		if v := q.Get(key); v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)

@@ -33,6 +33,7 @@ var labs = []string{
 var products = []string{
 	"cmd/ferry",
 	"pipelines",
+	"policy",
 	"plugins",
 	"sources",
 	"sinks",

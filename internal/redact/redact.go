@@ -7,6 +7,7 @@ package redact
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
@@ -120,11 +121,11 @@ func attr(a slog.Attr) slog.Attr {
 		}
 		return slog.Group(a.Key, red...)
 	case slog.KindAny:
-		if err, ok := v.Any().(error); ok {
-			return slog.String(a.Key, String(err.Error()))
-		}
-		if s, ok := v.Any().(interface{ String() string }); ok {
-			return slog.String(a.Key, String(s.String()))
+		// fmt, not the methods themselves: it turns a nil pointer's panic
+		// in Error or String (a nil *time.Time) into text.
+		switch x := v.Any().(type) {
+		case error, fmt.Stringer:
+			return slog.String(a.Key, String(fmt.Sprint(x)))
 		}
 	}
 	return a

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"net/url"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestString(t *testing.T) {
@@ -57,5 +59,18 @@ func TestUnparsed(t *testing.T) {
 	}
 	if Unparsed(nil) != nil {
 		t.Error("Unparsed(nil) is not nil")
+	}
+}
+
+// A nil pointer whose String or Error method would panic is logged, not a
+// crash of the request that logged it.
+func TestHandlerNilStringer(t *testing.T) {
+	var b strings.Builder
+	log := slog.New(Handler(slog.NewTextHandler(&b, nil)))
+	var when *time.Time
+	var err *url.Error
+	log.Info("x", "expires_at", when, "err", err)
+	if !strings.Contains(b.String(), "expires_at=<nil>") {
+		t.Fatalf("logged %q", b.String())
 	}
 }

@@ -23,12 +23,12 @@ type Config struct {
 	Enabled bool `yaml:"enabled"`
 	// CAFile is a PEM bundle of the CAs that sign the servers' certificates.
 	// Default: the system's roots.
-	CAFile string `yaml:"ca_file"`
+	CAFile string `yaml:"ca_file" ferry:"file"`
 	// CertFile is Ferry's PEM client certificate, for mutual TLS; needs
 	// key_file. Default none.
-	CertFile string `yaml:"cert_file"`
+	CertFile string `yaml:"cert_file" ferry:"file"`
 	// KeyFile is the PEM private key of cert_file. Default none.
-	KeyFile string `yaml:"key_file"`
+	KeyFile string `yaml:"key_file" ferry:"file"`
 	// InsecureSkipVerify accepts any server certificate. For tests only.
 	// Default false.
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`

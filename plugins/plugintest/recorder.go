@@ -27,7 +27,7 @@ const RecorderName = "plugintest_recorder"
 type RecorderConfig struct {
 	// Path is the file the sink appends one JSON line to per published
 	// message. Required.
-	Path string `yaml:"path"`
+	Path string `yaml:"path" ferry:"file"`
 }
 
 // Validate reports every problem, named by its YAML key.

@@ -69,7 +69,7 @@ type SASLConfig struct {
 	// User to authenticate as. Required with a mechanism.
 	User string `yaml:"user"`
 	// Password of user. Required with a mechanism; never logged.
-	Password string `yaml:"password"`
+	Password string `yaml:"password" ferry:"secret"`
 }
 
 // TopicSpec describes the topics Ferry creates.

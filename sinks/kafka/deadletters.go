@@ -248,6 +248,9 @@ func (c *Config) replayPartition(ctx context.Context, pc sarama.PartitionConsume
 		case dest == "":
 			keep(plugins.NoDestinationNote)
 			continue
+		case f.Refuses(dest):
+			keep(plugins.NoteRefusedDestination)
+			continue
 		}
 		id := h[IDHeader]
 		out.EventIDs = append(out.EventIDs, id)

@@ -32,13 +32,13 @@ type Config struct {
 	// may carry them instead (nats://user:password@host). Default none.
 	User string `yaml:"user"`
 	// Password of user; never logged. Default none.
-	Password string `yaml:"password"`
+	Password string `yaml:"password" ferry:"secret"`
 	// Token authenticates with a token; the URL may carry it instead
 	// (nats://token@host). Never logged. Default none.
-	Token string `yaml:"token"`
+	Token string `yaml:"token" ferry:"secret"`
 	// CredentialsFile is a NATS .creds file (user JWT and NKey seed), for
 	// operator/account deployments. Default none.
-	CredentialsFile string `yaml:"credentials_file"`
+	CredentialsFile string `yaml:"credentials_file" ferry:"file"`
 	// TLS secures the connection (tls:// URLs need it, or use system roots).
 	// Default off.
 	TLS TLSConfig `yaml:"tls"`

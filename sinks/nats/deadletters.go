@@ -137,6 +137,10 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 				notes[plugins.NoDestinationNote] = true
 				out.Kept++
 				continue
+			case f.Refuses(dest):
+				notes[plugins.NoteRefusedDestination] = true
+				out.Kept++
+				continue
 			}
 			id := h.Get(nats.MsgIdHdr)
 			if f.DryRun {

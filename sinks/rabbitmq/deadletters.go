@@ -156,6 +156,10 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 			notes[plugins.NoDestinationNote] = true
 			kept = append(kept, d)
 			continue
+		case f.Refuses(dest):
+			notes[plugins.NoteRefusedDestination] = true
+			kept = append(kept, d)
+			continue
 		}
 		if f.DryRun {
 			out.Replayed++

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"runtime/debug"
 	"strings"
 
@@ -46,7 +47,11 @@ func commands() []command {
 		{"run", "run pipelines until SIGINT/SIGTERM", runCmd},
 		{"validate", "check pipeline files; --connect also checks each outbox table", validateCmd},
 		{"pipelines", "list, change, plan and apply the pipelines of a running ferry --store", pipelinesCmd},
-		{"tokens", "create, list and delete API tokens of a running ferry --store", tokensCmd},
+		{"tokens", "create, list, rotate and delete API tokens of a running ferry --store", tokensCmd},
+		{"tenants", "list tenants; set their limits and what their pipelines may reach (admin)", tenantsCmd},
+		{"secrets", "set, list and delete a tenant's secrets (what its ${NAME} references resolve to)", func(args []string, stdout, stderr io.Writer) int {
+			return secretsCmd(args, os.Stdin, stdout, stderr)
+		}},
 		{"lag", "show a running ferry's pipelines: state, backlog, lag per segment", lagCmd},
 		{"doctor", "walk each pipeline's path and name the first unhealthy stage", doctorCmd},
 		{"schema", "print the outbox DDL for a source", schemaCmd},

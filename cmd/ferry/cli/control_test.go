@@ -43,6 +43,26 @@ func startStoreInstance(t *testing.T, name, storeDSN string, extra ...string) *i
 	return in
 }
 
+// allowTenant sets, as the admin, the policy that lets tenant's pipelines
+// read dsn's server (every database but Ferry's own), publish to natsURL
+// and to subjects under prefix.
+func (in *instance) allowTenant(t *testing.T, tenant, dsn, natsURL, prefix string) {
+	t.Helper()
+	db, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broker, err := url.Parse(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(map[string]any{"policy": map[string]any{"databases": []string{db.Host + "/*"}, "brokers": []string{broker.Host},
+		"destinations": []string{prefix}, "shared_databases": true}})
+	if code, out := in.api("PUT", "/api/v1/tenants/"+tenant, string(body), nil, "Content-Type", "application/json"); code >= 300 {
+		t.Fatalf("policy of %s: %d %s", tenant, code, out)
+	}
+}
+
 // api calls the instance's API as the admin.
 func (in *instance) api(method, path, body string, out any, hdr ...string) (int, string) {
 	req, _ := http.NewRequest(method, "http://"+in.addr+path, strings.NewReader(body))
@@ -142,7 +162,10 @@ func TestControlPlaneThreeInstances(t *testing.T) {
 		}
 	}
 	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_CP", 100*time.Millisecond, e.Subject+".>")
-	ins := []*instance{startStoreInstance(t, "a", e.DSN), startStoreInstance(t, "b", e.DSN), startStoreInstance(t, "c", e.DSN)}
+	// The store is a database of its own: no tenant's pipeline may read it.
+	storeDSN := testenv.Postgres(t)
+	ins := []*instance{startStoreInstance(t, "a", storeDSN), startStoreInstance(t, "b", storeDSN), startStoreInstance(t, "c", storeDSN)}
+	ins[0].allowTenant(t, "team-orders", e.DSN, e.NATS, e.Subject+".")
 	spec := func(name, table, subject string) string {
 		return fmt.Sprintf("name: %s\ntenant: team-orders\nsource: {type: xid8, dsn: %q, table: %s, poll_interval: 20ms}\nsink: {type: nats, url: %q, subject: %s.%s}\nlimits: {max_in_flight: 100}\n",
 			name, e.DSN, table, e.NATS, e.Subject, subject)
@@ -399,7 +422,7 @@ func TestPipelinesPlanApply(t *testing.T) {
 		return fmt.Sprintf("name: %s\nsource: {type: xid8, dsn: \"${ORDERS_DB_URL}\"}\nsink: {type: nats, url: %q, subject: %s}\n", name, e.NATS, subject)
 	}
 	write("a.yaml", p("alpha", "s.alpha")+"---\n"+p("beta", "s.beta"))
-	write("tenants.yaml", "kind: tenant\nname: team-x\nlimits: {rate: 100}\n")
+	write("tenants.yaml", "kind: tenant\nname: team-x\nlimits: {rate: 100}\npolicy: {brokers: [\"nats.internal:4222\"], destinations: [team-x.]}\n")
 	// A pipeline only the server has, to prune.
 	if code, body := in.api("POST", "/api/v1/pipelines", p("gamma", "s.gamma"), nil); code != 201 {
 		t.Fatalf("%d %s", code, body)
@@ -431,6 +454,12 @@ func TestPipelinesPlanApply(t *testing.T) {
 	}
 	if fmt.Sprint(steps(applied)) != fmt.Sprint(steps(plan)) {
 		t.Fatalf("apply did\n%s\nbut the plan said\n%s", applied, plan)
+	}
+	var tx struct {
+		Policy struct{ Brokers, Destinations []string }
+	}
+	if code, body := in.api("GET", "/api/v1/tenants/team-x", "", &tx); code != 200 || fmt.Sprint(tx.Policy.Brokers, tx.Policy.Destinations) != "[nats.internal:4222] [team-x.]" {
+		t.Fatalf("team-x's policy after apply: %d %s", code, body)
 	}
 	code, list, _ := run("pipelines", "list", "--url", url, "-o", "json")
 	if code != 0 || !strings.Contains(list, `"alpha"`) || strings.Contains(list, `"gamma"`) || !strings.Contains(list, `"beta"`) {

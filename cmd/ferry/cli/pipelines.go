@@ -17,6 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ferryhq/ferry/policy"
 	"github.com/ferryhq/ferry/store"
 )
 
@@ -252,8 +253,10 @@ type localPipeline struct {
 	Line       int
 	Text       []byte
 	SHA256     string
-	// Tenant is set for a `kind: tenant` document: its limits.
+	// Tenant is set for a `kind: tenant` document: its limits, and Policy
+	// its policy when it has one.
 	Tenant *store.TenantLimits
+	Policy *policy.Policy
 }
 
 // tenantStep names a tenant's step in a plan: tenant/NAME.
@@ -306,6 +309,7 @@ func readLocalPipelines(dir string) ([]localPipeline, error) {
 					Kind   string             `yaml:"kind"`
 					Name   string             `yaml:"name"`
 					Limits store.TenantLimits `yaml:"limits"`
+					Policy *policy.Policy     `yaml:"policy"`
 				}
 				if err := doc.Decode(&td); err != nil {
 					errs = append(errs, fmt.Errorf("%s: %w", where, err))
@@ -317,7 +321,7 @@ func readLocalPipelines(dir string) ([]localPipeline, error) {
 					continue
 				}
 				seen[key] = where
-				out = append(out, localPipeline{Name: key, File: f, Line: doc.Line, Tenant: &td.Limits})
+				out = append(out, localPipeline{Name: key, File: f, Line: doc.Line, Tenant: &td.Limits, Policy: td.Policy})
 				continue
 			}
 			if head.Name == "" {
@@ -423,7 +427,11 @@ func makePlan(c *apiClient, local []localPipeline, prune bool) ([]planStep, erro
 // tenant's record.
 func tenantPlan(c *apiClient, l localPipeline, where string) (planStep, error) {
 	name := strings.TrimPrefix(l.Name, tenantStep)
-	body, _ := json.Marshal(map[string]any{"limits": l.Tenant})
+	req := map[string]any{"limits": l.Tenant}
+	if l.Policy != nil {
+		req["policy"] = l.Policy
+	}
+	body, _ := json.Marshal(req)
 	var t store.Tenant
 	_, err := c.call("GET", "/tenants/"+url.PathEscape(name), "", nil, &t)
 	var ae *apiError
@@ -432,10 +440,18 @@ func tenantPlan(c *apiClient, l localPipeline, where string) (planStep, error) {
 		return planStep{Action: "create", Pipeline: l.Name, File: where, text: body}, nil
 	case err != nil:
 		return planStep{}, fmt.Errorf("%s: tenant %s: %w", where, name, err)
-	case t.Limits != *l.Tenant:
+	case t.Limits != *l.Tenant, l.Policy != nil && !samePolicy(t.Policy, *l.Policy):
 		return planStep{Action: "update", Pipeline: l.Name, Version: t.Version, File: where, text: body}, nil
 	}
 	return planStep{Action: "unchanged", Pipeline: l.Name, Version: t.Version, File: where}, nil
+}
+
+// samePolicy compares two policies as the API stores them (an empty list
+// and none are the same).
+func samePolicy(a, b policy.Policy) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb)
 }
 
 // applyPlan carries out a plan, each step guarded by the version the plan

@@ -23,6 +23,7 @@ import (
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/store"
 )
 
 func runCmd(args []string, stdout, stderr io.Writer) int {
@@ -31,6 +32,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable)")
 	httpAddr := fs.String("http", "", "serve /metrics, /healthz, /readyz and /api/v1 on this address; a bare port binds 127.0.0.1 (write 0.0.0.0:PORT for every interface)")
 	tokenFile := fs.String("admin-token-file", "", "file holding the bearer token for the admin endpoints (else $FERRY_ADMIN_TOKEN; neither: admin endpoints disabled)")
+	metricsTokenFile := fs.String("metrics-token-file", "", "file holding the bearer token /metrics requires (an admin or read token works too); unset: /metrics is open")
 	shutdown := fs.Duration("shutdown-timeout", 10*time.Second, "on SIGINT/SIGTERM, how long pipelines may take to drain in-flight events")
 	dbConns := fs.Int("db-max-connections", 10, "connections the xid8 and poll pipelines on one database share (one pool per database; wal pipelines and the LISTEN session count apart)")
 	watch := fs.Bool("watch", false, "reload when the pipeline files change (SIGHUP and POST /api/v1/reload always do)")
@@ -54,10 +56,22 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
+	if cp.storeDSN() != "" {
+		if cleared := clearLibpqEnvironment(); len(cleared) > 0 {
+			log.Warn("with --store, libpq's PG* environment variables are cleared: a tenant's connection string must mean what it says, not what this server's environment adds (write the store's and your pipelines' settings in their DSNs)", "cleared", cleared)
+		}
+	}
 	token, err := adminToken(*tokenFile)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
+	}
+	metricsToken := ""
+	if *metricsTokenFile != "" {
+		if metricsToken, err = readTokenFile("--metrics-token-file", *metricsTokenFile); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
 	}
 	loader := cp.loader()
 	specs, err := cp.loadFiles(loader, files)
@@ -84,6 +98,19 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		log.Info("high availability: coordination database", "from", from, "instance", *instance)
 		opts.Ownership = &pipelines.Ownership{Instance: *instance, CoordinationDSN: dsn, CoordinationFrom: from, Interval: *haInterval}
 	}
+	// A tenant's store pipeline publishes only where its tenant's policy
+	// allows, checked per event (its topic may come from row data). The
+	// converger exists once the supervisor does; pipelines start after.
+	var conv *store.Converger
+	opts.Destinations = func(spec *pipelines.Spec) func(string) bool {
+		switch {
+		case spec.Tenant == "" || !strings.HasPrefix(spec.File, "store:"):
+			return nil // the operator's own pipelines
+		case conv == nil:
+			return func(string) bool { return false } // no policy known: nothing
+		}
+		return conv.TenantPolicy(spec.Tenant).AllowsDestination
+	}
 	sup, err := pipelines.NewSupervisor(opts)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -100,7 +127,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		return sup.Reload(specs)
 	}
-	control, err := cp.start(sup, loader, files, log)
+	coordDSN := ""
+	if opts.Ownership != nil {
+		coordDSN = opts.Ownership.CoordinationDSN
+	}
+	control, err := cp.start(sup, loader, files, coordDSN, &conv, log)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -143,7 +174,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 			go ui.Run(ctx)
 		}
 		srv, err := serveHTTP(*httpAddr, httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, AdminToken: token, Reload: reload, Logger: log,
-			Control: control.api(loader), Console: ui}), log)
+			Control: control.api(), Console: ui, MetricsToken: metricsToken}), log)
 		if err != nil {
 			fmt.Fprintf(stderr, "--http: %v\n", err)
 			return 1
@@ -190,20 +221,46 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// clearLibpqEnvironment removes the variables pgx, like libpq, takes
+// defaults from (PGPASSWORD, PGPORT, PGSERVICE, PGSSLCERT, …), and points
+// the password and service files at nothing: a tenant's DSN without a
+// password would otherwise send this server's password, from the
+// environment or ~/.pgpass, to whatever host the tenant named. It returns
+// the names it cleared.
+func clearLibpqEnvironment() []string {
+	var cleared []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "PG") {
+			os.Unsetenv(name)
+			cleared = append(cleared, name)
+		}
+	}
+	// Without these, pgx reads ~/.pgpass and ~/.pg_service.conf.
+	os.Setenv("PGPASSFILE", os.DevNull)
+	os.Setenv("PGSERVICEFILE", os.DevNull)
+	return cleared
+}
+
 // adminToken reads the admin token from a file, else $FERRY_ADMIN_TOKEN.
 func adminToken(file string) (string, error) {
 	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return "", fmt.Errorf("--admin-token-file: %w", err)
-		}
-		t := strings.TrimSpace(string(b))
-		if t == "" {
-			return "", fmt.Errorf("--admin-token-file: %s is empty", file)
-		}
-		return t, nil
+		return readTokenFile("--admin-token-file", file)
 	}
 	return strings.TrimSpace(os.Getenv("FERRY_ADMIN_TOKEN")), nil
+}
+
+// readTokenFile reads a token from the file a flag names.
+func readTokenFile(flag, file string) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("%s: %s is empty", flag, file)
+	}
+	return t, nil
 }
 
 // listenAddr binds a bare port to 127.0.0.1: the admin API and metrics are
@@ -223,7 +280,11 @@ func serveHTTP(addr string, h http.Handler, log *slog.Logger) (*http.Server, err
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	// Every phase of a request is bounded, so a slow or idle client cannot
+	// hold a connection and its goroutine for ever. A route that streams
+	// lifts its write deadline with http.ResponseController.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 2 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("http server", "err", err)

@@ -12,7 +12,7 @@ import (
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
 
-const tokensUsage = `create --scope admin|read|tenant:NAME|read:NAME [--description D] | list | delete ID`
+const tokensUsage = `create --scope admin|read|tenant:NAME|read:NAME [--description D] [--ttl 720h] | list | rotate ID [--grace 10m] | delete ID`
 
 func tokensCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
@@ -28,6 +28,8 @@ func tokensCmd(args []string, stdout, stderr io.Writer) int {
 	af.register(fs)
 	scope := fs.String("scope", "", "create: admin, read, tenant:NAME or read:NAME")
 	desc := fs.String("description", "", "create: what the token is for")
+	ttl := fs.Duration("ttl", 0, "create: the token expires after this long (0: never)")
+	grace := fs.Duration("grace", 0, "rotate: how long the old token keeps working (0: it stops now)")
 	var id string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		id, args = args[0], args[1:]
@@ -50,23 +52,37 @@ func tokensCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "ferry tokens create: --scope is required")
 			return 2
 		}
-		body, _ := json.Marshal(map[string]string{"scope": *scope, "description": *desc})
+		req := map[string]string{"scope": *scope, "description": *desc}
+		if *ttl > 0 {
+			req["ttl"] = ttl.String()
+		}
+		body, _ := json.Marshal(req)
 		var out map[string]any
 		if _, err := c.call("POST", "/tokens", "application/json", body, &out); err != nil {
 			return fail(err)
 		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, out))
+		return printNewToken(stdout, af.output, out)
+	case "rotate":
+		if id == "" {
+			fmt.Fprintln(stderr, "ferry tokens rotate: which token? ferry tokens rotate ID [--grace 10m]")
+			return 2
 		}
-		fmt.Fprintf(stdout, "id:     %v\nscope:  %v\ntoken:  %v\n\nThe token is shown only now: store it (e.g. in a secret). Ferry keeps only its SHA-256 hash.\n", out["id"], out["scope"], out["token"])
+		body, _ := json.Marshal(map[string]string{"grace": grace.String()})
+		var out map[string]any
+		if _, err := c.call("POST", "/tokens/"+url.PathEscape(id)+"/rotate", "application/json", body, &out); err != nil {
+			return fail(err)
+		}
+		return printNewToken(stdout, af.output, out)
 	case "list":
 		var out struct {
 			Tokens []struct {
-				ID          string    `json:"id"`
-				Scope       string    `json:"scope"`
-				Description string    `json:"description"`
-				CreatedBy   string    `json:"created_by"`
-				CreatedAt   time.Time `json:"created_at"`
+				ID          string     `json:"id"`
+				Scope       string     `json:"scope"`
+				Description string     `json:"description"`
+				CreatedBy   string     `json:"created_by"`
+				CreatedAt   time.Time  `json:"created_at"`
+				ExpiresAt   *time.Time `json:"expires_at"`
+				LastUsedAt  *time.Time `json:"last_used_at"`
 			} `json:"tokens"`
 		}
 		if _, err := c.call("GET", "/tokens", "", nil, &out); err != nil {
@@ -76,9 +92,10 @@ func tokensCmd(args []string, stdout, stderr io.Writer) int {
 			return exitOf(printAs(stdout, af.output, out))
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSCOPE\tCREATED\tBY\tDESCRIPTION")
+		fmt.Fprintln(tw, "ID\tSCOPE\tCREATED\tEXPIRES\tLAST USED\tBY\tDESCRIPTION")
 		for _, t := range out.Tokens {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Scope, t.CreatedAt.UTC().Format(time.RFC3339), t.CreatedBy, t.Description)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Scope, t.CreatedAt.UTC().Format(time.RFC3339),
+				timeOrDash(t.ExpiresAt, "never"), timeOrDash(t.LastUsedAt, "-"), t.CreatedBy, t.Description)
 		}
 		tw.Flush()
 	case "delete":
@@ -95,4 +112,29 @@ func tokensCmd(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	return 0
+}
+
+// printNewToken prints the answer that carries a new token.
+func printNewToken(stdout io.Writer, output string, out map[string]any) int {
+	if output != "table" {
+		return exitOf(printAs(stdout, output, out))
+	}
+	expires := "never"
+	if e, ok := out["expires_at"].(string); ok && e != "" {
+		expires = e
+	}
+	fmt.Fprintf(stdout, "id:       %v\nscope:    %v\nexpires:  %s\ntoken:    %v\n", out["id"], out["scope"], expires, out["token"])
+	if old, ok := out["rotated"]; ok {
+		fmt.Fprintf(stdout, "replaces: %v (it stops working when its grace period ends)\n", old)
+	}
+	fmt.Fprintln(stdout, "\nThe token is shown only now: store it (e.g. in a secret). Ferry keeps only its SHA-256 hash.")
+	return 0
+}
+
+// timeOrDash formats an optional time, or none.
+func timeOrDash(t *time.Time, none string) string {
+	if t == nil {
+		return none
+	}
+	return t.UTC().Format(time.RFC3339)
 }

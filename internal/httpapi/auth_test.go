@@ -1,0 +1,176 @@
+package httpapi_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/policy"
+	"github.com/ferryhq/ferry/sources/xid8"
+	"github.com/ferryhq/ferry/store"
+)
+
+var xid8Harness = plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema}
+
+// A flood of wrong tokens from one address is throttled after the burst:
+// 429 with Retry-After for every request from it, the right token too
+// (else the one guess that gets through would say it was right), until the
+// budget refills.
+func TestFailedAuthThrottled(t *testing.T) {
+	f := startControlOn(t, adminToken, false, nil, xid8Harness, func(f *controlFixture) {
+		f.throttle = httpapi.Throttle{Burst: 10, Every: 500 * time.Millisecond}
+	})
+	began := time.Now()
+	counts := map[int]int{}
+	retryAfter := ""
+	for i := range 200 {
+		r := f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong"+strconv.Itoa(i), "", "")
+		counts[r.code]++
+		if r.code == 429 {
+			retryAfter = r.hdr.Get("Retry-After")
+		}
+	}
+	elapsed := time.Since(began)
+	// The budget refills one attempt per 500 ms while the flood runs.
+	maxThrough := 10 + int(elapsed/(500*time.Millisecond)) + 1
+	if counts[401] > maxThrough || counts[429] < 200-maxThrough || counts[401]+counts[429] != 200 {
+		t.Fatalf("200 wrong tokens in %s: %v, want at most %d answered 401 and the rest 429", elapsed.Round(time.Millisecond), counts, maxThrough)
+	}
+	if s, err := strconv.Atoi(retryAfter); err != nil || s < 1 {
+		t.Fatalf("Retry-After %q, want whole seconds >= 1", retryAfter)
+	}
+	if r := f.do(t, "GET", "/api/v1/pipelines", adminToken, "", ""); r.code != 429 {
+		t.Fatalf("the right token from a throttled address: %d, want 429", r.code)
+	}
+	t.Logf("200 wrong tokens in %s: %d answered 401, %d answered 429 (Retry-After: %s)", elapsed.Round(time.Millisecond), counts[401], counts[429], retryAfter)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := f.do(t, "GET", "/api/v1/pipelines", adminToken, "", "")
+		if r.code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d 10 s after the flood: the budget never refills", r.code)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A missing header is not a guess: it does not draw on the budget.
+	for range 30 {
+		if r := f.do(t, "GET", "/api/v1/pipelines", "", "", ""); r.code != 401 {
+			t.Fatalf("no token: %d, want 401", r.code)
+		}
+	}
+}
+
+// Another tenant's pipeline is answered exactly as a missing one: the
+// status, the body, through every verb.
+func TestOtherTenantsPipelineIsNotFound(t *testing.T) {
+	f := startControlWith(t, adminToken, false)
+	ctx := context.Background()
+	admin := store.Actor{TokenID: "test", Scope: store.ScopeAdmin}
+	y := f.pipelineYAML("b-pipe", "team-b")
+	_, sum, _ := store.Canonical([]byte(y))
+	if _, err := f.st.PutPipeline(ctx, admin, store.Write{Name: "b-pipe", Tenant: "team-b", Config: y, Canonical: sum}); err != nil {
+		t.Fatal(err)
+	}
+	_, tok, err := f.st.CreateToken(ctx, admin, "tenant:team-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range []struct{ method, suffix string }{
+		{"GET", ""}, {"GET", "/config"}, {"GET", "/offsets"}, {"GET", "/dead-letters"}, {"GET", "/history"}, {"GET", "/doctor"},
+		{"POST", "/pause"}, {"POST", "/resume"}, {"POST", "/restart"}, {"DELETE", ""},
+	} {
+		other := f.do(t, rt.method, "/api/v1/pipelines/b-pipe"+rt.suffix, tok, "", "")
+		missing := f.do(t, rt.method, "/api/v1/pipelines/zz-pipe"+rt.suffix, tok, "", "")
+		if other.code != 404 || missing.code != 404 {
+			t.Errorf("%s …%s: another tenant's %d, a missing one %d, want 404 both", rt.method, rt.suffix, other.code, missing.code)
+			continue
+		}
+		if o, m := strings.ReplaceAll(string(other.raw), "b-pipe", "NAME"), strings.ReplaceAll(string(missing.raw), "zz-pipe", "NAME"); o != m {
+			t.Errorf("%s …%s: bodies differ:\n%s\n%s", rt.method, rt.suffix, o, m)
+		}
+	}
+	// The names a tenant's token cannot see: 409 for a create, without
+	// saying whose the name is.
+	r := f.do(t, "POST", "/api/v1/pipelines", tok, "application/yaml", f.pipelineYAML("b-pipe", "team-a"))
+	if r.code != 409 || strings.Contains(string(r.raw), "team-b") {
+		t.Fatalf("create over another tenant's name: %d %s, want 409 naming no tenant", r.code, r.raw)
+	}
+}
+
+// Without a token /readyz says ready or not and how many pipelines run and
+// do not, never their names or errors; a token sees its tenant's reasons.
+func TestReadyzSaysLittleWithoutToken(t *testing.T) {
+	f := startControl(t, adminToken)
+	ctx := context.Background()
+	admin := store.Actor{TokenID: "test", Scope: store.ScopeAdmin}
+	// A pipeline whose database does not answer: not running, with an error.
+	pol := f.st
+	if _, _, err := pol.PutTenantSpec(ctx, admin, "team-b", store.TenantSpec{Policy: policy.Policy{Databases: []string{"127.0.0.1:1/db"},
+		Brokers: []string{strings.TrimPrefix(f.e.NATS, "nats://")}, Destinations: []string{"x."}}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	y := "name: b-secret-name\ntenant: team-b\nsource: {type: xid8, dsn: \"postgres://u@127.0.0.1:1/db\", poll_interval: 20ms}\n" +
+		"sink: {type: nats, url: \"" + f.e.NATS + "\", subject: x.y}\n"
+	_, sum, _ := store.Canonical([]byte(y))
+	if _, err := f.st.PutPipeline(ctx, admin, store.Write{Name: "b-secret-name", Tenant: "team-b", Config: y, Canonical: sum}); err != nil {
+		t.Fatal(err)
+	}
+	f.conv.Changed()
+	deadline := time.Now().Add(30 * time.Second)
+	var r response
+	for {
+		r = f.do(t, "GET", "/readyz", "", "", "")
+		if r.code == 503 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz stayed %d %s with a failing pipeline", r.code, r.raw)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if strings.Contains(string(r.raw), "b-secret-name") || strings.Contains(string(r.raw), "127.0.0.1") || r.body["status"] != "not ready" {
+		t.Fatalf("open /readyz says too much: %s", r.raw)
+	}
+	counts, _ := r.body["pipelines"].(map[string]any)
+	if counts["not_running"] != float64(1) {
+		t.Fatalf("open /readyz counts: %s", r.raw)
+	}
+	if r := f.do(t, "GET", "/readyz", adminToken, "", ""); !strings.Contains(string(r.raw), "b-secret-name") {
+		t.Fatalf("admin /readyz lacks the reason: %s", r.raw)
+	}
+	_, tokA, _ := f.st.CreateToken(ctx, admin, "tenant:team-a", "")
+	if r := f.do(t, "GET", "/readyz", tokA, "", ""); strings.Contains(string(r.raw), "b-secret-name") {
+		t.Fatalf("team-a's token sees team-b's reason: %s", r.raw)
+	}
+	if r := f.do(t, "GET", "/readyz", "ferry_wrong", "", ""); r.code != 401 {
+		t.Fatalf("/readyz with a wrong token: %d, want 401", r.code)
+	}
+}
+
+// With a metrics token, /metrics needs it (or an admin or read token); a
+// tenant's token cannot read every tenant's labels.
+func TestMetricsToken(t *testing.T) {
+	f := startControlOn(t, adminToken, false, nil, xid8Harness, func(f *controlFixture) { f.metrics = "metrics-secret" })
+	ctx := context.Background()
+	admin := store.Actor{TokenID: "test", Scope: store.ScopeAdmin}
+	_, tenant, _ := f.st.CreateToken(ctx, admin, "tenant:team-a", "")
+	_, reader, _ := f.st.CreateToken(ctx, admin, "read", "")
+	for _, c := range []struct {
+		token string
+		want  int
+	}{{"", 401}, {"wrong", 401}, {"metrics-secret", 200}, {adminToken, 200}, {reader, 200}, {tenant, 403}} {
+		r := f.do(t, "GET", "/metrics", c.token, "", "")
+		if r.code != c.want {
+			t.Errorf("/metrics with %q: %d, want %d", c.token, r.code, c.want)
+		}
+		if c.want == 200 && !strings.Contains(string(r.raw), "# HELP ferry_") {
+			t.Errorf("/metrics with %q: no metrics in the body", c.token)
+		}
+	}
+}

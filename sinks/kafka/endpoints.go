@@ -1,0 +1,43 @@
+package kafka
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/ferryhq/ferry/plugins"
+)
+
+// Endpoints are the bootstrap brokers (plugins.Endpointer), each at the
+// item of `brokers` that names it. The brokers' metadata then names the
+// cluster's other brokers, which the client dials too: allowing a cluster
+// means allowing what its metadata names.
+func (c *Config) Endpoints() ([]plugins.Endpoint, error) {
+	var eps []plugins.Endpoint
+	var probs plugins.Problems
+	for i, item := range c.Brokers {
+		path := fmt.Sprintf("brokers[%d]", i)
+		for _, b := range strings.Split(item, ",") {
+			if b = strings.TrimSpace(b); b == "" {
+				continue
+			}
+			e, err := plugins.HostPortEndpoint(path, b, "kafka")
+			if err != nil {
+				probs = append(probs, err)
+				continue
+			}
+			eps = append(eps, e)
+		}
+	}
+	return eps, probs.Err()
+}
+
+// Destinations is the default topic (plugins.DestinationLister); topics a
+// transform chooses are the transform's.
+func (c *Config) Destinations() []plugins.Destination {
+	return []plugins.Destination{{Path: "topic", Name: c.Topic}}
+}
+
+var (
+	_ plugins.Endpointer        = (*Config)(nil)
+	_ plugins.DestinationLister = (*Config)(nil)
+)
