@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/ownership"
 	"github.com/ferryhq/ferry/pipelines"
@@ -173,7 +174,7 @@ func Run(ctx context.Context, specs []*pipelines.Spec, o Options) Report {
 
 // checkCoordination judges the instance's coordination database: while it
 // is unreachable, every pipeline may look fine and HA still runs degraded.
-func checkCoordination(c *pipelines.Coordination) *Check {
+func checkCoordination(c *engine.Coordination) *Check {
 	if c == nil {
 		return nil // no high availability
 	}
@@ -191,7 +192,7 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	d := Diagnosis{Pipeline: spec.Name, Tenant: spec.Tenant}
 	// Its own sessions named apart from a relay's ferry:pool, which the
 	// relay stage looks for.
-	p, err := pipelines.Build(spec, plugins.Env{PoolName: "ferry:doctor"})
+	p, err := engine.Build(spec, plugins.Env{PoolName: "ferry:doctor"})
 	if err != nil {
 		d.Checks = append(d.Checks, Check{Stage: StageBacklog, Status: Unknown, Evidence: []string{err.Error()}})
 		return d
@@ -235,7 +236,7 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 }
 
 // checkBacklog measures the oldest undelivered event, twice, Sample apart.
-func checkBacklog(ctx context.Context, p *pipelines.Pipeline, o Options) (Check, *plugins.Health) {
+func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *plugins.Health) {
 	c := Check{Stage: StageBacklog}
 	pr, ok := p.Source.(plugins.Prober)
 	if !ok {
@@ -293,17 +294,17 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 			c.Evidence = append(c.Evidence, "last error: "+st.LastError)
 		}
 		switch st.State {
-		case pipelines.StateRunning:
+		case engine.StateRunning:
 			c.Status = OK
-		case pipelines.StateStalled:
+		case engine.StateStalled:
 			c.Status = OK
 			suspect = "canaries stopped arriving, yet the source, the broker and the consumers look fine: read the relay's logs around the last error"
-		case pipelines.StateBackingOff:
+		case engine.StateBackingOff:
 			c.Status = OK
 			suspect = "the relay keeps failing: fix its last error — it retries on its own"
-		case pipelines.StatePaused:
+		case engine.StatePaused:
 			c.Status, c.Action = Unhealthy, "the pipeline is paused: POST /api/v1/pipelines/"+spec.Name+"/resume"
-		case pipelines.StateStandby:
+		case engine.StateStandby:
 			c.Status = OK
 			c.Evidence = append(c.Evidence, "instance "+st.Owner+" runs it; this one takes over if it goes away")
 		default:
@@ -373,8 +374,8 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 
 // instance is what a running Ferry says about itself.
 type instance struct {
-	Pipelines    []pipelines.Status      `json:"pipelines"`
-	Coordination *pipelines.Coordination `json:"coordination"`
+	Pipelines    []engine.Status      `json:"pipelines"`
+	Coordination *engine.Coordination `json:"coordination"`
 }
 
 func fetchInstance(ctx context.Context, base, token string) (*instance, error) {
@@ -402,16 +403,16 @@ func fetchInstance(ctx context.Context, base, token string) (*instance, error) {
 }
 
 // status is the pipeline's status as the instance at URL reported it.
-func (o *Options) status(name string) (pipelines.Status, error) {
+func (o *Options) status(name string) (engine.Status, error) {
 	if o.instanceErr != nil {
-		return pipelines.Status{}, o.instanceErr
+		return engine.Status{}, o.instanceErr
 	}
 	for _, s := range o.instance.Pipelines {
 		if s.Name == name {
 			return s, nil
 		}
 	}
-	return pipelines.Status{}, fmt.Errorf("that Ferry does not run pipeline %q", name)
+	return engine.Status{}, fmt.Errorf("that Ferry does not run pipeline %q", name)
 }
 
 // checkSource looks at what holds the source's position back: the oldest
@@ -465,7 +466,7 @@ func checkSlot(c Check, slot string, d map[string]any) Check {
 }
 
 // checkBroker connects the sink and checks the broker answers.
-func checkBroker(ctx context.Context, p *pipelines.Pipeline, o Options) Check {
+func checkBroker(ctx context.Context, p *engine.Pipeline, o Options) Check {
 	c := Check{Stage: StageBroker}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -490,7 +491,7 @@ func checkBroker(ctx context.Context, p *pipelines.Pipeline, o Options) Check {
 
 // checkConsumers asks the broker how far the consumers named in the sink's
 // config are behind.
-func checkConsumers(ctx context.Context, p *pipelines.Pipeline, o Options) Check {
+func checkConsumers(ctx context.Context, p *engine.Pipeline, o Options) Check {
 	c := Check{Stage: StageConsumer}
 	cl, ok := p.Sink.(plugins.ConsumerLagger)
 	if !ok {

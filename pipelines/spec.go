@@ -1,16 +1,14 @@
-// Package pipelines is Ferry's pipeline model: the YAML schema and its loader
-// (strict decoding, ${VAR} interpolation, errors that name file, line and
-// path, and in control-plane mode the rules a tenant's pipeline obeys), the
-// builder that turns a loaded spec into a source, transforms and a
-// sink, and the supervisor that runs every pipeline of the process as a handler
-// in one Watermill router: its states, retries, dead-letter topic, lag and
-// health surfaces, and high-availability ownership.
+// Package pipelines is Ferry's pipeline model: the YAML schema and its
+// loader (strict decoding, ${VAR} interpolation, errors that name file, line
+// and path, and in control-plane mode the rules a tenant's pipeline obeys),
+// and what a loaded Spec says of itself (its masks, its tenant's limits).
+// Package engine runs what it loads.
 //
 // It knows components only through the plugins API — factories from a
 // plugins.Registry and the capabilities listed in plugins — and must not
-// import any component (sources/, transforms/, sinks/: binaries register
-// them), the CLI, the HTTP API or the console, nor lab code (bench, chaos,
-// test harnesses).
+// import the engine, any component (sources/, transforms/, sinks/: binaries
+// register them), the CLI, the HTTP API or the console, nor lab code
+// (bench, chaos, test harnesses).
 package pipelines
 
 import (

@@ -114,7 +114,7 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 
 // AllowsDestination reports whether topic starts with one of the allowed
 // destination prefixes. It allocates nothing: the pipeline calls it for
-// every event it publishes (pipelines.Pipeline.RestrictDestinations).
+// every event it publishes (engine.Pipeline.RestrictDestinations).
 func (p Policy) AllowsDestination(topic string) bool {
 	for _, prefix := range p.Destinations {
 		if strings.HasPrefix(topic, prefix) {

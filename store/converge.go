@@ -18,6 +18,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/policy"
@@ -58,7 +59,7 @@ type Snapshot struct {
 // changed configuration) and stops only what differs.
 type Converger struct {
 	Store      *Store
-	Supervisor *pipelines.Supervisor
+	Supervisor *engine.Supervisor
 	// Loader parses store pipelines; its LookupEnv resolves their ${VAR}
 	// references on this instance, and a tenant pipeline's are resolved
 	// from the tenant's secrets when its lookup of them is SecretLookup().
@@ -125,13 +126,13 @@ func (c *Converger) Start(ctx context.Context) error {
 
 // ReloadFiles loads the pipeline files again (SIGHUP, POST /reload,
 // --watch) and converges with the store's last known contents.
-func (c *Converger) ReloadFiles() (pipelines.ReloadResult, error) {
+func (c *Converger) ReloadFiles() (engine.ReloadResult, error) {
 	c.convergeMu.Lock()
 	defer c.convergeMu.Unlock()
 	if c.LoadFiles != nil {
 		specs, err := c.LoadFiles()
 		if err != nil {
-			return pipelines.ReloadResult{}, err
+			return engine.ReloadResult{}, err
 		}
 		c.files = specs
 	}
@@ -142,7 +143,7 @@ func (c *Converger) ReloadFiles() (pipelines.ReloadResult, error) {
 
 // Converge reads the store and makes the supervisor match it. When the
 // store cannot be read nothing changes: running pipelines keep running.
-func (c *Converger) Converge(ctx context.Context) (pipelines.ReloadResult, error) {
+func (c *Converger) Converge(ctx context.Context) (engine.ReloadResult, error) {
 	c.convergeMu.Lock()
 	defer c.convergeMu.Unlock()
 	return c.converge(ctx, true)
@@ -183,7 +184,7 @@ func (c *Converger) Changed() {
 	}
 }
 
-func (c *Converger) converge(ctx context.Context, mustRead bool) (pipelines.ReloadResult, error) {
+func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadResult, error) {
 	c.mu.Lock()
 	snap := c.snap
 	c.mu.Unlock()
@@ -206,7 +207,7 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (pipelines.Relo
 		c.snap.Stale = true
 		c.mu.Unlock()
 		if mustRead {
-			return pipelines.ReloadResult{}, fmt.Errorf("read the store: %w", redact.Error(err))
+			return engine.ReloadResult{}, fmt.Errorf("read the store: %w", redact.Error(err))
 		}
 		// A file reload goes ahead with the store's last known pipelines.
 		rows, tenants, tokens, secrets = snap.Pipelines, snap.Tenants, snap.Tokens, snap.Secrets
@@ -248,7 +249,7 @@ func (c *Converger) exchangeStatuses(ctx context.Context) {
 	if c.Instance != "" {
 		var mine []InstanceStatus
 		for _, st := range c.Supervisor.Statuses() {
-			if st.State == pipelines.StateStandby {
+			if st.State == engine.StateStandby {
 				continue
 			}
 			mine = append(mine, InstanceStatus{Pipeline: st.Name, State: string(st.State), LastError: st.LastError, Starts: st.Starts, Since: st.Since})

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -82,7 +83,7 @@ func (l *lockedBuffer) String() string {
 // to the buffer returned; the pipelines it starts stop with the test.
 func newConverger(t *testing.T, s *store.Store) (*store.Converger, *lockedBuffer) {
 	t.Helper()
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Metrics: prometheus.NewRegistry()})
+	sup, err := engine.NewSupervisor(engine.Options{Metrics: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -393,7 +394,7 @@ func TestConvergerSecretLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reader.Close()
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Metrics: prometheus.NewRegistry()})
+	sup, err := engine.NewSupervisor(engine.Options{Metrics: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

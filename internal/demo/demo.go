@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/internal/pgcluster"
 	"github.com/ferryhq/ferry/pipelines"
@@ -152,7 +153,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	}
 	say("pipeline: %s", specs[0].Describe())
 
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: o.Logger})
+	sup, err := engine.NewSupervisor(engine.Options{Logger: o.Logger})
 	if err != nil {
 		return Summary{}, err
 	}

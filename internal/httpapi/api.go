@@ -22,20 +22,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ferryhq/ferry/console"
-	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/store"
 )
 
 // Options configure the API.
 type Options struct {
-	Supervisor *pipelines.Supervisor
+	Supervisor *engine.Supervisor
 	Registry   *prometheus.Registry
 	// AdminToken enables the mutating endpoints; empty disables them.
 	AdminToken string
 	// Reload loads and validates the configuration again (POST /reload,
 	// SIGHUP); nil disables reloading.
-	Reload func() (pipelines.ReloadResult, error)
+	Reload func() (engine.ReloadResult, error)
 	Logger *slog.Logger
 	// Control, when set (ferry run --store), serves the control plane:
 	// every /api/v1 route authenticates and checks the token's scope.
@@ -123,7 +123,7 @@ func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		details := []pipelines.Unready{}
+		details := []engine.Unready{}
 		for _, u := range why {
 			if u.Tenant == "" && u.Pipeline == "" && scope != store.ScopeAdmin && scope != store.ScopeRead {
 				continue // the process's own state: for admins and readers
@@ -307,9 +307,9 @@ func (a *api) log() *slog.Logger {
 
 func writeErr(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, pipelines.ErrNotFound):
+	case errors.Is(err, engine.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, pipelines.ErrConflict):
+	case errors.Is(err, engine.ErrConflict):
 		writeError(w, http.StatusConflict, err.Error())
 	default:
 		writeError(w, http.StatusInternalServerError, err.Error())

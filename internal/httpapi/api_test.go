@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
@@ -29,7 +30,7 @@ const token = "s3cret-token"
 
 type fixture struct {
 	e    *relaytest.Env
-	sup  *pipelines.Supervisor
+	sup  *engine.Supervisor
 	srv  *httptest.Server
 	yaml string // what Reload loads
 }
@@ -44,7 +45,7 @@ func start(t *testing.T, yaml string, adminToken string) *fixture {
 	}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	f.sup, err = pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log})
+	f.sup, err = engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,10 +53,10 @@ func start(t *testing.T, yaml string, adminToken string) *fixture {
 	done := make(chan error, 1)
 	go func() { done <- f.sup.Run(ctx, specs) }()
 	t.Cleanup(func() { cancel(); <-done })
-	reload := func() (pipelines.ReloadResult, error) {
+	reload := func() (engine.ReloadResult, error) {
 		specs, err := pipelines.Loader{}.LoadBytes("api.yaml", []byte(f.yaml))
 		if err != nil {
-			return pipelines.ReloadResult{}, err
+			return engine.ReloadResult{}, err
 		}
 		return f.sup.Reload(specs)
 	}
@@ -84,7 +85,7 @@ func (f *fixture) call(t *testing.T, method, path, bearer string) (int, map[stri
 }
 
 // state is the pipeline's status; zero until the supervisor added it.
-func (f *fixture) state(t *testing.T, name string) pipelines.Status {
+func (f *fixture) state(t *testing.T, name string) engine.Status {
 	t.Helper()
 	st, _ := f.sup.Status(name)
 	return st
@@ -98,7 +99,7 @@ limits: {max_in_flight: 50}
 
 func TestEndpointsAndErrors(t *testing.T) {
 	f := start(t, one, token)
-	testenv.Eventually(t, 20*time.Second, "running", func() bool { return f.state(t, "orders").State == pipelines.StateRunning })
+	testenv.Eventually(t, 20*time.Second, "running", func() bool { return f.state(t, "orders").State == engine.StateRunning })
 	cases := []struct {
 		method, path, bearer string
 		code                 int
@@ -193,7 +194,7 @@ sink: {type: nats, url: %[2]q, subject: %[3]s.remove}
 func TestReload(t *testing.T) {
 	f := start(t, three, token)
 	for _, n := range []string{"keep", "change", "remove"} {
-		testenv.Eventually(t, 20*time.Second, n+" running", func() bool { return f.state(t, n).State == pipelines.StateRunning })
+		testenv.Eventually(t, 20*time.Second, n+" running", func() bool { return f.state(t, n).State == engine.StateRunning })
 	}
 	valid := f.yaml
 	// Invalid: nothing changes.
@@ -216,7 +217,7 @@ func TestReload(t *testing.T) {
 	if got != "[added] [change] [remove] [keep]" {
 		t.Fatalf("reload did %s; want started [added], restarted [change], stopped [remove], unchanged [keep]", got)
 	}
-	if st := f.state(t, "keep"); st.Starts != 1 || st.State != pipelines.StateRunning {
+	if st := f.state(t, "keep"); st.Starts != 1 || st.State != engine.StateRunning {
 		t.Fatalf("an unchanged pipeline was touched: %+v", st)
 	}
 	if st := f.state(t, "change"); st.Starts != 2 {
@@ -225,5 +226,5 @@ func TestReload(t *testing.T) {
 	if _, err := f.sup.Status("remove"); err == nil {
 		t.Fatal("removed pipeline still runs")
 	}
-	testenv.Eventually(t, 20*time.Second, "added running", func() bool { return f.state(t, "added").State == pipelines.StateRunning })
+	testenv.Eventually(t, 20*time.Second, "added running", func() bool { return f.state(t, "added").State == engine.StateRunning })
 }

@@ -16,6 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -328,12 +329,12 @@ const (
 )
 
 // StatePending is a store pipeline this instance has not converged on yet.
-const StatePending pipelines.State = "pending"
+const StatePending engine.State = "pending"
 
 // PipelineView is a pipeline as the API shows it: this instance's status
 // of it plus where it is defined and, for store pipelines, its version.
 type PipelineView struct {
-	pipelines.Status
+	engine.Status
 	// ManagedBy is "api" (the store; changeable over the API) or "file"
 	// (read-only here).
 	ManagedBy    string     `json:"managed_by"`
@@ -360,7 +361,7 @@ func (c *api) views(ctx context.Context) ([]PipelineView, bool) {
 	if stale {
 		rows = snap.Pipelines
 	}
-	statuses := map[string]pipelines.Status{}
+	statuses := map[string]engine.Status{}
 	for _, st := range c.o.Supervisor.Statuses() {
 		statuses[st.Name] = st
 	}
@@ -370,10 +371,10 @@ func (c *api) views(ctx context.Context) ([]PipelineView, bool) {
 		inFiles[name] = true
 		st, ok := statuses[name]
 		if !ok {
-			st = pipelines.Status{Name: name, Tenant: spec.Tenant, Source: spec.Source.Type, Sink: spec.Sink.Type, State: pipelines.StateStopped}
+			st = engine.Status{Name: name, Tenant: spec.Tenant, Source: spec.Source.Type, Sink: spec.Sink.Type, State: engine.StateStopped}
 		}
 		v := PipelineView{Status: st, ManagedBy: managedByFile, DesiredState: store.DesiredRunning, File: fmt.Sprintf("%s:%d", spec.File, spec.Line)}
-		if st.State == pipelines.StatePaused {
+		if st.State == engine.StatePaused {
 			v.DesiredState = store.DesiredPaused
 		}
 		v.Problem = snap.Problems[name]
@@ -386,16 +387,16 @@ func (c *api) views(ctx context.Context) ([]PipelineView, bool) {
 		st, ok := statuses[p.Name]
 		if !ok {
 			src, sink := componentTypes(p.Config)
-			st = pipelines.Status{Name: p.Name, Tenant: p.Tenant, Source: src, Sink: sink, State: StatePending, Since: p.UpdatedAt}
+			st = engine.Status{Name: p.Name, Tenant: p.Tenant, Source: src, Sink: sink, State: StatePending, Since: p.UpdatedAt}
 			if p.DesiredState == store.DesiredPaused {
-				st.State = pipelines.StatePaused
+				st.State = engine.StatePaused
 			}
 		}
 		at := p.UpdatedAt
 		v := PipelineView{Status: st, ManagedBy: managedByAPI, DesiredState: p.DesiredState, Version: p.Version,
 			ConfigSHA256: p.ConfigSHA256, UpdatedBy: p.UpdatedBy, UpdatedAt: &at, Problem: snap.Problems[p.Name]}
 		if v.Problem != "" && !ok && p.DesiredState == store.DesiredRunning {
-			v.State, v.LastError = pipelines.StateFailed, v.Problem
+			v.State, v.LastError = engine.StateFailed, v.Problem
 		}
 		out = append(out, v)
 	}

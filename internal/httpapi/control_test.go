@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/console"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/lab/faultproxy"
@@ -27,10 +28,9 @@ import (
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/policy"
+	_ "github.com/ferryhq/ferry/sinks/nats"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
-
-	_ "github.com/ferryhq/ferry/sinks/nats"
 )
 
 const adminToken = "bootstrap-admin-secret"
@@ -40,7 +40,7 @@ const adminToken = "bootstrap-admin-secret"
 type controlFixture struct {
 	e    *relaytest.Env
 	st   *store.Store
-	sup  *pipelines.Supervisor
+	sup  *engine.Supervisor
 	conv *store.Converger
 	srv  *httptest.Server
 	ui   *console.Console
@@ -93,7 +93,7 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 	f.allowTenants(t, "team-a", "team-b")
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if f.sup, err = pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
+	if f.sup, err = engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
 		t.Fatal(err)
 	}
 	f.conv = &store.Converger{Store: f.st, Supervisor: f.sup, Interval: time.Second, Logger: log}
@@ -210,7 +210,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "orders running", func() bool {
 		st, err := f.sup.Status("orders")
-		return err == nil && st.State == pipelines.StateRunning
+		return err == nil && st.State == engine.StateRunning
 	})
 	// The same pipeline, reformatted with a comment: nothing changes.
 	same := "# the orders relay\n" + strings.ReplaceAll(y, "poll_interval: 20ms", "poll_interval: \"20ms\"")
@@ -225,7 +225,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "orders restarted with version 2", func() bool {
 		st, err := f.sup.Status("orders")
-		return err == nil && st.Starts == 2 && st.State == pipelines.StateRunning
+		return err == nil && st.Starts == 2 && st.State == engine.StateRunning
 	})
 	r = f.do(t, "PUT", "/api/v1/pipelines/orders/config", adminToken, "application/yaml", y, "If-Match", `"1"`)
 	if r.code != 409 || r.body["current_version"] != float64(2) {
@@ -251,7 +251,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "orders running again", func() bool {
 		st, err := f.sup.Status("orders")
-		return err == nil && st.State == pipelines.StateRunning
+		return err == nil && st.State == engine.StateRunning
 	})
 	if r := f.do(t, "DELETE", "/api/v1/pipelines/orders", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("delete: %d %s", r.code, r.raw)
@@ -423,7 +423,7 @@ func TestStoreUnavailable(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "steady running", func() bool {
 		st, err := f.sup.Status("steady")
-		return err == nil && st.State == pipelines.StateRunning
+		return err == nil && st.State == engine.StateRunning
 	})
 	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_UNAV", 0, f.e.Subject+".steady")
 

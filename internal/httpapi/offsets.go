@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -122,9 +123,9 @@ func (b *resetBody) reset(dry bool, now time.Time) (plugins.OffsetReset, *proble
 }
 
 // stopped reports whether a pipeline in state s reads nothing.
-func stopped(s pipelines.State) bool {
+func stopped(s engine.State) bool {
 	switch s {
-	case pipelines.StatePaused, pipelines.StateStopped, pipelines.StateFailed, StatePending, pipelines.StateStandby:
+	case engine.StatePaused, engine.StateStopped, engine.StateFailed, StatePending, engine.StateStandby:
 		return true
 	}
 	return false
@@ -155,7 +156,7 @@ func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines
 					continue
 				}
 				for _, in := range pv.RunningOn {
-					if !stopped(pipelines.State(in.State)) {
+					if !stopped(engine.State(in.State)) {
 						where = in.State + " on instance " + in.Instance
 					}
 				}
@@ -177,7 +178,7 @@ func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines
 	if !ha.Exclusive() {
 		return func() {}, nil
 	}
-	if st, err := c.o.Supervisor.Status(v.Name); err == nil && st.State == pipelines.StatePaused {
+	if st, err := c.o.Supervisor.Status(v.Name); err == nil && st.State == engine.StatePaused {
 		// Paused here and still known here: with HA this instance keeps the
 		// ownership lock while paused, so no other instance can start it.
 		return func() {}, nil

@@ -33,6 +33,7 @@ var labs = []string{
 var products = []string{
 	"cmd/ferry",
 	"pipelines",
+	"engine",
 	"policy",
 	"plugins",
 	"sources",

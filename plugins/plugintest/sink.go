@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -211,7 +212,7 @@ func (e *SinkEnv) YAML(name, dest string, maxInFlight int) string {
 func (e *SinkEnv) Start(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
 	e.Metrics = prometheus.NewRegistry()
-	return StartPipeline(t, yaml, pipelines.Options{Logger: Logger(), Metrics: e.Metrics, DrainTimeout: 5 * time.Second})
+	return StartPipeline(t, yaml, engine.Options{Logger: Logger(), Metrics: e.Metrics, DrainTimeout: 5 * time.Second})
 }
 
 // FailedPublishes counts the sink publishes that returned an error, from

@@ -14,8 +14,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
-	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -51,7 +51,7 @@ func testRoundTrip(t *testing.T, h SinkHarness) {
 	if err := sink.Publish("", m1); err != nil {
 		t.Fatal(err)
 	}
-	// As pipelines.Pipeline.Handle does: the topic a transform chose.
+	// As engine.Pipeline.Handle does: the topic a transform chose.
 	if err := sink.Publish(m2.Metadata.Get(plugins.MetaTopic), m2); err != nil {
 		t.Fatal(err)
 	}
@@ -479,8 +479,8 @@ func testUnroutable(t *testing.T, h SinkHarness) {
 		return false
 	})
 	for _, rec := range recs {
-		if rec.Destination == tg.Routed && rec.Headers[pipelines.HeaderDeadLetterReason] != "unroutable" {
-			t.Errorf("dead-lettered event headers %v, want %s=unroutable", rec.Headers, pipelines.HeaderDeadLetterReason)
+		if rec.Destination == tg.Routed && rec.Headers[engine.HeaderDeadLetterReason] != "unroutable" {
+			t.Errorf("dead-lettered event headers %v, want %s=unroutable", rec.Headers, engine.HeaderDeadLetterReason)
 		}
 	}
 	testenv.Eventually(t, 30*time.Second, "the dead-lettering pipeline's cursor past the event", func() bool { return e.Cursor(t, "unroutable_dl") == w.OutboxID })

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/pipelines"
@@ -80,7 +81,7 @@ type controlPlane struct {
 // start opens the store and converges once; nil without --store.
 // The converger is stored in *conv before it first converges: the
 // supervisor's destination check (run.go) reads it as pipelines start.
-func (c *controlFlags) start(sup *pipelines.Supervisor, l pipelines.Loader, files []string, coordinationDSN string, conv **store.Converger, log *slog.Logger) (*controlPlane, error) {
+func (c *controlFlags) start(sup *engine.Supervisor, l pipelines.Loader, files []string, coordinationDSN string, conv **store.Converger, log *slog.Logger) (*controlPlane, error) {
 	if c.storeDSN() == "" {
 		return nil, nil
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/doctor"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/internal/pgcluster"
@@ -44,8 +45,8 @@ func via(t *testing.T, dsn, addr string) string {
 
 // surfaces is what every status surface says at one moment.
 type surfaces struct {
-	api      map[string]pipelines.Status
-	coord    *pipelines.Coordination
+	api      map[string]engine.Status
+	coord    *engine.Coordination
 	ready    int
 	readyz   string
 	lag      string
@@ -56,7 +57,7 @@ type surfaces struct {
 // matrix is one supervisor with an HTTP API, its pipeline specs and log.
 type matrix struct {
 	t     *testing.T
-	sup   *pipelines.Supervisor
+	sup   *engine.Supervisor
 	srv   *httptest.Server
 	specs map[string]*pipelines.Spec
 	logs  *logBuffer
@@ -71,14 +72,14 @@ func (m *matrix) look(doctorFor ...string) surfaces {
 		t.Fatal(err)
 	}
 	var body struct {
-		Pipelines    []pipelines.Status      `json:"pipelines"`
-		Coordination *pipelines.Coordination `json:"coordination"`
+		Pipelines    []engine.Status      `json:"pipelines"`
+		Coordination *engine.Coordination `json:"coordination"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	s.api, s.coord = map[string]pipelines.Status{}, body.Coordination
+	s.api, s.coord = map[string]engine.Status{}, body.Coordination
 	for _, p := range body.Pipelines {
 		s.api[p.Name] = p
 	}
@@ -184,8 +185,8 @@ func TestFaultMatrix(t *testing.T) {
 		m.specs[sp.Name] = sp
 	}
 	reg := prometheus.NewRegistry()
-	m.sup, err = pipelines.NewSupervisor(pipelines.Options{Logger: slog.New(slog.NewTextHandler(m.logs, nil)), Metrics: reg, DrainTimeout: 2 * time.Second,
-		Ownership: &pipelines.Ownership{Instance: "matrix", CoordinationDSN: via(t, e.DSN, pCoord.Addr()), CoordinationFrom: "--coordination-dsn", Interval: 300 * time.Millisecond}})
+	m.sup, err = engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(m.logs, nil)), Metrics: reg, DrainTimeout: 2 * time.Second,
+		Ownership: &engine.Ownership{Instance: "matrix", CoordinationDSN: via(t, e.DSN, pCoord.Addr()), CoordinationFrom: "--coordination-dsn", Interval: 300 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +220,7 @@ func TestFaultMatrix(t *testing.T) {
 		insert(e.Pool, "healthy")
 		coll.WaitFor(t, 30*time.Second, fault+": the healthy pipeline delivering", func([]testenv.Received) bool { return delivered("healthy") > before })
 	}
-	state := func(name string) pipelines.State {
+	state := func(name string) engine.State {
 		st, _ := m.sup.Status(name)
 		return st.State
 	}
@@ -227,7 +228,7 @@ func TestFaultMatrix(t *testing.T) {
 		t.Helper()
 		testenv.Eventually(t, 60*time.Second, fault+": "+strings.Join(names, ", ")+" running", func() bool {
 			for _, n := range names {
-				if state(n) != pipelines.StateRunning {
+				if state(n) != engine.StateRunning {
 					return false
 				}
 			}
@@ -252,7 +253,7 @@ func TestFaultMatrix(t *testing.T) {
 		// 200 ms later, names the address it cannot reach.
 		testenv.Eventually(t, 30*time.Second, "srcdown backing off, naming the address", func() bool {
 			st, _ := m.sup.Status("srcdown")
-			return st.State == pipelines.StateBackingOff && strings.Contains(st.LastError, pSrc.Addr())
+			return st.State == engine.StateBackingOff && strings.Contains(st.LastError, pSrc.Addr())
 		})
 		s := m.look("srcdown")
 		st := s.api["srcdown"]
@@ -289,7 +290,7 @@ func TestFaultMatrix(t *testing.T) {
 			t.Errorf("coordination down: /readyz %d", s.ready)
 		}
 		for name, st := range s.api {
-			if st.State != pipelines.StateRunning {
+			if st.State != engine.StateRunning {
 				t.Errorf("coordination down: %s is %s; every pipeline keeps running", name, st.State)
 			}
 		}
@@ -302,7 +303,7 @@ func TestFaultMatrix(t *testing.T) {
 	t.Run("BrokerDown", func(t *testing.T) {
 		pNats.Cut()
 		insert(e.Pool, "broker")
-		testenv.Eventually(t, 30*time.Second, "broker pipeline backing off", func() bool { return state("broker") == pipelines.StateBackingOff })
+		testenv.Eventually(t, 30*time.Second, "broker pipeline backing off", func() bool { return state("broker") == engine.StateBackingOff })
 		s := m.look("broker")
 		expect(t, "broker down", "last_error", s.api["broker"].LastError, "nats: no servers available", pNats.Addr())
 		expect(t, "broker down", "/readyz", s.readyz, `"pipelines.broker"`)
@@ -321,12 +322,12 @@ func TestFaultMatrix(t *testing.T) {
 		// retry may be between attempts when the state first flips.
 		var s surfaces
 		testenv.Eventually(t, 60*time.Second, "halfopen backing off with a timeout named", func() bool {
-			if state("halfopen") != pipelines.StateBackingOff {
+			if state("halfopen") != engine.StateBackingOff {
 				return false
 			}
 			s = m.look()
 			st := s.api["halfopen"]
-			return st.State == pipelines.StateBackingOff &&
+			return st.State == engine.StateBackingOff &&
 				(strings.Contains(st.LastError, "timeout") || strings.Contains(st.LastError, "deadline"))
 		})
 		expect(t, "half-open", "/readyz", s.readyz, `"pipelines.halfopen"`)
@@ -353,7 +354,7 @@ func TestFaultMatrix(t *testing.T) {
 		if err := m.sup.Resume("slot"); err != nil {
 			t.Fatal(err)
 		}
-		testenv.Eventually(t, 30*time.Second, "slot pipeline failed", func() bool { return state("slot") == pipelines.StateFailed })
+		testenv.Eventually(t, 30*time.Second, "slot pipeline failed", func() bool { return state("slot") == engine.StateFailed })
 		s := m.look("slot")
 		expect(t, "slot lost", "last_error", s.api["slot"].LastError, "was lost", "max_slot_wal_keep_size")
 		expect(t, "slot lost", "/readyz", s.readyz, `"pipelines.slot"`)
@@ -381,7 +382,7 @@ func TestFaultMatrix(t *testing.T) {
 		}
 		before := delivered("held")
 		insert(e.Pool, "held")
-		var last pipelines.Status
+		var last engine.Status
 		testenv.Eventually(t, 30*time.Second, "held's backlog shown", func() bool {
 			last, _ = m.sup.Status("held")
 			return last.Health != nil && last.Health.Backlog >= 1 && last.Health.XminHorizonAge() > time.Second

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -60,7 +60,7 @@ func apiURL(s string) string {
 	return "http://" + listenAddr(s)
 }
 
-func fetchPipelines(url, token string) ([]pipelines.Status, *pipelines.Coordination, error) {
+func fetchPipelines(url, token string) ([]engine.Status, *engine.Coordination, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+"/api/v1/pipelines", nil)
@@ -79,8 +79,8 @@ func fetchPipelines(url, token string) ([]pipelines.Status, *pipelines.Coordinat
 		return nil, nil, fmt.Errorf("%s from %s", resp.Status, url)
 	}
 	var body struct {
-		Pipelines    []pipelines.Status      `json:"pipelines"`
-		Coordination *pipelines.Coordination `json:"coordination"`
+		Pipelines    []engine.Status      `json:"pipelines"`
+		Coordination *engine.Coordination `json:"coordination"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&body)
 	return body.Pipelines, body.Coordination, err
@@ -88,7 +88,7 @@ func fetchPipelines(url, token string) ([]pipelines.Status, *pipelines.Coordinat
 
 // printCoordination says, above the table, when high availability runs
 // degraded: every pipeline's row may look fine while the instance is not.
-func printCoordination(w io.Writer, c *pipelines.Coordination) {
+func printCoordination(w io.Writer, c *engine.Coordination) {
 	if c == nil || c.Up {
 		return
 	}
@@ -98,7 +98,7 @@ func printCoordination(w io.Writer, c *pipelines.Coordination) {
 
 // printLag writes one row per pipeline: state, backlog, oldest age, and
 // each lag segment's p50/p99 over the last minute.
-func printLag(w io.Writer, sts []pipelines.Status) {
+func printLag(w io.Writer, sts []engine.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
 	for _, s := range sts {
@@ -109,7 +109,7 @@ func printLag(w io.Writer, sts []pipelines.Status) {
 			measured = time.Since(h.CheckedAt).Round(time.Second).String() + " ago"
 		}
 		state := string(s.State)
-		if s.State == pipelines.StateStandby && s.Owner != "" {
+		if s.State == engine.StateStandby && s.Owner != "" {
 			state += " (on " + s.Owner + ")"
 		}
 		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured}
@@ -122,7 +122,7 @@ func printLag(w io.Writer, sts []pipelines.Status) {
 			row = append(row, fmt.Sprintf("%s / %s", seconds(l.P50), seconds(l.P99)))
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
-		if s.LastError != "" && s.State != pipelines.StateRunning {
+		if s.LastError != "" && s.State != engine.StateRunning {
 			next := ""
 			if !s.NextRetry.IsZero() {
 				next = fmt.Sprintf(" (next retry in %s)", max(time.Until(s.NextRetry), 0).Round(100*time.Millisecond))

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ferryhq/ferry/console"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -88,7 +89,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "--db-max-connections must be at least 1")
 		return 2
 	}
-	opts := pipelines.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown, DatabaseConnections: *dbConns}
+	opts := engine.Options{Logger: log, Metrics: reg, DrainTimeout: *shutdown, DatabaseConnections: *dbConns}
 	if *ha {
 		dsn, from, ok := coordinationDSN(*coordination, cp.storeDSN(), specs)
 		if !ok {
@@ -96,7 +97,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		log.Info("high availability: coordination database", "from", from, "instance", *instance)
-		opts.Ownership = &pipelines.Ownership{Instance: *instance, CoordinationDSN: dsn, CoordinationFrom: from, Interval: *haInterval}
+		opts.Ownership = &engine.Ownership{Instance: *instance, CoordinationDSN: dsn, CoordinationFrom: from, Interval: *haInterval}
 	}
 	// A tenant's store pipeline publishes only where its tenant's policy
 	// allows, checked per event (its topic may come from row data). The
@@ -111,19 +112,19 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		return conv.TenantPolicy(spec.Tenant).AllowsDestination
 	}
-	sup, err := pipelines.NewSupervisor(opts)
+	sup, err := engine.NewSupervisor(opts)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
 	// One reload at a time, whichever asked: SIGHUP, the API, --watch.
 	var reloadMu sync.Mutex
-	reload := func() (pipelines.ReloadResult, error) {
+	reload := func() (engine.ReloadResult, error) {
 		reloadMu.Lock()
 		defer reloadMu.Unlock()
 		specs, err := cp.loadFiles(loader, files)
 		if err != nil {
-			return pipelines.ReloadResult{}, err
+			return engine.ReloadResult{}, err
 		}
 		return sup.Reload(specs)
 	}
@@ -138,7 +139,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	if control != nil {
 		defer control.close()
-		reload = func() (pipelines.ReloadResult, error) {
+		reload = func() (engine.ReloadResult, error) {
 			reloadMu.Lock()
 			defer reloadMu.Unlock()
 			return control.conv.ReloadFiles()

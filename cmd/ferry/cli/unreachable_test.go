@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
@@ -34,7 +35,7 @@ func TestUnreachableServicesNameTheCause(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := pipelines.Build(specs[0], plugins.Env{})
+			p, err := engine.Build(specs[0], plugins.Env{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -31,7 +32,7 @@ type slowConfig struct {
 
 func (*slowConfig) Validate() error { return nil }
 
-func lagOf(t *testing.T, sup *pipelines.Supervisor, name, seg string) pipelines.LagSummary {
+func lagOf(t *testing.T, sup *engine.Supervisor, name, seg string) engine.LagSummary {
 	st, err := sup.Status(name)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +65,7 @@ sink: {type: slow, delay: 800ms}
 	if _, err := e.Pool.Exec(ctx, ddl); err != nil {
 		t.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
 	}

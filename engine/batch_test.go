@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -148,7 +149,7 @@ dead_letter: {topic: dlq}
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second, Metrics: reg})
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second, Metrics: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +261,7 @@ sink: {type: batching}
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second})
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

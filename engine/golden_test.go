@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"flag"
@@ -10,11 +10,17 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 	_ "github.com/ferryhq/ferry/sources/poll"
 )
+
+// loader resolves ${VAR} from env only.
+func loader(env map[string]string) pipelines.Loader {
+	return pipelines.Loader{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
+}
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
@@ -35,7 +41,7 @@ func TestGolden(t *testing.T) {
 			}
 			var b strings.Builder
 			for _, s := range specs {
-				p, err := pipelines.Build(s, plugins.Env{})
+				p, err := engine.Build(s, plugins.Env{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -44,7 +50,7 @@ func TestGolden(t *testing.T) {
 				fmt.Fprintf(&b, "source %s%s\n", s.Source.Type, js(s.Source.Config))
 				for i, name := range p.StageNames() {
 					switch {
-					case name == pipelines.StageRead || name == pipelines.StagePublish:
+					case name == engine.StageRead || name == engine.StagePublish:
 						fmt.Fprintf(&b, "stage %s\n", name)
 					default:
 						fmt.Fprintf(&b, "stage %s%s\n", name, js(s.Transforms[i-1].Config))

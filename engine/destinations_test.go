@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -106,7 +107,7 @@ dead_letter: {topic: orders.dlq}
 			if err != nil {
 				t.Fatal(err)
 			}
-			opts := pipelines.Options{DrainTimeout: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)}
+			opts := engine.Options{DrainTimeout: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)}
 			if restricted {
 				opts.Destinations = func(s *pipelines.Spec) func(string) bool {
 					if s.Tenant != "team-b" {
@@ -115,7 +116,7 @@ dead_letter: {topic: orders.dlq}
 					return func(topic string) bool { return strings.HasPrefix(topic, "orders.") }
 				}
 			}
-			sup, err := pipelines.NewSupervisor(opts)
+			sup, err := engine.NewSupervisor(opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,10 +140,10 @@ dead_letter: {topic: orders.dlq}
 				t.Errorf("%d events published to payments.refunded, outside tenant team-b's destinations", n)
 			}
 			for _, m := range sink.got["orders.dlq"] {
-				if r := m.Metadata.Get(pipelines.HeaderDeadLetterReason); r != plugins.ReasonDestinationNotAllowed {
+				if r := m.Metadata.Get(engine.HeaderDeadLetterReason); r != plugins.ReasonDestinationNotAllowed {
 					t.Errorf("dead letter %s: reason %q, want %q", m.UUID, r, plugins.ReasonDestinationNotAllowed)
 				}
-				if to := m.Metadata.Get(pipelines.HeaderDeadLetterTopic); to != "payments.refunded" {
+				if to := m.Metadata.Get(engine.HeaderDeadLetterTopic); to != "payments.refunded" {
 					t.Errorf("dead letter %s: was going to %q, want payments.refunded", m.UUID, to)
 				}
 				if m.Metadata.Get(plugins.MetaAggregateType) != "payments.refunded" {

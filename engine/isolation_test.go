@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -53,7 +54,7 @@ func fleet(t *testing.T, e *relaytest.Env, coll *testenv.Collector, run string, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second,
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 1}))})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +65,7 @@ func fleet(t *testing.T, e *relaytest.Env, coll *testenv.Collector, run string, 
 	testenv.Eventually(t, 60*time.Second, "the healthy pipelines running", func() bool {
 		running := 0
 		for _, st := range sup.Statuses() {
-			if st.State == pipelines.StateRunning {
+			if st.State == engine.StateRunning {
 				running++
 			}
 		}
@@ -86,7 +87,7 @@ func fleet(t *testing.T, e *relaytest.Env, coll *testenv.Collector, run string, 
 	after := perPipeline(coll, e.Subject+"."+run+".")
 	if deadTenant >= 0 {
 		for _, st := range sup.Statuses() {
-			if st.Tenant == fmt.Sprintf("t%d", deadTenant) && st.State != pipelines.StateBackingOff {
+			if st.Tenant == fmt.Sprintf("t%d", deadTenant) && st.State != engine.StateBackingOff {
 				t.Errorf("%s with a dead broker is %s, want backing_off (last error %q)", st.Name, st.State, st.LastError)
 			}
 		}
@@ -176,7 +177,7 @@ sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
 		t.Fatal(err)
 	}
 	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_BOOM", 0, e.Subject+".>")
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 1}))})
+	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 1}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
 	}
 	testenv.Eventually(t, 30*time.Second, "the buggy pipeline backing off with the panic", func() bool {
 		st, _ := sup.Status("buggy")
-		return st.State == pipelines.StateBackingOff && strings.Contains(st.LastError, "panicked")
+		return st.State == engine.StateBackingOff && strings.Contains(st.LastError, "panicked")
 	})
 	coll.WaitFor(t, 60*time.Second, "every event of both pipelines", func(m []testenv.Received) bool { return len(m) >= 52 })
 	var buggy []string
@@ -207,7 +208,7 @@ sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
 	if strings.Join(buggy, " ") != `{"what": "boom"} {"what": "after"}` {
 		t.Fatalf("buggy pipeline delivered %v; want the panicking event, then the one behind it", buggy)
 	}
-	if st, _ := sup.Status("fine"); st.State != pipelines.StateRunning || st.Starts != 1 {
+	if st, _ := sup.Status("fine"); st.State != engine.StateRunning || st.Starts != 1 {
 		t.Errorf("the other pipeline was touched: %+v", st)
 	}
 }

@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -42,7 +43,7 @@ func TestProgressNotRecordedIsNotHealthy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second})
+			sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,13 +67,13 @@ func TestProgressNotRecordedIsNotHealthy(t *testing.T) {
 			e.Coll.WaitFor(t, 30*time.Second, "3 more events, still delivered", func(m []testenv.Received) bool { return len(m) >= 6 })
 			testenv.Eventually(t, 30*time.Second, "backing_off naming the cause", func() bool {
 				st := status(t, sup, "orders")
-				return st.State == pipelines.StateBackingOff && strings.Contains(st.LastError, c.cause)
+				return st.State == engine.StateBackingOff && strings.Contains(st.LastError, c.cause)
 			})
 			if _, err := e.Pool.Exec(ctx, c.fix); err != nil {
 				t.Fatal(err)
 			}
 			testenv.Eventually(t, 30*time.Second, "running again", func() bool {
-				return status(t, sup, "orders").State == pipelines.StateRunning
+				return status(t, sup, "orders").State == engine.StateRunning
 			})
 		})
 	}

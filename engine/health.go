@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -22,7 +23,7 @@ const defaultHealthInterval = 15 * time.Second
 // healthInterval is the pipeline's source.metrics_interval, the default if
 // its source has none. Read by name: every built-in source config has the
 // field, and a plugin's config may.
-func healthInterval(spec *Spec) time.Duration {
+func healthInterval(spec *pipelines.Spec) time.Duration {
 	v := reflect.ValueOf(spec.Source.Config)
 	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
 		if v.IsNil() {

@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/ownership"
@@ -80,7 +81,7 @@ func TestLockSessionPerDatabase(t *testing.T) {
 	sup, _, logs := runHA(t, "a", e.DSN, specs)
 	allRunning := func(names []string) bool {
 		for _, n := range names {
-			if status(t, sup, n).State != pipelines.StateRunning {
+			if status(t, sup, n).State != engine.StateRunning {
 				return false
 			}
 		}
@@ -121,7 +122,7 @@ func TestLockSessionPerDatabase(t *testing.T) {
 		if strings.Contains(logs.String(), `msg="lost ownership; stopping the pipeline here" pipeline=`+n+" ") {
 			t.Errorf("%s (other database) stopped for a lost lock", n)
 		}
-		if st := status(t, sup, n); st.State != pipelines.StateRunning || !st.Since.Equal(since2[n]) {
+		if st := status(t, sup, n); st.State != engine.StateRunning || !st.Since.Equal(since2[n]) {
 			t.Errorf("%s (other database): %s since %v; want running since %v, untouched", n, st.State, st.Since, since2[n])
 		}
 	}

@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"

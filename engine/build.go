@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/tracing"
 )
@@ -19,7 +20,7 @@ import (
 // Pipeline is a built pipeline: a source, transform stages and a sink, and
 // the handler that moves one message through them.
 type Pipeline struct {
-	Spec   *Spec
+	Spec   *pipelines.Spec
 	Source plugins.Source
 	Stages []Stage
 	Sink   plugins.Sink
@@ -79,7 +80,7 @@ func (e *StageError) Unwrap() error { return e.Err }
 
 // Build makes the components of spec: the sink first, so transforms that
 // read back through it (the canary) can be given it. It does no I/O.
-func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
+func Build(spec *pipelines.Spec, env plugins.Env) (*Pipeline, error) {
 	env.Pipeline, env.Tenant = spec.Name, spec.Tenant
 	env.MaxInFlight = spec.Limits.MaxInFlight
 	env.MaxConnections = spec.Limits.MaxConnections
@@ -89,7 +90,7 @@ func Build(spec *Spec, env plugins.Env) (*Pipeline, error) {
 	// Every line about the pipeline passes through its Mask: a component
 	// may log an error quoting a value a secret filled in. The name and
 	// tenant are never filled in, and stay as they are.
-	env.Logger = maskedLogger(env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant), spec)
+	env.Logger = spec.MaskLogger(env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant))
 	if env.Report == nil {
 		env.Report = plugins.NopReporter{}
 	}

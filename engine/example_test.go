@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
@@ -60,7 +61,7 @@ sink: {type: print}
 	if err != nil {
 		panic(err)
 	}
-	p, err := pipelines.Build(specs[0], plugins.Env{})
+	p, err := engine.Build(specs[0], plugins.Env{})
 	if err != nil {
 		panic(err)
 	}

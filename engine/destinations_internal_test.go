@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"strings"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -28,7 +29,7 @@ func TestRefusedDestination(t *testing.T) {
 	}
 	orders := func(topic string) bool { return strings.HasPrefix(topic, "orders.") }
 	pipeline := func(cfg plugins.Config, allowed func(string) bool) *Pipeline {
-		p := &Pipeline{Spec: &Spec{Tenant: "team-b", Sink: Component{Config: cfg}}}
+		p := &Pipeline{Spec: &pipelines.Spec{Tenant: "team-b", Sink: pipelines.Component{Config: cfg}}}
 		p.RestrictDestinations(allowed)
 		return p
 	}
@@ -75,7 +76,7 @@ func TestRefusedDestinationAllocations(t *testing.T) {
 	msgs := []*message.Message{message.NewMessage("e", nil)}
 	msgs[0].Metadata.Set(plugins.MetaTopic, "orders.placed")
 	for _, allowed := range []func(string) bool{nil, func(topic string) bool { return strings.HasPrefix(topic, "orders.") }} {
-		p := &Pipeline{Spec: &Spec{Tenant: "team-b", Sink: Component{Config: &destConfig{}}}}
+		p := &Pipeline{Spec: &pipelines.Spec{Tenant: "team-b", Sink: pipelines.Component{Config: &destConfig{}}}}
 		p.RestrictDestinations(allowed)
 		if n := testing.AllocsPerRun(100, func() { _, _ = p.refusedDestination(msgs) }); n != 0 {
 			t.Errorf("restricted=%v: %v allocations per event", allowed != nil, n)

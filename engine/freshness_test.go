@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -34,7 +35,7 @@ func TestBacklogFreshWhileNotRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second})
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +52,7 @@ func TestBacklogFreshWhileNotRunning(t *testing.T) {
 		return st.Health.Backlog
 	}
 	testenv.Eventually(t, 20*time.Second, "the blocked pipeline's 3 waiting rows shown", func() bool {
-		return status(t, sup, "blocked").State == pipelines.StateBackingOff && backlog("blocked") == 3
+		return status(t, sup, "blocked").State == engine.StateBackingOff && backlog("blocked") == 3
 	})
 
 	e.Coll.WaitFor(t, 20*time.Second, "orders delivered", func(m []testenv.Received) bool { return len(m) == 3 })

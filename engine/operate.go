@@ -1,9 +1,11 @@
-package pipelines
+package engine
 
 import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/ferryhq/ferry/pipelines"
 )
 
 // ErrConflict is returned for an operation the pipeline's state does not
@@ -60,11 +62,11 @@ type ReloadResult struct {
 // stopped, those whose configuration changed are drained and restarted,
 // new ones start, and unchanged ones are left alone (no restart, no lost
 // position). Validation happens before: Reload only gets a valid set.
-func (s *Supervisor) Reload(specs []*Spec) (ReloadResult, error) {
+func (s *Supervisor) Reload(specs []*pipelines.Spec) (ReloadResult, error) {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	var r ReloadResult
-	want := map[string]*Spec{}
+	want := map[string]*pipelines.Spec{}
 	for _, sp := range specs {
 		want[sp.Name] = sp
 	}

@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
-	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
 )
@@ -89,7 +89,7 @@ dead_letter: {topic: %[4]s.dlq}
 						t.Fatalf("dead letter %q: %v", r.Data, err)
 					}
 					if r.Header.Get("dead_letter_reason") != "undecodable_row" || r.Header.Get("dead_letter_column") != "created_at" ||
-						r.Header.Get("dead_letter_stage") != pipelines.StageRead ||
+						r.Header.Get("dead_letter_stage") != engine.StageRead ||
 						!strings.Contains(r.Header.Get("dead_letter_error"), "the day before yesterday") ||
 						body.Column != "created_at" || body.Value != "the day before yesterday" || body.Position == "" ||
 						body.Row["id"] != fmt.Sprint(poison) || body.Row["payload"] != `{"n": "poison"}` || body.Row["type"] != "Broken" {
@@ -102,7 +102,7 @@ dead_letter: {topic: %[4]s.dlq}
 					t.Errorf("event %d: %s, want %s (in order)", i, g, want)
 				}
 			}
-			if st := state(sup, name); st.State != pipelines.StateRunning {
+			if st := state(sup, name); st.State != engine.StateRunning {
 				t.Errorf("pipeline %s: %s", st.State, st.LastError)
 			}
 			// Progress is recorded past the dead letter, up to the last row.
@@ -149,7 +149,7 @@ sink: {type: nats, url: %q, subject: %s}
 `, name, e.DSN, e.NATS, e.Subject))
 	testenv.Eventually(t, 30*time.Second, "the pipeline failing on the row", func() bool {
 		st := state(sup, name)
-		return st.State == pipelines.StateBackingOff && strings.Contains(st.LastError, "cannot be decoded")
+		return st.State == engine.StateBackingOff && strings.Contains(st.LastError, "cannot be decoded")
 	})
 	msg := state(sup, name).LastError
 	for _, want := range []string{"outbox row at position ", fmt.Sprintf("id %d)", poison), "column created_at", `"soon"`,

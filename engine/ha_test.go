@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -44,12 +45,12 @@ const closedDSN = "postgres://ferry:hunter2@127.0.0.1:1/ferry?connect_timeout=2"
 
 // runHA runs specs under a supervisor with ownership as instance, returning
 // it, its metrics and its log.
-func runHA(t *testing.T, instance, coordination string, specs []*pipelines.Spec) (*pipelines.Supervisor, *prometheus.Registry, *logBuffer) {
+func runHA(t *testing.T, instance, coordination string, specs []*pipelines.Spec) (*engine.Supervisor, *prometheus.Registry, *logBuffer) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	logs := &logBuffer{}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), Metrics: reg, DrainTimeout: 2 * time.Second,
-		Ownership: &pipelines.Ownership{Instance: instance, CoordinationDSN: coordination, Interval: 200 * time.Millisecond}})
+	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), Metrics: reg, DrainTimeout: 2 * time.Second,
+		Ownership: &engine.Ownership{Instance: instance, CoordinationDSN: coordination, Interval: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,10 +61,10 @@ func runHA(t *testing.T, instance, coordination string, specs []*pipelines.Spec)
 	return sup, reg, logs
 }
 
-func status(t *testing.T, sup *pipelines.Supervisor, name string) pipelines.Status {
+func status(t *testing.T, sup *engine.Supervisor, name string) engine.Status {
 	t.Helper()
 	st, err := sup.Status(name)
-	if err != nil && !errors.Is(err, pipelines.ErrNotFound) { // not added yet
+	if err != nil && !errors.Is(err, engine.ErrNotFound) { // not added yet
 		t.Fatal(err)
 	}
 	return st
@@ -92,13 +93,13 @@ func TestCoordinationDownDoesNotStopPipelines(t *testing.T) {
 	plugintest.Check([]plugintest.Written{w}, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 
 	testenv.Eventually(t, 20*time.Second, "broken backing off", func() bool {
-		return status(t, sup, "broken").State == pipelines.StateBackingOff
+		return status(t, sup, "broken").State == engine.StateBackingOff
 	})
 	st := status(t, sup, "broken")
 	if !strings.Contains(st.LastError, "127.0.0.1") || !strings.Contains(st.LastError, "connect") || st.NextRetry.IsZero() {
 		t.Errorf("broken: last error %q, next retry %v; want the connection failure and a next retry", st.LastError, st.NextRetry)
 	}
-	if g := status(t, sup, "good"); g.State != pipelines.StateRunning || g.Owner != "a" {
+	if g := status(t, sup, "good"); g.State != engine.StateRunning || g.Owner != "a" {
 		t.Errorf("good: %s owned by %q; want running here", g.State, g.Owner)
 	}
 	c, ok := sup.Coordination()
@@ -152,10 +153,10 @@ func TestStandbyNamesTheOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, _, _ := runHA(t, "a", e.DSN, specs)
-	testenv.Eventually(t, 20*time.Second, "a running the pipeline", func() bool { return status(t, a, "orders").State == pipelines.StateRunning })
+	testenv.Eventually(t, 20*time.Second, "a running the pipeline", func() bool { return status(t, a, "orders").State == engine.StateRunning })
 	specs, _ = pipelines.Loader{}.LoadBytes("ha.yaml", []byte(e.YAML("orders", 100)))
 	b, reg, _ := runHA(t, "b", e.DSN, specs)
-	testenv.Eventually(t, 20*time.Second, "b standby", func() bool { return status(t, b, "orders").State == pipelines.StateStandby })
+	testenv.Eventually(t, 20*time.Second, "b standby", func() bool { return status(t, b, "orders").State == engine.StateStandby })
 	if st := status(t, b, "orders"); st.Owner != "a" {
 		t.Errorf("b: standby with owner %q; want a", st.Owner)
 	}

@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
@@ -27,14 +28,14 @@ import (
 )
 
 // run starts a supervisor with its own metrics registry.
-func run(t *testing.T, yaml string) (*pipelines.Supervisor, *prometheus.Registry) {
+func run(t *testing.T, yaml string) (*engine.Supervisor, *prometheus.Registry) {
 	t.Helper()
 	specs, err := pipelines.Loader{}.LoadBytes("e2e.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second,
+	sup, err := engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
@@ -51,13 +52,13 @@ func run(t *testing.T, yaml string) (*pipelines.Supervisor, *prometheus.Registry
 	return sup, reg
 }
 
-func state(sup *pipelines.Supervisor, name string) pipelines.Status {
+func state(sup *engine.Supervisor, name string) engine.Status {
 	for _, s := range sup.Statuses() {
 		if s.Name == name {
 			return s
 		}
 	}
-	return pipelines.Status{}
+	return engine.Status{}
 }
 
 // Router, canary and headers together: three aggregate types on three
@@ -196,11 +197,11 @@ transforms:
   - {type: canary, topic: canary.quiet, generate: {interval: 300ms}, budget: %s}
 sink: {type: nats, url: %q, subject: business, create_stream: {name: QUIET, subjects: [business, canary.quiet]}}
 `, e.DSN, budget, srv.URL()))
-	testenv.Eventually(t, 20*time.Second, "running", func() bool { return state(sup, "quiet").State == pipelines.StateRunning })
+	testenv.Eventually(t, 20*time.Second, "running", func() bool { return state(sup, "quiet").State == engine.StateRunning })
 	// Quiet, not stalled: three budgets with no business traffic.
 	deadline := time.Now().Add(3 * budget)
 	for time.Now().Before(deadline) {
-		if st := state(sup, "quiet"); st.State != pipelines.StateRunning {
+		if st := state(sup, "quiet"); st.State != engine.StateRunning {
 			t.Fatalf("a quiet pipeline reported %s: %s", st.State, st.LastError)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -208,12 +209,12 @@ sink: {type: nats, url: %q, subject: business, create_stream: {name: QUIET, subj
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	down := time.Now()
-	testenv.Eventually(t, 2*budget+time.Second, "stalled", func() bool { return state(sup, "quiet").State == pipelines.StateStalled })
+	testenv.Eventually(t, 2*budget+time.Second, "stalled", func() bool { return state(sup, "quiet").State == engine.StateStalled })
 	t.Logf("stalled %s after the broker went down (budget %s): %s", time.Since(down).Round(time.Millisecond), budget, state(sup, "quiet").LastError)
 	if srv, err = natsserver.Start(port, store); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 30*time.Second, "recovered", func() bool { return state(sup, "quiet").State == pipelines.StateRunning })
+	testenv.Eventually(t, 30*time.Second, "recovered", func() bool { return state(sup, "quiet").State == engine.StateRunning })
 }
 
 // A platform team's transform runs from YAML like the built-in ones.

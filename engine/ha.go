@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/ownership"
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -32,7 +33,7 @@ type Ownership struct {
 // ownership on, for every pipeline not marked shared whose source offers an
 // ownership lock (plugins.HA.LockDSN).
 func (s *Supervisor) exclusive(e *entry) bool {
-	if s.opts.Ownership == nil || e.spec.Ownership == OwnershipShared {
+	if s.opts.Ownership == nil || e.spec.Ownership == pipelines.OwnershipShared {
 		return false
 	}
 	return plugins.SourceHA(e.spec.Source.Config).Exclusive()

@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/ownership"
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -90,7 +91,7 @@ type Options struct {
 	// the topics it may publish to (Pipeline.RestrictDestinations; a
 	// tenant policy's AllowsDestination); nil for a pipeline whose topics
 	// are not restricted, such as the admin's.
-	Destinations func(spec *Spec) func(topic string) bool
+	Destinations func(spec *pipelines.Spec) func(topic string) bool
 }
 
 // Supervisor runs every pipeline of the process as a handler in one
@@ -133,14 +134,14 @@ type Supervisor struct {
 
 // tenantLimiter is shared by every pipeline of one tenant.
 type tenantLimiter struct {
-	limits   Limits
+	limits   pipelines.Limits
 	throttle message.HandlerMiddleware // nil: no rate cap
 	slots    chan struct{}             // nil: no in-flight cap
 }
 
 // tenantLimiter returns the tenant's shared limiter. New limits (a reload)
 // make a new one, which the tenant's restarted pipelines share.
-func (s *Supervisor) tenantLimiter(spec *Spec) *tenantLimiter {
+func (s *Supervisor) tenantLimiter(spec *pipelines.Spec) *tenantLimiter {
 	if spec.TenantLimits == nil {
 		return nil
 	}
@@ -173,7 +174,7 @@ func (t *tenantLimiter) inFlight(h message.HandlerFunc) message.HandlerFunc {
 // entry is one configured pipeline across its incarnations (restarts build
 // a new Pipeline from the same spec).
 type entry struct {
-	spec   *Spec
+	spec   *pipelines.Spec
 	status Status
 	rep    *reporter
 
@@ -208,7 +209,7 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 	// Watermill logs handler start/stop at Info; those are debug detail here.
 	var s *Supervisor
 	wlog := quietHandlerErrors{LoggerAdapter: watermill.NewSlogLoggerWithLevelMapping(opts.Logger, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug}),
-		specOf: func(name string) *Spec {
+		specOf: func(name string) *pipelines.Spec {
 			if s == nil { // the router logging while it is made
 				return nil
 			}
@@ -243,7 +244,7 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 // Run starts every pipeline and blocks until ctx is cancelled, then stops
 // them all: stop reading, let in-flight messages finish (up to
 // DrainTimeout), record progress.
-func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
+func (s *Supervisor) Run(ctx context.Context, specs []*pipelines.Spec) error {
 	routerErr := make(chan error, 1)
 	go func() { routerErr <- s.router.Run(context.WithoutCancel(ctx)) }()
 	select {
@@ -290,13 +291,13 @@ func (s *Supervisor) Run(ctx context.Context, specs []*Spec) error {
 // starting; the start itself retries in the background. With ownership, an
 // exclusive pipeline waits (starting, then standby or backing_off) until
 // this instance owns it.
-func (s *Supervisor) Add(spec *Spec) error {
+func (s *Supervisor) Add(spec *pipelines.Spec) error {
 	s.opMu.Lock()
 	defer s.opMu.Unlock()
 	return s.add(spec)
 }
 
-func (s *Supervisor) add(spec *Spec) error {
+func (s *Supervisor) add(spec *pipelines.Spec) error {
 	s.mu.Lock()
 	if _, dup := s.pipelines[spec.Name]; dup {
 		s.mu.Unlock()
@@ -625,7 +626,7 @@ func freshCopy(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-func (s *Supervisor) metricsFor(spec *Spec) prometheus.Registerer {
+func (s *Supervisor) metricsFor(spec *pipelines.Spec) prometheus.Registerer {
 	if s.opts.Metrics == nil {
 		return prometheus.NewRegistry() // components may register; nobody scrapes
 	}
@@ -841,8 +842,8 @@ func redactErr(err error) string {
 // is masked with the pipeline's spec, as the pipeline's own lines are.
 type quietHandlerErrors struct {
 	watermill.LoggerAdapter
-	specOf  func(pipeline string) *Spec // nil: nothing to mask
-	handler string                      // from With, when it named one
+	specOf  func(pipeline string) *pipelines.Spec // nil: nothing to mask
+	handler string                                // from With, when it named one
 }
 
 func (q quietHandlerErrors) Error(msg string, err error, fields watermill.LogFields) {
@@ -851,7 +852,7 @@ func (q quietHandlerErrors) Error(msg string, err error, fields watermill.LogFie
 		handler = h
 	}
 	if q.specOf != nil && err != nil {
-		err = q.specOf(handler).maskError(redact.Error(err))
+		err = q.specOf(handler).MaskError(redact.Error(err))
 	}
 	switch msg {
 	case "Handler returned error", "Error occurred, retrying":
@@ -871,7 +872,7 @@ func (q quietHandlerErrors) With(fields watermill.LogFields) watermill.LoggerAda
 
 // specOf is the spec of the pipeline named name, as its reporter holds it
 // (no lock: Watermill logs from its own goroutines); nil when there is none.
-func (s *Supervisor) specOf(name string) *Spec {
+func (s *Supervisor) specOf(name string) *pipelines.Spec {
 	if r, ok := s.reporters.Load(name); ok {
 		return r.(*reporter).spec.Load()
 	}

@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"errors"
@@ -73,7 +73,7 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 			msg.Metadata.Set(HeaderDeadLetterError, p.Spec.Mask(redact.String(err.Error())))
 			// Watermill's poison queue writes err.Error() into the message's
 			// reason_poisoned header: hand it the redacted, masked text.
-			return out, p.Spec.maskError(redact.Error(err))
+			return out, p.Spec.MaskError(redact.Error(err))
 		}
 	}
 	// Count and log only what the dead-letter topic really took.

@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -50,7 +51,7 @@ func BenchmarkStageOverhead(b *testing.B) {
 			if n == 0 {
 				y = strings.TrimSuffix(y, "transforms:\n")
 			}
-			specs, err := Loader{Registry: r}.LoadBytes("bench.yaml", []byte(y))
+			specs, err := pipelines.Loader{Registry: r}.LoadBytes("bench.yaml", []byte(y))
 			if err != nil {
 				b.Fatal(err)
 			}

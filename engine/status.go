@@ -1,4 +1,4 @@
-package pipelines
+package engine
 
 import (
 	"sync"
@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
 
@@ -59,7 +60,7 @@ type reporter struct {
 	failing atomic.Bool // so delivered() on the hot path is one load
 	// spec is the running incarnation's spec, whose Mask hides in errors
 	// what its secrets filled in; a reload with a new spec replaces it.
-	spec atomic.Pointer[Spec]
+	spec atomic.Pointer[pipelines.Spec]
 
 	mu      sync.Mutex
 	lastErr string    // the episode's last error, to log a changed one once
@@ -71,7 +72,7 @@ type reporter struct {
 	windows map[string]*lagWindow
 }
 
-func (s *Supervisor) newReporter(spec *Spec) *reporter {
+func (s *Supervisor) newReporter(spec *pipelines.Spec) *reporter {
 	r := &reporter{s: s, name: spec.Name, tenant: spec.Tenant, hists: map[string]prometheus.Observer{}, windows: map[string]*lagWindow{}}
 	r.spec.Store(spec)
 	for _, seg := range plugins.Segments {
@@ -178,7 +179,7 @@ func (r *reporter) recover() {
 }
 
 // reset forgets the episode: a new incarnation of spec starts clean.
-func (r *reporter) reset(spec *Spec) {
+func (r *reporter) reset(spec *pipelines.Spec) {
 	r.spec.Store(spec)
 	r.mu.Lock()
 	r.failing.Store(false)

@@ -1,4 +1,4 @@
-package pipelines_test
+package engine_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -36,7 +37,7 @@ func TestFailingPipelineDoesNotStopOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second})
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,13 +54,13 @@ func TestFailingPipelineDoesNotStopOthers(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, "bad pipeline backing off", func() bool {
 		for _, s := range sup.Statuses() {
 			if s.Name == "bad" {
-				return s.State == pipelines.StateBackingOff && strings.Contains(s.LastError, "create stream BAD")
+				return s.State == engine.StateBackingOff && strings.Contains(s.LastError, "create stream BAD")
 			}
 		}
 		return false
 	})
 	for _, s := range sup.Statuses() {
-		if s.Name == "good" && s.State != pipelines.StateRunning {
+		if s.Name == "good" && s.State != engine.StateRunning {
 			t.Errorf("good pipeline %s", s.State)
 		}
 	}
@@ -140,7 +141,7 @@ sink: {type: capture}
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second})
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +149,7 @@ sink: {type: capture}
 	done := make(chan error, 1)
 	go func() { done <- sup.Run(runCtx, specs) }()
 	defer func() { cancel(); <-done }()
-	running := func() bool { st, _ := sup.Status("chain"); return st.State == pipelines.StateRunning }
+	running := func() bool { st, _ := sup.Status("chain"); return st.State == engine.StateRunning }
 	testenv.Eventually(t, 20*time.Second, "running", running)
 	for range 3 {
 		if err := sup.Restart("chain"); err != nil {
