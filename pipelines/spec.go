@@ -49,6 +49,11 @@ type Spec struct {
 	Ownership string
 	// Tracing turns on a span per event publish (`tracing:`).
 	Tracing tracing.Config
+	// Paused is the pipeline's desired state when it is kept elsewhere (a
+	// store pipeline paused over the API): the engine keeps it known, as a
+	// paused pipeline whose backlog is still measured, and runs nothing.
+	// Not part of the YAML.
+	Paused bool
 	// Masks are the values ${…} references filled in (from the environment
 	// or the tenant's secrets, not defaults written in the document) of at
 	// least MinMaskLen characters, deduplicated, longest first: what Mask
