@@ -27,7 +27,7 @@ import (
 // pipelines, tenants, tokens and the audit log kept in the store.
 type Control struct {
 	Store     *store.Store
-	Converger *store.Converger
+	Converger Converger
 	// Loader validates submitted pipelines as the converger will load
 	// them; the zero Loader means the converger's (Converger.TenantLoader).
 	Loader pipelines.Loader

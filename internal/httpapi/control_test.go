@@ -28,6 +28,7 @@ import (
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/policy"
+	"github.com/ferryhq/ferry/service"
 	_ "github.com/ferryhq/ferry/sinks/nats"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
@@ -41,7 +42,7 @@ type controlFixture struct {
 	e    *relaytest.Env
 	st   *store.Store
 	sup  *engine.Supervisor
-	conv *store.Converger
+	conv *service.Converger
 	srv  *httptest.Server
 	ui   *console.Console
 	// throttle is the API's failed-authentication budget; startControl*
@@ -96,7 +97,7 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 	if f.sup, err = engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
 		t.Fatal(err)
 	}
-	f.conv = &store.Converger{Store: f.st, Supervisor: f.sup, Interval: time.Second, Logger: log}
+	f.conv = &service.Converger{Store: f.st, Supervisor: f.sup, Interval: time.Second, Logger: log}
 	if err := f.conv.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

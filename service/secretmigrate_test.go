@@ -1,4 +1,4 @@
-package store_test
+package service_test
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/policy"
+	"github.com/ferryhq/ferry/service"
 	natssink "github.com/ferryhq/ferry/sinks/nats"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
@@ -81,7 +82,7 @@ func (l *lockedBuffer) String() string {
 
 // newConverger is a converger on s with a supervisor of its own, logging
 // to the buffer returned; the pipelines it starts stop with the test.
-func newConverger(t *testing.T, s *store.Store) (*store.Converger, *lockedBuffer) {
+func newConverger(t *testing.T, s *store.Store) (*service.Converger, *lockedBuffer) {
 	t.Helper()
 	sup, err := engine.NewSupervisor(engine.Options{Metrics: prometheus.NewRegistry()})
 	if err != nil {
@@ -93,7 +94,7 @@ func newConverger(t *testing.T, s *store.Store) (*store.Converger, *lockedBuffer
 		}
 	})
 	logs := &lockedBuffer{}
-	return &store.Converger{Store: s, Supervisor: sup, Logger: slog.New(slog.NewTextHandler(logs, nil))}, logs
+	return &service.Converger{Store: s, Supervisor: sup, Logger: slog.New(slog.NewTextHandler(logs, nil))}, logs
 }
 
 // configHolds counts the pipelines whose stored text contains needle.
@@ -310,7 +311,7 @@ func TestMigrateLiteralSecretsWithoutKey(t *testing.T) {
 	}
 
 	migrated, err := conv.MigrateLiteralSecrets(ctx)
-	var nk *store.MigrationNeedsKeyError
+	var nk *service.MigrationNeedsKeyError
 	if len(migrated) != 0 || !errors.As(err, &nk) || strings.Join(nk.Pipelines, ",") != "orders" || !errors.Is(err, store.ErrNoKey) {
 		t.Errorf("migrate without a key: migrated %v, err %v", migrated, err)
 	}
