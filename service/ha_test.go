@@ -1,15 +1,10 @@
-package cli_test
+package service_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,76 +13,6 @@ import (
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
-
-// instance is one `ferry run` process.
-type instance struct {
-	name, addr string
-	cmd        *exec.Cmd
-}
-
-func startInstance(t *testing.T, name, dir string, extra ...string) *instance {
-	t.Helper()
-	in := &instance{name: name, addr: freeAddr(t)}
-	args := append([]string{"run", "-c", dir, "--http", in.addr, "--instance-id", name, "--ha-interval", "500ms", "--log-level", "warn", "--shutdown-timeout", "3s"}, extra...)
-	in.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	in.cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"))
-	in.cmd.Stdout, in.cmd.Stderr = os.Stderr, os.Stderr
-	if err := in.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { in.kill() })
-	return in
-}
-
-func (in *instance) kill() {
-	if in.cmd.ProcessState == nil {
-		in.cmd.Process.Signal(syscall.SIGKILL)
-		in.cmd.Wait()
-	}
-}
-
-// owned lists the pipelines this instance runs (nil if it does not answer).
-func (in *instance) owned() []string {
-	resp, err := http.Get("http://" + in.addr + "/api/v1/pipelines")
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
-	var body struct {
-		Pipelines []struct{ Name, State string }
-	}
-	if json.NewDecoder(resp.Body).Decode(&body) != nil {
-		return nil
-	}
-	out := []string{}
-	for _, p := range body.Pipelines {
-		if p.State == "running" {
-			out = append(out, p.Name)
-		}
-	}
-	return out
-}
-
-// spread checks every pipeline is owned by exactly one live instance and
-// each owns between lo and hi.
-func spread(ins []*instance, pipelines, lo, hi int) (bool, string) {
-	owner := map[string]string{}
-	var counts []string
-	for _, in := range ins {
-		o := in.owned()
-		counts = append(counts, fmt.Sprintf("%s:%d", in.name, len(o)))
-		if len(o) < lo || len(o) > hi {
-			return false, strings.Join(counts, " ")
-		}
-		for _, p := range o {
-			if prev, dup := owner[p]; dup {
-				return false, fmt.Sprintf("%s run by %s and %s", p, prev, in.name)
-			}
-			owner[p] = in.name
-		}
-	}
-	return len(owner) == pipelines, strings.Join(counts, " ")
-}
 
 // Three instances share 12 pipelines 4 each; one is killed and the other
 // two take over its pipelines; it comes back and work spreads again; every

@@ -1,4 +1,4 @@
-package cli_test
+package service_test
 
 import (
 	"context"
@@ -69,9 +69,8 @@ sink: {type: rabbitmq, url: %q, exchange: amq.topic, routing_key: sec.wal}
 	})
 
 	addr := freeAddr(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join([]string{"run", "-c", dir, "--http", addr,
-		"--admin-token-file", tokenFile, "--log-level", "debug", "--ha=false", "--shutdown-timeout", "2s"}, "\x1f"))
+	cmd := child([]string{"-c", dir, "--http", addr,
+		"--admin-token-file", tokenFile, "--log-level", "debug", "--ha=false", "--shutdown-timeout", "2s"})
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -105,10 +104,8 @@ sink: {type: rabbitmq, url: %q, exchange: amq.topic, routing_key: sec.wal}
 
 	// The other commands, on the same files.
 	for _, args := range [][]string{{"validate", "-c", dir}, {"doctor", "-c", dir, "--json", "--sample", "0", "--url", "http://" + addr}} {
-		c := exec.Command(os.Args[0], "-test.run=^$")
-		c.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"))
-		o, _ := c.CombinedOutput()
-		served.Write(o)
+		_, o, e := ferry(t, args...)
+		served.WriteString(o + e)
 	}
 
 	cmd.Process.Signal(syscall.SIGTERM)

@@ -1,4 +1,4 @@
-package cli_test
+package service_test
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -72,12 +71,11 @@ func startHostile(t *testing.T) *hostile {
 	h.secrets = []string{cpAdmin, storePW, teamAPW, teamBPW, "metrics-token-Zp2"}
 
 	h.in = &instance{name: "shared", addr: freeAddr(t)}
-	args := []string{"run", "--http", h.in.addr, "--instance-id", "shared", "--log-level", "debug", "--store-interval", "1s",
+	args := []string{"--http", h.in.addr, "--instance-id", "shared", "--log-level", "debug", "--store-interval", "1s",
 		"--secrets-key-file", keyFile, "--secrets-dir", secretsDir, "--metrics-token-file", metricsFile, "--shutdown-timeout", "3s"}
-	h.in.cmd = exec.Command(os.Args[0], "-test.run=^$")
 	// What a careless server's environment holds: the admin token, the
 	// store's DSN, another tenant's database.
-	h.in.cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(args, "\x1f"), "FERRY_ADMIN_TOKEN="+cpAdmin,
+	h.in.cmd = child(args, "FERRY_ADMIN_TOKEN="+cpAdmin,
 		"FERRY_STORE_DSN="+h.store, "TEAM_A_DB_URL="+withPassword(h.a.DSN, teamAPW), "PGPASSWORD="+storePW)
 	h.in.cmd.Stdout, h.in.cmd.Stderr = h.logs, h.logs
 	must(t, h.in.cmd.Start())

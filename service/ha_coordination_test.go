@@ -1,4 +1,4 @@
-package cli_test
+package service_test
 
 import (
 	"context"

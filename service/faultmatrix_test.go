@@ -1,4 +1,4 @@
-package cli_test
+package service_test
 
 import (
 	"bytes"
@@ -90,7 +90,7 @@ func (m *matrix) look(doctorFor ...string) surfaces {
 	b, _ := io.ReadAll(r.Body)
 	r.Body.Close()
 	s.ready, s.readyz = r.StatusCode, string(b)
-	_, s.lag, _ = run("lag", "--url", m.srv.URL)
+	_, s.lag, _ = ferry(t, "lag", "--url", m.srv.URL)
 	s.logs = m.logs.String()
 	s.doctored = map[string]string{}
 	for _, name := range doctorFor {
