@@ -34,6 +34,7 @@ var products = []string{
 	"cmd/ferry",
 	"pipelines",
 	"engine",
+	"service",
 	"policy",
 	"plugins",
 	"sources",
@@ -214,5 +215,39 @@ func TestEveryPackageClassified(t *testing.T) {
 		if r := rel(path); !under(r, products) && !under(r, labs) && !under(r, apart) {
 			t.Errorf("package %s is in none of products, labs, apart (layout_test.go)", r)
 		}
+	}
+}
+
+// cli is the ferry command line: the one package only its command may
+// import.
+const cli = "cmd/ferry/cli"
+
+// TestNothingImportsTheCLI fails when a product package imports the
+// command line (directly or through another package), or service imports
+// any cmd/ package: the relay is a library first, and plugin binaries,
+// chaos and the system tests build on service, never on cmd/ferry/cli.
+// Only the ferry command itself (cmd/ferry) links it.
+func TestNothingImportsTheCLI(t *testing.T) {
+	pkgs := listPackages(t)
+	var checked int
+	for _, path := range sorted(pkgs) {
+		p, r := pkgs[path], rel(path)
+		if r == "cmd/ferry" || under(r, []string{cli}) {
+			continue
+		}
+		for _, dep := range p.Deps {
+			d := rel(dep)
+			switch {
+			case d == "":
+			case under(d, []string{cli}):
+				t.Errorf("%s imports %s: %s", r, d, strings.Join(chain(pkgs, path, dep), " → "))
+			case under(r, []string{"service"}) && under(d, []string{"cmd"}):
+				t.Errorf("service package %s imports %s: %s", r, d, strings.Join(chain(pkgs, path, dep), " → "))
+			}
+		}
+		checked++
+	}
+	if pkgs[module+"/service"] == nil || checked < 10 {
+		t.Fatalf("checked %d packages, service among them: %v", checked, pkgs[module+"/service"] != nil)
 	}
 }
