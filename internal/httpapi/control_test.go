@@ -243,9 +243,11 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	if r := f.do(t, "POST", "/api/v1/pipelines/orders/pause", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("pause: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "orders paused (stopped here)", func() bool {
-		_, err := f.sup.Status("orders")
-		return err != nil
+	// Paused, it stays known here (its backlog still measured), running
+	// nothing: the converger hands it over with Spec.Paused.
+	testenv.Eventually(t, 10*time.Second, "orders paused (known, not running)", func() bool {
+		st, err := f.sup.Status("orders")
+		return err == nil && st.State == engine.StatePaused
 	})
 	if r := f.do(t, "POST", "/api/v1/pipelines/orders/resume", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("resume: %d %s", r.code, r.raw)
