@@ -228,3 +228,27 @@ func slugify(heading string) string {
 	}
 	return b.String()
 }
+
+// The README links every guide (docs/*.md) and the component reference,
+// so none is reachable only by browsing the directory.
+func TestREADMELinksEveryGuide(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	linked := map[string]bool{}
+	for _, l := range links(string(b)) {
+		target, _, _ := strings.Cut(l.target, "#")
+		linked[filepath.Clean(target)] = true
+	}
+	guides, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range append(guides, filepath.Join(root, "docs", "reference", "README.md")) {
+		rel, _ := filepath.Rel(root, g)
+		if !linked[rel] {
+			t.Errorf("README.md does not link %s", rel)
+		}
+	}
+}
