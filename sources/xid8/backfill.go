@@ -78,7 +78,11 @@ func (s *Source) backfillStep(ctx context.Context, pool *pgsource.Pool) bool {
 			s.backfill.CheckEvery = backfillCheckEvery
 		}
 		s.backfill.Exists = func(ctx context.Context, table string) (bool, error) {
-			return pool.RelationExists(ctx, table, s.backfill.CheckEvery)
+			// Fresher than the runner's own period: a reading is stamped
+			// when its query returns, after the runner noted its check, so
+			// at a fresh-as-period bound the runner's next check would get
+			// its own previous answer back and see a new table a period late.
+			return pool.RelationExists(ctx, table, s.backfill.CheckEvery/2)
 		}
 	}
 	bf := s.backfill
