@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -34,6 +35,10 @@ func newSinkPublisher(snk plugins.Sink) sinkPublisher {
 	b, _ := snk.(plugins.BatchPublisher)
 	return sinkPublisher{Sink: snk, batch: b}
 }
+
+// String names the sink's type: Watermill's publish metrics label calls
+// with it (publisher_name).
+func (s sinkPublisher) String() string { return strings.TrimLeft(fmt.Sprintf("%T", s.Sink), "*") }
 
 // batchOutcomes is where a PublishBatch's per-message outcomes go: the
 // caller's slice, which the publish call carries in its first message's
