@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 
@@ -199,6 +200,11 @@ func reportOutcome(rep *reporter) message.HandlerMiddleware {
 		return func(env *message.Message) ([]*message.Message, error) {
 			_, err := h(env)
 			d := deliveryOf(env)
+			cause := err
+			var rp middleware.RecoveredPanicError
+			if errors.As(err, &rp) {
+				cause = fmt.Errorf("panicked: %v", rp.V) // the stack is for the log (settleAll)
+			}
 			var failure error
 			delivered := false
 			for i := range d.state {
@@ -207,10 +213,14 @@ func reportOutcome(rep *reporter) message.HandlerMiddleware {
 					delivered = true
 					continue
 				}
-				if st.err == nil {
-					// Never attempted: a panic around the attempts, or the
-					// pipeline stopping while the limits held it.
-					st.err = errors.Join(errNotAttempted, err)
+				switch {
+				case errors.Is(st.err, errStopping):
+					continue // not the pipeline's failure: it is stopping
+				case st.err == nil && cause != nil:
+					// Never attempted: a panic around the attempts.
+					st.err = fmt.Errorf("%w: %w", errNotAttempted, cause)
+				case st.err == nil:
+					st.err = errNotAttempted
 				}
 				failure = cmp.Or(failure, st.err)
 				recordError(rep, d.events[i], st.err)
@@ -221,7 +231,7 @@ func reportOutcome(rep *reporter) message.HandlerMiddleware {
 			if failure != nil {
 				rep.Failing(failure, 0)
 			}
-			return nil, nil
+			return nil, err
 		}
 	}
 }

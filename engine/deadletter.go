@@ -50,7 +50,7 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 			out, err := h(env)
 			d := deliveryOf(env)
 			for i := d.lo; i < d.hi; i++ {
-				if st := &d.state[i]; !st.settled && st.final && st.err != nil {
+				if st := &d.state[i]; !st.settled && st.final && deadLetterable(st.err) {
 					p.deadLetter(d, i, poison)
 				}
 			}

@@ -126,13 +126,17 @@ func (d *delivery) release() {
 func (p *Pipeline) deliver(d *delivery) {
 	now := time.Now()
 	for i := d.lo; i < d.hi; i++ {
-		st := &d.state[i]
-		if st.settled || st.final {
-			continue
+		// Every due event is busy before any is transformed: a panic fails
+		// them all (interrupted), not only those it reached.
+		if st := &d.state[i]; !st.settled && !st.final {
+			st.attempts++
+			st.busy = true
 		}
-		st.attempts++
-		st.busy = true
-		p.transform(d, i, now)
+	}
+	for i := d.lo; i < d.hi; i++ {
+		if d.state[i].busy {
+			p.transform(d, i, now)
+		}
 	}
 	p.publish(d)
 	d.lags.observe(p.report)
@@ -208,7 +212,7 @@ func (p *Pipeline) transform(d *delivery, i int, now time.Time) {
 
 // publish sends what the transforms made of the attempt's events. An
 // event's first attempt is published with the other first attempts of its
-// topic, in one call (publishMany); an event a retry re-delivers failed in
+// topic, in one call (publishInto); an event a retry re-delivers failed in
 // its batch and goes alone, so that it gets an outcome of its own, as
 // without batches; a fan-out's messages go one by one, in order.
 func (p *Pipeline) publish(d *delivery) {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"golang.org/x/time/rate"
@@ -101,13 +102,15 @@ func (l *limits) middleware(h message.HandlerFunc) message.HandlerFunc {
 			k := min(hi-next, l.chunk)
 			if need := k - paid; need > 0 {
 				if err := l.wait(need); err != nil {
-					return nil, err
+					d.stopping(next, hi)
+					return nil, nil
 				}
 				paid += need
 			}
 			got, err := l.acquire(k)
 			if err != nil {
-				return nil, err
+				d.stopping(next, hi)
+				return nil, nil
 			}
 			d.lo, d.hi = next, next+got
 			l.run(h, env, got)
@@ -115,6 +118,20 @@ func (l *limits) middleware(h message.HandlerFunc) message.HandlerFunc {
 			next += got
 		}
 		return nil, nil
+	}
+}
+
+// errStopping is the failure of an event its pipeline stopped before
+// attempting: nacked, for the next incarnation, and no failure of the
+// pipeline's.
+var errStopping = errors.New("the pipeline stopped before delivering it")
+
+// stopping marks events lo…hi, never attempted, as failed by errStopping.
+func (d *delivery) stopping(lo, hi int) {
+	for i := lo; i < hi; i++ {
+		if st := &d.state[i]; !st.settled && st.err == nil {
+			st.err, st.final = errStopping, true
+		}
 	}
 }
 
