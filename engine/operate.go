@@ -160,6 +160,7 @@ func (s *Supervisor) pauseByDesire(e *entry, sp *pipelines.Spec) {
 	})
 	s.life.halt(e)
 	s.ha.release(e)
+	s.entries.with(e, func(e *entry) { e.inc = nil }) // halted and closed: nothing of it is shown
 	s.replaceSpec(e, sp)
 	s.entries.probe(e, s.log)
 }
