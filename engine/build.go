@@ -18,14 +18,15 @@ import (
 )
 
 // Pipeline is a built pipeline: a source, transform stages and a sink, and
-// the handler that moves one message through them.
+// the delivery path that moves its events through them (deliver.go).
 type Pipeline struct {
 	Spec   *pipelines.Spec
 	Source plugins.Source
 	Stages []Stage
 	Sink   plugins.Sink
-	// Publisher is what Handle publishes through: the sink, possibly wrapped
-	// (the supervisor adds Watermill's publish metrics).
+	// Publisher is what the pipeline publishes through: the sink (whose
+	// PublishBatch publishes several messages of a topic at once, publish.go),
+	// possibly wrapped (the supervisor adds Watermill's publish metrics).
 	Publisher message.Publisher
 	Log       *slog.Logger
 
@@ -36,6 +37,9 @@ type Pipeline struct {
 	// destinations refuses topics outside a tenant's destinations; nil
 	// when they are not restricted (RestrictDestinations).
 	destinations *destinationGuard
+	// batches reports whether the sink publishes batches
+	// (plugins.BatchPublisher).
+	batches bool
 	// headersWarned is when a row with unreadable headers was last logged
 	// (Unix nanoseconds): one line a minute, however many rows.
 	headersWarned atomic.Int64
@@ -105,7 +109,8 @@ func Build(spec *pipelines.Spec, env plugins.Env) (*Pipeline, error) {
 		return nil, fmt.Errorf("pipeline %s: build sink: %w", spec.Name, err)
 	}
 	p.Sink = snk
-	p.Publisher = withBatches(p.Sink)
+	sp := newSinkPublisher(snk)
+	p.Publisher, p.batches = sp, sp.batch != nil
 	if p.tracer, err = tracing.New(spec.Tracing, spec.Sink.Type, p.Sink, env); err != nil {
 		return nil, fmt.Errorf("pipeline %s: tracing: %w", spec.Name, err)
 	}
@@ -152,76 +157,26 @@ func (p *Pipeline) Start(ctx context.Context) error {
 	return nil
 }
 
-// Handle runs msg through every stage and publishes what comes out. It
-// returns only after the broker confirmed every resulting message; an error
-// (a *StageError) means the event was not (fully) delivered. A message a
-// transform marks final (plugins.MetaFinal) skips the transforms after it.
+// Handle delivers msg as a batch of one through the pipeline's delivery
+// path (deliver.go) — one attempt, without the middleware around it (no
+// retry, no dead-letter topic, no limits): it returns only after the
+// broker confirmed every message made of msg, and acks msg then (or when a
+// transform dropped it); an error (a *StageError) means it was not (fully)
+// delivered, and msg is nacked. msg itself is never changed: the
+// transforms work on a copy. A message a transform marks final
+// (plugins.MetaFinal) skips the transforms after it.
 func (p *Pipeline) Handle(msg *message.Message) error {
-	if why := msg.Metadata.Get(plugins.MetaUndecodable); why != "" {
-		// A row the source could not decode: no transform may see it and it
-		// is never published as an event; the dead-letter topic takes it.
-		return &StageError{Stage: StageRead, Err: plugins.Permanent(plugins.ReasonUndecodableRow, errors.New(why))}
+	d := newDelivery()
+	d.events = append(d.events, msg)
+	d.begin(p, msg.Context())
+	defer d.release()
+	p.deliver(d)
+	err := d.state[0].err
+	d.settle(0, failed) // a no-op when delivered or dropped
+	if d.state[0].fate != failed {
+		return nil
 	}
-	if why := msg.Metadata.Get(plugins.MetaHeadersError); why != "" {
-		p.warnHeaders(msg, why)
-	}
-	obs := p.metrics
-	readAt, readErr := plugins.ParseTime(msg.Metadata.Get(plugins.MetaReadAt))
-	if readErr == nil {
-		obs.observe(0, time.Since(readAt), outcomeOK)
-	}
-	msgs := []*message.Message{msg}
-	for i, st := range p.Stages {
-		start := time.Now()
-		next, err := runStage(st, msgs)
-		if err != nil {
-			obs.observe(i+1, time.Since(start), outcomeError)
-			return &StageError{Stage: st.Name, Topic: msgs[0].Metadata.Get(plugins.MetaTopic), Err: err}
-		}
-		if len(next) == 0 {
-			obs.observe(i+1, time.Since(start), outcomeDropped)
-			return nil
-		}
-		obs.observe(i+1, time.Since(start), outcomeOK)
-		msgs = next
-	}
-	start := time.Now()
-	last := len(p.Stages) + 1
-	if topic, err := p.refusedDestination(msgs); err != nil {
-		obs.observe(last, time.Since(start), outcomeError)
-		return &StageError{Stage: StagePublish, Topic: topic, Err: err}
-	}
-	for _, m := range msgs {
-		if h := m.Metadata.Get(plugins.MetaSentAtHeader); h != "" {
-			m.Metadata.Set(h, plugins.FormatTime(time.Now()))
-		}
-		topic := m.Metadata.Get(plugins.MetaTopic)
-		// The span's context replaces the row's traceparent before the
-		// sink turns metadata into headers.
-		span := p.tracer.Start(m, topic)
-		err := p.Publisher.Publish(topic, m)
-		span.End(err)
-		if err != nil {
-			obs.observe(last, time.Since(start), outcomeError)
-			return &StageError{Stage: StagePublish, Topic: topic, Err: err}
-		}
-	}
-	obs.observe(last, time.Since(start), outcomeOK)
-	if readErr == nil {
-		p.observeLag(msg, time.Since(readAt))
-	}
-	return nil
-}
-
-// observeLag records the event's lag segments once the broker confirmed it:
-// commit→read on the database clock, read→ack on the relay clock, and
-// commit→ack as their sum — never comparing one clock with another.
-func (p *Pipeline) observeLag(msg *message.Message, readToAck time.Duration) {
-	p.report.ObserveLag(plugins.SegmentReadToAck, readToAck)
-	if commitToRead, ok := commitToRead(msg); ok {
-		p.report.ObserveLag(plugins.SegmentCommitToRead, commitToRead)
-		p.report.ObserveLag(plugins.SegmentCommitToAck, commitToRead+readToAck)
-	}
+	return err
 }
 
 // commitToRead is the event's commit→read segment, on the database clock;
@@ -238,31 +193,6 @@ func commitToRead(msg *message.Message) (time.Duration, bool) {
 		return 0, false
 	}
 	return max(time.Unix(0, dbRead).Sub(commit), 0), true
-}
-
-// runStage applies one transform to every message; final messages pass
-// untouched. A panicking transform fails the event, not the process.
-func runStage(st Stage, msgs []*message.Message) (out []*message.Message, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			out, err = nil, fmt.Errorf("transform panicked: %v", r)
-		}
-	}()
-	if len(msgs) == 1 && msgs[0].Metadata.Get(plugins.MetaFinal) != "true" {
-		return st.Transform.Process(msgs[0])
-	}
-	for _, m := range msgs {
-		if m.Metadata.Get(plugins.MetaFinal) == "true" {
-			out = append(out, m)
-			continue
-		}
-		res, err := st.Transform.Process(m)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, res...)
-	}
-	return out, nil
 }
 
 // Stalled reports whether a stage (the canary) sees the pipeline stalled.

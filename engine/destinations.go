@@ -14,8 +14,9 @@ import (
 // (package policy), but a topic may be computed per event from the row
 // (`outbox.event.${route}`, a forwarder's envelope): only the publish can
 // see it. A pipeline whose destinations are restricted refuses, at publish,
-// every topic the check rejects — per event (Handle) and per batch
-// (publishMany) — with a permanent error of reason
+// every topic the check rejects — once per topic of a batch (publishInto),
+// for an event published alone and for each message of a fan-out
+// (deliver.go) — with a permanent error of reason
 // plugins.ReasonDestinationNotAllowed, so the event goes to the dead-letter
 // topic with that reason (or, without one, fails and is redelivered,
 // visibly), and is never published there.

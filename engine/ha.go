@@ -3,8 +3,10 @@ package engine
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/redact"
@@ -29,70 +31,81 @@ type Ownership struct {
 	Interval time.Duration
 }
 
+// coordinator is the ownership round (high availability, with package
+// ownership): it heartbeats into the coordination database, keeps the locks
+// of the exclusive pipelines this instance owns, hands back what exceeds
+// its fair share and takes over unowned pipelines up to it. Without
+// ownership (opts nil) every pipeline runs here and it does nothing.
+type coordinator struct {
+	opts    *Ownership
+	log     *slog.Logger
+	entries *entries
+	life    *lifecycle
+	// registry and sessions (by lock DSN: one per database, holding the
+	// lock of every pipeline this instance owns there) are used by the
+	// rounds and by releaseAll: under the supervisor's opMu.
+	registry *ownership.Registry
+	sessions map[string]*ownership.Session
+	// state is the coordination database as the last round found it; read
+	// by the status surfaces at any time.
+	state atomic.Pointer[Coordination]
+}
+
 // exclusive reports whether e runs only while this instance owns it: with
 // ownership on, for every pipeline not marked shared whose source offers an
 // ownership lock (plugins.HA.LockDSN).
-func (s *Supervisor) exclusive(e *entry) bool {
-	if s.opts.Ownership == nil || e.spec.Ownership == pipelines.OwnershipShared {
+func (c *coordinator) exclusive(e *entry) bool {
+	if c.opts == nil || e.spec.Ownership == pipelines.OwnershipShared {
 		return false
 	}
 	return plugins.SourceHA(e.spec.Source.Config).Exclusive()
 }
 
-func (s *Supervisor) owns(e *entry) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return e.lock != nil
+func (c *coordinator) owns(e *entry) bool {
+	owns := false
+	c.entries.with(e, func(e *entry) { owns = e.lock != nil })
+	return owns
 }
 
+// leftToOthers reports whether e is another instance's to run: exclusive
+// and not locked here. Called under entries.mu.
+func (c *coordinator) leftToOthers(e *entry) bool { return c.exclusive(e) && e.lock == nil }
+
 // release gives up e's ownership (its incarnation must be halted first).
-func (s *Supervisor) release(e *entry) {
-	s.mu.Lock()
-	l := e.lock
-	e.lock = nil
-	s.mu.Unlock()
+func (c *coordinator) release(e *entry) {
+	var l *ownership.Claim
+	c.entries.with(e, func(e *entry) { l, e.lock = e.lock, nil })
 	if l != nil {
 		l.Release()
 	}
 }
 
-func (s *Supervisor) releaseAll() {
-	s.mu.Lock()
-	entries := make([]*entry, 0, len(s.pipelines))
-	for _, e := range s.pipelines {
-		entries = append(entries, e)
-	}
-	s.mu.Unlock()
-	// Every pipeline has stopped: ending the lock sessions releases all
-	// their locks at once, one close per database rather than an unlock
-	// per pipeline, and leaves the claims lost (their Release is a no-op).
-	s.mu.Lock()
-	sessions := s.lockSess
-	s.lockSess = nil
-	s.mu.Unlock()
-	for _, ls := range sessions {
+// releaseAll gives up everything, once every pipeline has stopped.
+func (c *coordinator) releaseAll() {
+	// Ending the lock sessions releases all their locks at once, one close
+	// per database rather than an unlock per pipeline, and leaves the
+	// claims lost (their Release is a no-op).
+	for _, ls := range c.sessions {
 		ls.Close()
 	}
-	for _, e := range entries {
-		s.release(e)
+	c.sessions = nil
+	for _, e := range c.entries.all() {
+		c.release(e)
 	}
-	if s.registry != nil {
-		s.registry.Leave()
+	if c.registry != nil {
+		c.registry.Leave()
 	}
 }
 
-// lockSession is this instance's lock session on dsn: one per database,
-// holding the lock of every pipeline it owns there.
-func (s *Supervisor) lockSession(dsn string) *ownership.Session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.lockSess == nil {
-		s.lockSess = map[string]*ownership.Session{}
+// lockSession is this instance's lock session on dsn.
+func (c *coordinator) lockSession(dsn string) *ownership.Session {
+	if c.sessions == nil {
+		c.sessions = map[string]*ownership.Session{}
 	}
-	ls, ok := s.lockSess[dsn]
+	ls, ok := c.sessions[dsn]
 	if !ok {
-		ls = ownership.NewSession(dsn, s.opts.Ownership.Instance)
-		s.lockSess[dsn] = ls
+		ls = ownership.NewSession(dsn, c.opts.Instance)
+		c.sessions[dsn] = ls
 	}
 	return ls
 }
@@ -147,68 +160,73 @@ type Coordination struct {
 // unreachable.
 const degradedMode = "keeps the pipelines it owns and runs unowned ones it can lock on their own source databases (no fair share until the heartbeat is back)"
 
-// Coordination returns the coordination database's state; ok is false
+// coordination returns the coordination database's state; ok is false
 // without ownership (no HA).
-func (s *Supervisor) Coordination() (c Coordination, ok bool) {
-	o := s.opts.Ownership
+func (c *coordinator) coordination() (co Coordination, ok bool) {
+	o := c.opts
 	if o == nil {
 		return Coordination{}, false
 	}
-	s.mu.Lock()
-	c = s.coord
-	s.mu.Unlock()
-	c.Database, c.From, c.Instance = redact.String(o.CoordinationDSN), o.CoordinationFrom, o.Instance
-	if c.CheckedAt.IsZero() {
-		c.Up = true // no round yet: nothing known to be wrong
+	if st := c.state.Load(); st != nil {
+		co = *st
 	}
-	if !c.Up {
-		c.Degraded = degradedMode
+	co.Database, co.From, co.Instance = redact.String(o.CoordinationDSN), o.CoordinationFrom, o.Instance
+	if co.CheckedAt.IsZero() {
+		co.Up = true // no round yet: nothing known to be wrong
 	}
-	return c, true
+	if !co.Up {
+		co.Degraded = degradedMode
+	}
+	return co, true
 }
 
 // beat heartbeats and records the coordination database's state, logging
 // each change once.
-func (s *Supervisor) beat(ctx context.Context, owned int) (live int, ok bool) {
-	live, err := s.registry.Beat(ctx, owned)
+func (c *coordinator) beat(ctx context.Context, owned int) (live int, ok bool) {
+	live, err := c.registry.Beat(ctx, owned)
 	if ctx.Err() != nil {
 		return 0, false
 	}
 	now := time.Now()
-	s.mu.Lock()
-	was, first := s.coord.Up, s.coord.CheckedAt.IsZero()
-	s.coord.CheckedAt = now
+	var st Coordination
+	if last := c.state.Load(); last != nil {
+		st = *last
+	}
+	was, first := st.Up, st.CheckedAt.IsZero()
+	st.CheckedAt = now
 	if err == nil {
-		s.coord.Up, s.coord.LastError, s.coord.LiveInstances = true, "", live
+		st.Up, st.LastError, st.LiveInstances = true, "", live
 	} else {
-		s.coord.Up, s.coord.LastError = false, redactErr(err)
+		st.Up, st.LastError = false, redactErr(err)
 	}
-	if first || was != s.coord.Up {
-		s.coord.Since = now
+	if first || was != st.Up {
+		st.Since = now
 	}
-	s.mu.Unlock()
+	c.state.Store(&st)
 	switch {
 	case err != nil && (first || was):
-		s.log.Error("coordination database unreachable: this instance "+degradedMode, "err", redact.Error(err))
+		c.log.Error("coordination database unreachable: this instance "+degradedMode, "err", redact.Error(err))
 	case err == nil && !first && !was:
-		s.log.Info("coordination database reachable again; sharing pipelines fairly", "live", live)
+		c.log.Info("coordination database reachable again; sharing pipelines fairly", "live", live)
 	}
 	return live, err == nil
 }
 
-// coordinate runs ownership rounds until ctx ends.
-func (s *Supervisor) coordinate(ctx context.Context) {
-	o := s.opts.Ownership
+// run runs ownership rounds until ctx ends, each under opMu.
+func (c *coordinator) run(ctx context.Context, opMu *sync.Mutex) {
+	o := c.opts
 	if o.Interval <= 0 {
 		o.Interval = 2 * time.Second
 	}
-	s.registry = ownership.NewRegistry(o.CoordinationDSN, o.Instance, o.Interval)
+	opMu.Lock()
+	c.registry = ownership.NewRegistry(o.CoordinationDSN, o.Instance, o.Interval)
+	opMu.Unlock()
 	t := time.NewTicker(o.Interval)
 	defer t.Stop()
 	for {
-		s.opMu.Lock()
-		s.round(ctx, o)
-		s.opMu.Unlock()
+		opMu.Lock()
+		c.round(ctx, o)
+		opMu.Unlock()
 		select {
 		case <-ctx.Done():
 			return
@@ -227,63 +245,24 @@ func (s *Supervisor) coordinate(ctx context.Context) {
 // and takes whatever unowned pipeline it can lock: one unreachable
 // database (a tenant's, chosen as the coordination database) never stops
 // every pipeline.
-func (s *Supervisor) round(ctx context.Context, o *Ownership) {
-	var owned, unowned []*entry
-	exclusive := 0
-	s.mu.Lock()
-	for _, e := range s.pipelines {
-		if !s.exclusive(e) {
-			continue
-		}
-		exclusive++
-		if e.lock != nil {
-			owned = append(owned, e)
-		} else if e.status.State != StatePaused {
-			unowned = append(unowned, e)
-		}
-	}
-	s.mu.Unlock()
-
-	// One statement per lock session says which locks it still holds; a
-	// session that does not answer has lost them all. The sessions are
-	// checked side by side: each may take the full statement timeout to be
-	// found half-open.
-	dsns, _ := byLockDSN(owned)
-	var checks sync.WaitGroup
-	for _, dsn := range dsns {
-		ls := s.lockSession(dsn)
-		checks.Go(func() { _ = ls.Check(ctx) }) // the claims say what was lost, and why
-	}
-	checks.Wait()
+func (c *coordinator) round(ctx context.Context, o *Ownership) {
+	owned, unowned, exclusive := c.census()
+	owned, lost := c.keepOwned(ctx, owned)
 	if ctx.Err() != nil {
 		return // stopping: what a check missed is no loss
 	}
-	kept := owned[:0]
-	for _, e := range owned {
-		if err := e.lock.Lost(); err != nil {
-			// Another instance may own it already: stop at once.
-			s.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
-			s.toStandby(e)
-			unowned = append(unowned, e)
-			continue
-		}
-		kept = append(kept, e)
-	}
-	owned = kept
-	if ctx.Err() != nil {
-		return
-	}
+	unowned = append(unowned, lost...)
 
 	share := exclusive // degraded: no fair share, run what can be locked
-	if live, ok := s.beat(ctx, len(owned)); ok {
+	if live, ok := c.beat(ctx, len(owned)); ok {
 		share = ownership.FairShare(exclusive, live)
 		for len(owned) > share {
 			// Hand back the excess so a newer instance gets its share: drain
 			// first, then unlock.
 			e := owned[len(owned)-1]
 			owned = owned[:len(owned)-1]
-			s.log.Info("handing a pipeline over to another instance", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "share", share, "live", live)
-			s.toStandby(e)
+			c.log.Info("handing a pipeline over to another instance", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "share", share, "live", live)
+			c.toStandby(e)
 		}
 	} else if ctx.Err() != nil {
 		return
@@ -296,16 +275,65 @@ func (s *Supervisor) round(ctx context.Context, o *Ownership) {
 		}
 		es := groups[dsn]
 		if room := share - len(owned); room > 0 {
-			took, others, ok := s.takeOver(ctx, o, dsn, es, room)
+			took, others, ok := c.takeOver(ctx, o, dsn, es, room)
 			if !ok {
 				continue // the database did not answer: backing_off
 			}
 			owned = append(owned, took...)
-			s.findOwners(ctx, o, dsn, others, true)
+			c.findOwners(ctx, o, dsn, others, true)
 			continue
 		}
-		s.findOwners(ctx, o, dsn, es, false)
+		c.findOwners(ctx, o, dsn, es, false)
 	}
+}
+
+// census is the round's view of the exclusive pipelines: those this
+// instance owns, those it does not (paused ones are nobody's to take), and
+// how many there are.
+func (c *coordinator) census() (owned, unowned []*entry, exclusive int) {
+	c.entries.mu.Lock()
+	defer c.entries.mu.Unlock()
+	for _, e := range c.entries.byName {
+		if !c.exclusive(e) {
+			continue
+		}
+		exclusive++
+		if e.lock != nil {
+			owned = append(owned, e)
+		} else if e.status.State != StatePaused {
+			unowned = append(unowned, e)
+		}
+	}
+	return owned, unowned, exclusive
+}
+
+// keepOwned checks the locks of owned and stops, at once, the pipelines
+// whose lock is gone (another instance may own them already): lost.
+func (c *coordinator) keepOwned(ctx context.Context, owned []*entry) (kept, lost []*entry) {
+	// One statement per lock session says which locks it still holds; a
+	// session that does not answer has lost them all. The sessions are
+	// checked side by side: each may take the full statement timeout to be
+	// found half-open.
+	dsns, _ := byLockDSN(owned)
+	var checks sync.WaitGroup
+	for _, dsn := range dsns {
+		ls := c.lockSession(dsn)
+		checks.Go(func() { _ = ls.Check(ctx) }) // the claims say what was lost, and why
+	}
+	checks.Wait()
+	if ctx.Err() != nil {
+		return owned, nil
+	}
+	for _, e := range owned {
+		if err := e.lock.Lost(); err != nil {
+			c.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
+			c.toStandby(e)
+			lost = append(lost, e)
+			continue
+		}
+		kept = append(kept, e)
+	}
+	return kept, lost
 }
 
 // ownerRecheck is how often a standby pipeline's owner is looked up again
@@ -318,9 +346,9 @@ const ownerRecheck = 30 * time.Second
 // for an instance with room, which says so. All of es are looked up in one
 // statement. Unless tried (this round just tried to lock them), an owner
 // found recently is not looked up again.
-func (s *Supervisor) findOwners(ctx context.Context, o *Ownership, dsn string, es []*entry, tried bool) {
+func (c *coordinator) findOwners(ctx context.Context, o *Ownership, dsn string, es []*entry, tried bool) {
 	var ask []*entry
-	s.mu.Lock()
+	c.entries.mu.Lock()
 	for _, e := range es {
 		fresh := !tried && e.status.State == StateStandby && e.status.Owner != "" && time.Since(e.ownerChecked) < ownerRecheck
 		if !fresh {
@@ -328,11 +356,11 @@ func (s *Supervisor) findOwners(ctx context.Context, o *Ownership, dsn string, e
 			ask = append(ask, e)
 		}
 	}
-	s.mu.Unlock()
+	c.entries.mu.Unlock()
 	if len(ask) == 0 || ctx.Err() != nil {
 		return
 	}
-	holders, err := s.lockSession(dsn).Holders(ctx, lockKeys(ask))
+	holders, err := c.lockSession(dsn).Holders(ctx, lockKeys(ask))
 	if ctx.Err() != nil {
 		return
 	}
@@ -340,32 +368,33 @@ func (s *Supervisor) findOwners(ctx context.Context, o *Ownership, dsn string, e
 		holder, held := holders[ownership.LockKey(e.spec.Name)]
 		switch {
 		case err != nil:
-			s.mu.Lock()
-			e.setState(StateBackingOff)
-			e.status.Owner = ""
-			s.mu.Unlock()
+			c.entries.with(e, func(e *entry) {
+				e.setState(StateBackingOff)
+				e.status.Owner = ""
+			})
 			e.rep.Failing(fmt.Errorf("look up the owner on the source database: %w", err), o.Interval)
 		case held:
-			s.setStandby(e, holder)
+			c.setStandby(e, holder)
 		default:
-			s.mu.Lock()
-			e.setState(StateStarting)
-			e.status.Owner, e.status.NextRetry = "", time.Now().Add(o.Interval)
-			e.status.LastError = "no instance owns it yet; this one runs its fair share already and leaves it to one with room"
-			e.ownerChecked = time.Now() // marks it left to others (Readiness)
-			s.mu.Unlock()
+			c.entries.with(e, func(e *entry) {
+				e.setState(StateStarting)
+				e.status.Owner, e.status.NextRetry = "", time.Now().Add(o.Interval)
+				e.status.LastError = "no instance owns it yet; this one runs its fair share already and leaves it to one with room"
+				e.ownerChecked = time.Now() // marks it left to others (Readiness)
+			})
 		}
 	}
 }
 
 // setStandby records that holder (another instance) owns e.
-func (s *Supervisor) setStandby(e *entry, holder string) {
-	s.mu.Lock()
-	e.setState(StateStandby)
-	e.status.Owner, e.status.LastError, e.status.NextRetry = holder, "", time.Time{}
-	e.ownerChecked = time.Now()
-	spec := e.spec
-	s.mu.Unlock()
+func (c *coordinator) setStandby(e *entry, holder string) {
+	var spec *pipelines.Spec
+	c.entries.with(e, func(e *entry) {
+		e.setState(StateStandby)
+		e.status.Owner, e.status.LastError, e.status.NextRetry = holder, "", time.Time{}
+		e.ownerChecked = time.Now()
+		spec = e.spec
+	})
 	e.rep.reset(spec)
 }
 
@@ -375,35 +404,35 @@ func (s *Supervisor) setStandby(e *entry, holder string) {
 // owners the caller looks up. A source database that cannot be reached
 // puts all of es in backing_off with the error until a later round gets
 // through (ok false).
-func (s *Supervisor) takeOver(ctx context.Context, o *Ownership, dsn string, es []*entry, room int) (started, others []*entry, ok bool) {
-	claims, err := s.lockSession(dsn).TryLock(ctx, lockKeys(es), room)
+func (c *coordinator) takeOver(ctx context.Context, o *Ownership, dsn string, es []*entry, room int) (started, others []*entry, ok bool) {
+	claims, err := c.lockSession(dsn).TryLock(ctx, lockKeys(es), room)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, nil, false
 		}
 		for _, e := range es {
-			s.mu.Lock()
-			e.setState(StateBackingOff)
-			e.status.Owner, e.ownerChecked = "", time.Time{}
-			s.mu.Unlock()
+			c.entries.with(e, func(e *entry) {
+				e.setState(StateBackingOff)
+				e.status.Owner, e.ownerChecked = "", time.Time{}
+			})
 			e.rep.Failing(fmt.Errorf("take ownership on the source database: %w", err), o.Interval)
 		}
 		return nil, nil, false
 	}
 	for _, e := range es {
-		c := claims[ownership.LockKey(e.spec.Name)]
-		if c == nil {
+		claim := claims[ownership.LockKey(e.spec.Name)]
+		if claim == nil {
 			others = append(others, e)
 			continue
 		}
-		s.mu.Lock()
-		e.lock = c
-		e.status.Owner = o.Instance
-		s.mu.Unlock()
-		s.log.Info("took ownership", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "instance", o.Instance)
-		if err := s.start(e); err != nil {
-			s.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
-			s.release(e)
+		c.entries.with(e, func(e *entry) {
+			e.lock = claim
+			e.status.Owner = o.Instance
+		})
+		c.log.Info("took ownership", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "instance", o.Instance)
+		if err := c.life.start(e); err != nil {
+			c.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
+			c.release(e)
 			continue
 		}
 		started = append(started, e)
@@ -412,11 +441,11 @@ func (s *Supervisor) takeOver(ctx context.Context, o *Ownership, dsn string, es 
 }
 
 // toStandby stops e here (draining it) and gives up its ownership.
-func (s *Supervisor) toStandby(e *entry) {
-	s.mu.Lock()
-	e.setState(StateStandby) // first: the stopping incarnation keeps it
-	e.status.Owner = ""
-	s.mu.Unlock()
-	s.halt(e)
-	s.release(e)
+func (c *coordinator) toStandby(e *entry) {
+	c.entries.with(e, func(e *entry) {
+		e.setState(StateStandby) // first: the stopping incarnation keeps it
+		e.status.Owner = ""
+	})
+	c.life.halt(e)
+	c.release(e)
 }

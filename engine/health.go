@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"time"
 
@@ -41,34 +43,44 @@ func healthInterval(spec *pipelines.Spec) time.Duration {
 	return defaultHealthInterval
 }
 
-// probeHealth measures e's backlog in the background unless a measurement
-// is under way; the result shows in e's status while its source does not
-// measure itself (not running, or not yet).
-func (s *Supervisor) probeHealth(e *entry) {
-	s.mu.Lock()
-	p := e.pipeline
-	ok := false
-	if p != nil {
-		_, ok = p.Source.(plugins.Prober)
-	}
-	if !ok || e.probing {
-		s.mu.Unlock()
+// probeState is an entry's own backlog measurement, under entries.mu.
+type probeState struct {
+	last    plugins.Health
+	running bool // a measurement is under way
+	// unable: the entry's source cannot be measured (no plugins.Prober);
+	// not tried again until the spec changes.
+	unable *pipelines.Spec
+}
+
+// probe measures e's backlog in the background unless a measurement is
+// under way or its source cannot be measured; the result shows in e's
+// status while its source does not measure itself (not running, or not
+// yet). It needs only the spec: a paused entry that never ran is measured
+// too.
+func (es *entries) probe(e *entry, log *slog.Logger) {
+	es.mu.Lock()
+	spec := e.spec
+	if e.probe.running || e.probe.unable == spec {
+		es.mu.Unlock()
 		return
 	}
-	e.probing = true
-	s.mu.Unlock()
+	e.probe.running = true
+	es.mu.Unlock()
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		h, err := probeOnce(ctx, p)
-		s.mu.Lock()
-		e.probing = false
-		if err == nil {
-			e.probed = h
+		h, err := probeOnce(ctx, spec, log)
+		es.mu.Lock()
+		e.probe.running = false
+		switch {
+		case err == nil:
+			e.probe.last = h
+		case errors.Is(err, errNotProber):
+			e.probe.unable = spec
 		}
-		s.mu.Unlock()
-		if err != nil {
-			p.Log.Debug("measure backlog", "err", redact.Error(err))
+		es.mu.Unlock()
+		if err != nil && !errors.Is(err, errNotProber) {
+			spec.MaskLogger(log).Debug("measure backlog", "pipeline", spec.Name, "tenant", spec.Tenant, "err", redact.Error(err))
 		}
 	}()
 }
@@ -76,22 +88,24 @@ func (s *Supervisor) probeHealth(e *entry) {
 // refreshHealth measures, every metrics_interval, the pipelines whose
 // source does not measure itself now: not running here (paused, starting,
 // backing off before the source started, stopped, failed), and not left to
-// another instance.
-func (s *Supervisor) refreshHealth() {
-	s.mu.Lock()
+// another instance (leftToOthers) — unless paused: every instance shows a
+// paused pipeline's backlog.
+func (es *entries) refreshHealth(leftToOthers func(*entry) bool, log *slog.Logger) {
+	es.mu.Lock()
 	var due []*entry
-	for _, e := range s.pipelines {
-		if e.pipeline == nil || e.handlerRunning || (s.exclusive(e) && e.lock == nil) {
+	for _, e := range es.byName {
+		paused := e.status.State == StatePaused
+		if e.running() || (!paused && (e.inc == nil || leftToOthers(e))) {
 			continue
 		}
-		pausedSince := e.status.State == StatePaused && e.probed.CheckedAt.Before(e.status.Since)
-		if pausedSince || time.Since(e.probed.CheckedAt) >= healthInterval(e.spec) {
+		pausedSince := paused && e.probe.last.CheckedAt.Before(e.status.Since)
+		if pausedSince || time.Since(e.probe.last.CheckedAt) >= healthInterval(e.spec) {
 			due = append(due, e)
 		}
 	}
-	s.mu.Unlock()
+	es.mu.Unlock()
 	for _, e := range due {
-		s.probeHealth(e)
+		es.probe(e, log)
 	}
 }
 
@@ -104,12 +118,13 @@ func freshest(a, b plugins.Health) plugins.Health {
 	return a
 }
 
-// probeOnce measures p's backlog with a source of its own, built from the
-// same spec: the pipeline's running source may be starting at the same
-// moment, and a probe shares none of its state.
-func probeOnce(ctx context.Context, p *Pipeline) (plugins.Health, error) {
-	spec := p.Spec
-	env := plugins.Env{Logger: p.Log, Pipeline: spec.Name, Tenant: spec.Tenant, Report: plugins.NopReporter{}}
+var errNotProber = errors.New("the source cannot be measured")
+
+// probeOnce measures spec's backlog with a source of its own: the
+// pipeline's running source may be starting at the same moment, and a
+// probe shares none of its state.
+func probeOnce(ctx context.Context, spec *pipelines.Spec, log *slog.Logger) (plugins.Health, error) {
+	env := plugins.Env{Logger: spec.MaskLogger(log.With("pipeline", spec.Name, "tenant", spec.Tenant)), Pipeline: spec.Name, Tenant: spec.Tenant, Report: plugins.NopReporter{}}
 	if o, ok := spec.Source.Config.(plugins.OutboxSource); ok {
 		t := o.OutboxTable()
 		env.Outbox = &t
@@ -121,7 +136,7 @@ func probeOnce(ctx context.Context, p *Pipeline) (plugins.Health, error) {
 	defer src.Close()
 	pr, ok := src.(plugins.Prober)
 	if !ok {
-		return plugins.Health{}, fmt.Errorf("the %s source cannot be measured", spec.Source.Type)
+		return plugins.Health{}, fmt.Errorf("%w: %s", errNotProber, spec.Source.Type)
 	}
 	return pr.Probe(ctx)
 }

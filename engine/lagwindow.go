@@ -10,7 +10,7 @@ import (
 // counts in six 10-second slots: enough for p50/p99 within ±12% (bucket
 // width) at a fixed 3 KB, whatever the event rate.
 type lagWindow struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // guards slots
 	slots [lagSlots]lagSlot
 }
 

@@ -197,7 +197,7 @@ func (s *Source) run(claimCtx context.Context) {
 			}
 			// A change wakes the workers too: once notifications stop, an
 			// idle worker polls at poll_interval again.
-			pgsource.Listen(claimCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, wakeAll,
+			pgsource.Listen(claimCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func(string) { wakeAll() },
 				func(on bool) { s.listening.Store(on); wakeAll() })
 		})
 	}

@@ -60,6 +60,11 @@ func (c *Config) Backfill(ctx context.Context, pipeline string, f plugins.Backfi
 
 var _ plugins.Backfiller = (*Config)(nil)
 
+// backfillCheckEvery, when set, replaces how often the runner reads the
+// request table unprompted (tests: one that is never due again shows what
+// a notification alone starts).
+var backfillCheckEvery time.Duration
+
 // backfillStep records the progress of the backfill chunks the window
 // acked and admits the next chunk of the pending backfill, if any, beside
 // the live rows: at most half the window's room, so live rows keep room.
@@ -69,11 +74,25 @@ var _ plugins.Backfiller = (*Config)(nil)
 func (s *Source) backfillStep(ctx context.Context, pool *pgsource.Pool) bool {
 	if s.backfill == nil {
 		s.backfill = backfill.NewRunner(s.cfg.Table, s.cfg.joinColumn(), s.env.Pipeline)
+		if backfillCheckEvery > 0 {
+			s.backfill.CheckEvery = backfillCheckEvery
+		}
 		s.backfill.Exists = func(ctx context.Context, table string) (bool, error) {
-			return pool.RelationExists(ctx, table, s.backfill.CheckEvery)
+			// Fresher than the runner's own period: a reading is stamped
+			// when its query returns, after the runner noted its check, so
+			// at a fresh-as-period bound the runner's next check would get
+			// its own previous answer back and see a new table a period late.
+			return pool.RelationExists(ctx, table, s.backfill.CheckEvery/2)
 		}
 	}
 	bf := s.backfill
+	if s.backfillQueued.Swap(false) {
+		// The notification's wake-up must reach the request now: the
+		// reader of a quiet table goes idle a second after its last
+		// wake-up, and the shared check it then parks on asks about rows,
+		// not requests.
+		bf.Queued()
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	_, mark, _ := s.win.Prefix()

@@ -87,6 +87,9 @@ type Source struct {
 	batches  *pgsource.BatchMetrics
 
 	backfill *backfill.Runner // owned by readLoop; see backfill.go
+	// backfillQueued is set by a backfill's notification, for readLoop to
+	// pass on to the runner (see backfillStep).
+	backfillQueued atomic.Bool
 }
 
 // New returns a source; it does no I/O until Subscribe.
@@ -135,8 +138,12 @@ func (s *Source) run(readCtx context.Context) {
 				// A change wakes the reader too: an idle reader relies on
 				// notifications for what its shared check does not ask
 				// (a backfill request), so when they stop it polls again.
-				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() { pgsource.Signal(wake) },
-					func(on bool) { s.listening.Store(on); pgsource.Signal(wake) })
+				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func(payload string) {
+					if payload == backfill.Notification {
+						s.backfillQueued.Store(true) // before the wake-up, which reads it
+					}
+					pgsource.Signal(wake)
+				}, func(on bool) { s.listening.Store(on); pgsource.Signal(wake) })
 			}()
 		}
 		wg.Add(2)

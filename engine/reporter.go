@@ -1,7 +1,7 @@
 package engine
 
 import (
-	"sync"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -54,7 +54,8 @@ func newLagMetrics(reg prometheus.Registerer) (*lagMetrics, error) {
 // every reconnect) thus stays backing_off with its error, and its retries
 // keep backing off, instead of "recovering" after each attempt.
 type reporter struct {
-	s       *Supervisor
+	entries *entries
+	log     *slog.Logger
 	name    string
 	tenant  string
 	failing atomic.Bool // so delivered() on the hot path is one load
@@ -62,23 +63,26 @@ type reporter struct {
 	// what its secrets filled in; a reload with a new spec replaces it.
 	spec atomic.Pointer[pipelines.Spec]
 
-	mu      sync.Mutex
-	lastErr string    // the episode's last error, to log a changed one once
-	pending bool      // a component reported Recovered; waiting for progress
-	since   time.Time // when pending began
-	acked   uint64    // the source's acked count when pending began
+	// episode is the failing episode, guarded by entries.mu (with the
+	// pipeline's state it moves).
+	episode struct {
+		lastErr string    // the episode's last error, to log a changed one once
+		pending bool      // a component reported Recovered; waiting for progress
+		since   time.Time // when pending began
+		acked   uint64    // the source's acked count when pending began
+	}
 
 	hists   map[string]prometheus.Observer
 	windows map[string]*lagWindow
 }
 
-func (s *Supervisor) newReporter(spec *pipelines.Spec) *reporter {
-	r := &reporter{s: s, name: spec.Name, tenant: spec.Tenant, hists: map[string]prometheus.Observer{}, windows: map[string]*lagWindow{}}
+func newReporter(es *entries, log *slog.Logger, lag *lagMetrics, spec *pipelines.Spec) *reporter {
+	r := &reporter{entries: es, log: log, name: spec.Name, tenant: spec.Tenant, hists: map[string]prometheus.Observer{}, windows: map[string]*lagWindow{}}
 	r.spec.Store(spec)
 	for _, seg := range plugins.Segments {
 		r.windows[seg] = &lagWindow{}
-		if s.lag != nil {
-			r.hists[seg] = s.lag.hists[seg].WithLabelValues(spec.Name, spec.Tenant, spec.Source.Type, spec.Sink.Type)
+		if lag != nil {
+			r.hists[seg] = lag.hists[seg].WithLabelValues(spec.Name, spec.Tenant, spec.Source.Type, spec.Sink.Type)
 		}
 	}
 	return r
@@ -89,18 +93,11 @@ func (s *Supervisor) newReporter(spec *pipelines.Spec) *reporter {
 // attempts, one line per backoff step.
 func (r *reporter) Failing(err error, retryIn time.Duration) {
 	msg := r.errorText(err)
-	r.mu.Lock()
-	first := !r.failing.Swap(true)
-	changed := !first && msg != r.lastErr
-	r.lastErr, r.pending = msg, false
-	r.mu.Unlock()
-	switch {
-	case first:
-		r.s.log.Warn("pipeline failing; retrying with backoff", "pipeline", r.name, "tenant", r.tenant, "err", msg, "retry_in", retryIn.Round(time.Millisecond))
-	case changed:
-		r.s.log.Warn("pipeline still failing, now with another error", "pipeline", r.name, "tenant", r.tenant, "err", msg, "retry_in", retryIn.Round(time.Millisecond))
-	}
-	r.s.update(r.name, func(e *entry) {
+	var first, changed bool
+	r.entries.update(r.name, func(e *entry) {
+		first = !r.failing.Swap(true)
+		changed = !first && msg != r.episode.lastErr
+		r.episode.lastErr, r.episode.pending = msg, false
 		if e.status.State == StateRunning || e.status.State == StateBackingOff || e.status.State == StateStarting {
 			e.setState(StateBackingOff)
 		}
@@ -110,6 +107,12 @@ func (r *reporter) Failing(err error, retryIn time.Duration) {
 			e.status.NextRetry = time.Now().Add(retryIn)
 		}
 	})
+	switch {
+	case first:
+		r.log.Warn("pipeline failing; retrying with backoff", "pipeline", r.name, "tenant", r.tenant, "err", msg, "retry_in", retryIn.Round(time.Millisecond))
+	case changed:
+		r.log.Warn("pipeline still failing, now with another error", "pipeline", r.name, "tenant", r.tenant, "err", msg, "retry_in", retryIn.Round(time.Millisecond))
+	}
 }
 
 // Recovered is a component saying it works again (connected, read). It is
@@ -118,15 +121,21 @@ func (r *reporter) Recovered() {
 	if !r.failing.Load() {
 		return
 	}
+	var src message.Subscriber
+	r.entries.update(r.name, func(e *entry) {
+		if p := e.pipeline(); p != nil {
+			src = p.Source
+		}
+	})
 	var acked uint64
-	if f, ok := r.s.sourceOf(r.name).(plugins.FlowReporter); ok {
+	if f, ok := src.(plugins.FlowReporter); ok {
 		acked = f.Flow().Acked
 	}
-	r.mu.Lock()
-	if !r.pending {
-		r.pending, r.since, r.acked = true, time.Now(), acked
-	}
-	r.mu.Unlock()
+	r.entries.update(r.name, func(*entry) {
+		if !r.episode.pending {
+			r.episode.pending, r.episode.since, r.episode.acked = true, time.Now(), acked
+		}
+	})
 }
 
 // delivered is an event that made it to the broker: progress.
@@ -140,9 +149,12 @@ func (r *reporter) delivered() {
 // since its component reported Recovered: more events acked, or a backlog
 // measured afterwards with nothing left to deliver.
 func (r *reporter) checkProgress(src message.Subscriber) {
-	r.mu.Lock()
-	pending, since, acked := r.pending, r.since, r.acked
-	r.mu.Unlock()
+	var pending bool
+	var since time.Time
+	var acked uint64
+	r.entries.update(r.name, func(*entry) {
+		pending, since, acked = r.episode.pending, r.episode.since, r.episode.acked
+	})
 	if !pending {
 		return
 	}
@@ -161,34 +173,35 @@ func (r *reporter) checkProgress(src message.Subscriber) {
 }
 
 func (r *reporter) recover() {
-	r.mu.Lock()
-	was := r.failing.Swap(false)
-	r.pending, r.lastErr = false, ""
-	r.mu.Unlock()
-	if !was {
-		return
-	}
-	r.s.log.Info("pipeline recovered", "pipeline", r.name, "tenant", r.tenant)
-	r.s.update(r.name, func(e *entry) {
+	was := false
+	r.entries.update(r.name, func(e *entry) {
+		was = r.failing.Swap(false)
+		r.episode.pending, r.episode.lastErr = false, ""
+		if !was {
+			return
+		}
 		e.status.NextRetry = time.Time{}
-		if e.status.State == StateBackingOff && e.handlerRunning {
+		if e.status.State == StateBackingOff && e.running() {
 			e.status.LastError = ""
 			e.setState(StateRunning)
 		}
 	})
+	if was {
+		r.log.Info("pipeline recovered", "pipeline", r.name, "tenant", r.tenant)
+	}
 }
 
 // reset forgets the episode: a new incarnation of spec starts clean.
 func (r *reporter) reset(spec *pipelines.Spec) {
 	r.spec.Store(spec)
-	r.mu.Lock()
-	r.failing.Store(false)
-	r.pending, r.lastErr = false, ""
-	r.mu.Unlock()
+	r.entries.update(r.name, func(*entry) {
+		r.failing.Store(false)
+		r.episode.pending, r.episode.lastErr = false, ""
+	})
 }
 
 func (r *reporter) Fatal(err error) {
-	r.s.update(r.name, func(e *entry) {
+	r.entries.update(r.name, func(e *entry) {
 		e.setState(StateFailed)
 		e.status.LastError = r.errorText(err)
 		e.status.NextRetry = time.Time{}
@@ -229,67 +242,4 @@ func (r *reporter) lagSummaries() map[string]LagSummary {
 		out[seg] = w.summary(now)
 	}
 	return out
-}
-
-// stateCollector exports each pipeline's state, starts, source health and
-// in-flight window, computed at scrape time from the supervisor.
-type stateCollector struct {
-	s                                       *Supervisor
-	state, starts, backlog, oldest, horizon *prometheus.Desc
-	inFlight, redeliveries, givenUp         *prometheus.Desc
-	coordinationUp                          *prometheus.Desc
-}
-
-func newStateCollector(s *Supervisor) *stateCollector {
-	l := []string{"pipeline", "tenant"}
-	return &stateCollector{s: s,
-		state:        prometheus.NewDesc("ferry_pipeline_state", "1 for the pipeline's current state (starting, running, paused, backing_off, stalled, failed, stopped, standby: owned by another instance).", append(l, "state"), nil),
-		starts:       prometheus.NewDesc("ferry_pipeline_starts_total", "Times the pipeline was started (restarts show as increases).", l, nil),
-		backlog:      prometheus.NewDesc("ferry_source_backlog", "Not yet delivered: unpublished rows (poll), rows past the cursor (xid8), unconfirmed WAL bytes (wal).", append(l, "unit"), nil),
-		oldest:       prometheus.NewDesc("ferry_source_oldest_undelivered_seconds", "Age of the oldest undelivered event, on the database clock.", l, nil),
-		horizon:      prometheus.NewDesc("ferry_source_xmin_horizon_age_seconds", "Age of the oldest running transaction on the source database: it holds xid8 cursors back.", l, nil),
-		inFlight:     prometheus.NewDesc("ferry_source_in_flight", "Events read and not yet recorded as delivered.", l, nil),
-		redeliveries: prometheus.NewDesc("ferry_source_redeliveries_total", "Events sent again after a failed delivery.", l, nil),
-		givenUp:      prometheus.NewDesc("ferry_source_given_up_total", "Events the source gave up on after failed deliveries (poll: parked after max_attempts).", l, nil),
-		coordinationUp: prometheus.NewDesc("ferry_ha_coordination_up", "1 while the last heartbeat into the coordination database succeeded, 0 while it fails (high availability runs degraded: no fair share). Absent without --ha.",
-			[]string{"instance"}, nil),
-	}
-}
-
-func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.state, c.starts, c.backlog, c.oldest, c.horizon, c.inFlight, c.redeliveries, c.givenUp, c.coordinationUp} {
-		ch <- d
-	}
-}
-
-var allStates = []State{StateStarting, StateRunning, StatePaused, StateBackingOff, StateStalled, StateFailed, StateStopped, StateStandby}
-
-func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	if co, ok := c.s.Coordination(); ok {
-		up := 0.0
-		if co.Up {
-			up = 1
-		}
-		ch <- prometheus.MustNewConstMetric(c.coordinationUp, prometheus.GaugeValue, up, co.Instance)
-	}
-	for _, st := range c.s.Statuses() {
-		for _, s := range allStates {
-			v := 0.0
-			if st.State == s {
-				v = 1
-			}
-			ch <- prometheus.MustNewConstMetric(c.state, prometheus.GaugeValue, v, st.Name, st.Tenant, string(s))
-		}
-		ch <- prometheus.MustNewConstMetric(c.starts, prometheus.CounterValue, float64(st.Starts), st.Name, st.Tenant)
-		if h := st.Health; h != nil && !h.CheckedAt.IsZero() {
-			ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(h.Backlog), st.Name, st.Tenant, h.BacklogUnit)
-			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, h.OldestAge.Seconds(), st.Name, st.Tenant)
-			ch <- prometheus.MustNewConstMetric(c.horizon, prometheus.GaugeValue, h.XminHorizonAge().Seconds(), st.Name, st.Tenant)
-		}
-		if f := st.Flow; f != nil {
-			ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(f.InFlight), st.Name, st.Tenant)
-			ch <- prometheus.MustNewConstMetric(c.redeliveries, prometheus.CounterValue, float64(f.Redeliveries), st.Name, st.Tenant)
-			ch <- prometheus.MustNewConstMetric(c.givenUp, prometheus.CounterValue, float64(f.GivenUp), st.Name, st.Tenant)
-		}
-	}
 }
