@@ -24,8 +24,8 @@ import (
 // (their backlog measured, nothing running) — and keeps it so: it reads
 // the store at once on every change notification and every Interval as a
 // safety net, and feeds the whole set to the supervisor's Reload, which
-// starts, restarts (on a changed configuration), pauses and stops only what
-// differs.
+// starts, restarts (on a changed configuration), pauses, resumes and stops
+// only what differs.
 //
 // Run wires one for `ferry run --store`; it is exported for embedders that
 // assemble their own instance, and for tests. Start before the supervisor
@@ -219,9 +219,9 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadR
 	c.mu.Unlock()
 
 	res, err := c.Supervisor.Reload(append(slices.Clone(c.files), specs...))
-	c.keepDesiredStates(specs)
-	if len(res.Started)+len(res.Restarted)+len(res.Stopped) > 0 {
-		c.log().Info("converged on the store", "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped, "unchanged", len(res.Unchanged))
+	if len(res.Started)+len(res.Restarted)+len(res.Stopped)+len(res.Paused) > 0 {
+		c.log().Info("converged on the store", "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped,
+			"paused", res.Paused, "unchanged", len(res.Unchanged))
 	}
 	if !snap.Stale {
 		c.exchangeStatuses(ctx)

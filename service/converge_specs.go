@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/policy"
@@ -109,32 +108,6 @@ func applyTenantLimits(specs []*pipelines.Spec, tenants []store.Tenant, problems
 			if "store:tenant/"+s.Tenant == e.File {
 				problems[s.Name] = e.Error()
 			}
-		}
-	}
-}
-
-// keepDesiredStates makes each store pipeline's state on this instance
-// match its desired state where Reload left it otherwise. An engine that
-// keeps a spec with Paused as a paused entry, and resumes it on a Reload
-// without, leaves nothing to do here; with one that runs every spec it is
-// given, this pauses and resumes them itself. File pipelines are left
-// alone: their pause is an operator's action on this instance, not a
-// desired state.
-func (c *Converger) keepDesiredStates(specs []*pipelines.Spec) {
-	for _, sp := range specs {
-		st, err := c.Supervisor.Status(sp.Name)
-		if err != nil {
-			continue
-		}
-		switch {
-		case sp.Paused && st.State != engine.StatePaused && st.State != engine.StateStandby:
-			err = c.Supervisor.Pause(sp.Name)
-		case !sp.Paused && st.State == engine.StatePaused:
-			err = c.Supervisor.Resume(sp.Name)
-		}
-		// A pipeline another instance owns is paused by its owner.
-		if err != nil && !errors.Is(err, engine.ErrConflict) {
-			c.log().Warn("store pipeline not brought to its desired state", "pipeline", sp.Name, "tenant", sp.Tenant, "paused", sp.Paused, "err", redact.Error(err))
 		}
 	}
 }

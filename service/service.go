@@ -201,7 +201,8 @@ func (s *Service) reloadAs(trigger string) (engine.ReloadResult, error) {
 		s.log.Error("reload refused: the new configuration is invalid; nothing changed", "trigger", trigger, "err", err)
 	default:
 		s.reloadOK.Set(1)
-		s.log.Info("reloaded", "trigger", trigger, "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped, "unchanged", len(res.Unchanged))
+		s.log.Info("reloaded", "trigger", trigger, "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped,
+			"paused", res.Paused, "unchanged", len(res.Unchanged))
 	}
 	return res, err
 }
