@@ -37,7 +37,7 @@ func Main(reg *plugins.Registry) int { return MainArgs(os.Args[1:], os.Stdout, o
 // MainArgs is Main with the arguments (without the program name) and the
 // output given; the log and errors go to stderr, nothing to stdout.
 // --help prints the flags to stderr and returns 0.
-func MainArgs(args []string, _, stderr io.Writer, reg *plugins.Registry) int {
+func MainArgs(args []string, stdout, stderr io.Writer, reg *plugins.Registry) int {
 	fs := flag.NewFlagSet("ferry run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f := Flags(fs)
