@@ -49,25 +49,7 @@ func testBatch(t *testing.T, c SinkContract) {
 		}
 		return event(fmt.Sprintf("batch-%04d", i), agg, 1, md)
 	}
-	start := time.Now()
-	for b := range batches {
-		msgs := make([]*message.Message, size)
-		for j := range msgs {
-			msgs[j] = newEvent(b*size+j, nil)
-		}
-		errs := bp.PublishBatch("", msgs)
-		if len(errs) != len(msgs) {
-			t.Fatalf("PublishBatch of %d events returned %d outcomes", len(msgs), len(errs))
-		}
-		for j, err := range errs {
-			if err != nil {
-				t.Fatalf("batch %d, event %s: %v", b, msgs[j].UUID, err)
-			}
-		}
-	}
-	elapsed := time.Since(start)
-	t.Logf("%d events in %d confirmed batches of %d in %s (%.0f/s)", batches*size, batches, size,
-		elapsed.Round(time.Millisecond), float64(batches*size)/elapsed.Seconds())
+	publishBatches(t, bp, batches, size, func(i int) *message.Message { return newEvent(i, nil) })
 
 	// A batch names its destination, as Publish does.
 	routed := make([]*message.Message, 10)
@@ -108,6 +90,32 @@ func testBatch(t *testing.T, c SinkContract) {
 	if errs := bp.PublishBatch("", late); len(errs) != 1 || errs[0] == nil {
 		t.Fatalf("PublishBatch after Close = %v, want an error", errs)
 	}
+}
+
+// publishBatches publishes batches batches of size events made by
+// newEvent, numbered from 0, and fails the test unless every one was
+// confirmed.
+func publishBatches(t *testing.T, bp plugins.BatchPublisher, batches, size int, newEvent func(int) *message.Message) {
+	t.Helper()
+	start := time.Now()
+	for b := range batches {
+		msgs := make([]*message.Message, size)
+		for j := range msgs {
+			msgs[j] = newEvent(b*size + j)
+		}
+		errs := bp.PublishBatch("", msgs)
+		if len(errs) != len(msgs) {
+			t.Fatalf("PublishBatch of %d events returned %d outcomes", len(msgs), len(errs))
+		}
+		for j, err := range errs {
+			if err != nil {
+				t.Fatalf("batch %d, event %s: %v", b, msgs[j].UUID, err)
+			}
+		}
+	}
+	elapsed := time.Since(start)
+	t.Logf("%d events in %d confirmed batches of %d in %s (%.0f/s)", batches*size, batches, size,
+		elapsed.Round(time.Millisecond), float64(batches*size)/elapsed.Seconds())
 }
 
 // publishRefused publishes a batch of ten events made by newEvent, the
