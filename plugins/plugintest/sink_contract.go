@@ -28,8 +28,10 @@ type SinkContract struct {
 	// broker needs for topic to be published to and read (binds a queue,
 	// creates a stream or a topic), then delivers every message published
 	// to topic from then on, each stream (partition, queue) in the broker's
-	// order, until the test ends. Adapters: Poll for a reader that returns
-	// everything read so far, FromMessages for a Watermill subscriber.
+	// order, until the test ends. It may be called again for a topic
+	// (BrokerDown reads afresh once the broker is back). Adapters: Poll for
+	// a reader that returns everything read so far, FromMessages for a
+	// Watermill subscriber.
 	Read func(t testing.TB, topic string) <-chan Record
 	// Features say what the sink and its broker promise.
 	Features SinkFeatures
