@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"time"
 
 	"github.com/ferryhq/ferry/internal/redact"
@@ -22,22 +21,12 @@ import (
 // defaultHealthInterval is the sources' default metrics_interval.
 const defaultHealthInterval = 15 * time.Second
 
-// healthInterval is the pipeline's source.metrics_interval, the default if
-// its source has none. Read by name: every built-in source config has the
-// field, and a plugin's config may.
+// healthInterval is the pipeline's source.metrics_interval
+// (plugins.HealthIntervaler), the default if its source has none.
 func healthInterval(spec *pipelines.Spec) time.Duration {
-	v := reflect.ValueOf(spec.Source.Config)
-	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
-		if v.IsNil() {
-			return defaultHealthInterval
-		}
-		v = v.Elem()
-	}
-	if v.Kind() == reflect.Struct {
-		if f := v.FieldByName("MetricsInterval"); f.IsValid() && f.Type() == reflect.TypeFor[time.Duration]() {
-			if d := time.Duration(f.Int()); d > 0 {
-				return d
-			}
+	if c, ok := spec.Source.Config.(plugins.HealthIntervaler); ok {
+		if d := c.HealthInterval(); d > 0 {
+			return d
 		}
 	}
 	return defaultHealthInterval

@@ -126,7 +126,7 @@ func (s *Supervisor) reconcile(e *entry, sp *pipelines.Spec, r *ReloadResult) er
 		return nil
 	case pausedNow && (sp.Paused || !pausedByDesire):
 		// Stays paused (by its spec, or by an operator's Pause), with its
-		// new configuration.
+		// new configuration: no incarnation runs to read the old one.
 		s.replaceSpec(e, sp)
 		if changed {
 			r.Restarted = append(r.Restarted, name)
@@ -145,7 +145,9 @@ func (s *Supervisor) reconcile(e *entry, sp *pipelines.Spec, r *ReloadResult) er
 		r.Restarted = append(r.Restarted, name)
 		return s.startOrWait(e)
 	}
-	s.replaceSpec(e, sp) // the same configuration: only the desired state may differ
+	// The same configuration, running: e keeps its spec. An incarnation
+	// reads its entry's spec while it runs, so the spec is replaced only
+	// while none does (halted above, or paused).
 	r.Unchanged = append(r.Unchanged, name)
 	return nil
 }

@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"context"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -39,9 +40,9 @@ import (
 //     and `ferry doctor` looks for the relay's session on its database.
 //     Without it a canary with `generate` fails to start and doctor needs
 //     --url to judge the relay.
-//   - a MetricsInterval field (time.Duration) on the config struct, read by
-//     name: how often the supervisor measures a pipeline that does not run
-//     here. Without it, every 15s.
+//   - HealthIntervaler: how often the source measures its health (its
+//     metrics_interval); the supervisor measures a pipeline that does not
+//     run here as often. Without it, every 15s.
 //   - OffsetKeeper, DeadLetterKeeper, Backfiller, Purger: the offsets,
 //     dead-letter, backfill and delete-with-purge API routes (offsets.go,
 //     Purger below). Without them those routes answer that the source cannot.
@@ -169,6 +170,16 @@ func SourceHA(cfg Config) HA {
 		return h.HA()
 	}
 	return HA{}
+}
+
+// HealthIntervaler is implemented by source configs that measure their
+// health on a timer of their own (the PostgreSQL sources' metrics_interval).
+// HealthInterval is that timer's period; the supervisor measures a pipeline
+// that does not run here (paused, backing off, standing by) as often, so
+// its backlog is never older than a running one's. A zero or negative
+// period means the default.
+type HealthIntervaler interface {
+	HealthInterval() time.Duration
 }
 
 // OutboxTable describes the outbox table a pipeline reads, for components

@@ -19,7 +19,9 @@ import (
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
-// SinkHarness describes the sink under test.
+// SinkHarness describes the sink under test for the pipeline tier
+// (RunSinkPipeline): a sink built from its YAML, in pipelines that read a
+// PostgreSQL outbox.
 type SinkHarness struct {
 	// Type is the sink's registered name; its package must be imported.
 	Type string
@@ -30,28 +32,6 @@ type SinkHarness struct {
 	// IsUnroutable recognises the error of a publish the broker could not
 	// route (Features.RejectsUnroutable).
 	IsUnroutable func(error) bool
-	// Inspect, if set, looks at the sink after many concurrent publishes
-	// (e.g. to report how they batched).
-	Inspect func(t *testing.T, s plugins.Sink, published int)
-	// Refuse, if set, changes an event so that publishing it to the
-	// target's default destination fails for good (e.g. a payload over the
-	// broker's size limit), and returns the reason of the permanent error
-	// the sink then returns ("oversize"). The batch scenario puts one such
-	// event among good ones: it alone must fail. Nil when the harness has
-	// no such event; the scenario then publishes good events only.
-	Refuse func(m *message.Message) (reason string)
-}
-
-// SinkFeatures switch the suite's assertions to what a broker promises.
-type SinkFeatures struct {
-	// Keyed: records carry the aggregate id as their key (Kafka).
-	Keyed bool
-	// DedupsResends: the broker drops a re-sent event id (NATS JetStream,
-	// within the stream's duplicate window). Otherwise it keeps both copies,
-	// with the same id.
-	DedupsResends bool
-	// RejectsUnroutable: a publish nothing would receive fails (RabbitMQ).
-	RejectsUnroutable bool
 }
 
 // Target is one test's destinations on the broker and how to read them.
@@ -75,30 +55,15 @@ type Target struct {
 	Stop func(t testing.TB) (start func(testing.TB))
 }
 
-// Record is one message as the broker holds it, normalised across brokers.
-type Record struct {
-	// Destination is the Kafka topic, RabbitMQ routing key or NATS subject.
-	Destination string
-	// Stream is the unit the broker orders: a Kafka partition, a RabbitMQ
-	// queue, a JetStream stream.
-	Stream string
-	// Key is the Kafka record key; empty elsewhere.
-	Key string
-	// ID is the event id as the broker carries it (record header, AMQP
-	// message_id, Nats-Msg-Id).
-	ID      string
-	Payload []byte
-	Headers map[string]string
-}
-
-// RunSink runs every conformance scenario for h.
-func RunSink(t *testing.T, h SinkHarness) {
-	t.Run("ConfirmedRoundTrip", func(t *testing.T) { testRoundTrip(t, h) })
-	t.Run("ConcurrentPublishes", func(t *testing.T) { testConcurrent(t, h) })
-	t.Run("ResentEventID", func(t *testing.T) { testResend(t, h) })
+// RunSinkPipeline runs the pipeline tier's scenarios for h: 10,000 events
+// through an xid8 pipeline in per-aggregate order, the broker down under a
+// running pipeline (nothing acked, the cursor holds, everything arrives
+// once it is back) and, when the broker rejects them, unroutable events
+// (retried, or dead-lettered). What a sink's Publish promises on its own
+// is the contract tier's (RunSinkContract).
+func RunSinkPipeline(t *testing.T, h SinkHarness) {
 	t.Run("PipelineOrder10k", func(t *testing.T) { testOrder(t, h) })
 	t.Run("BrokerDown", func(t *testing.T) { testBrokerDown(t, h) })
-	t.Run("Batch", func(t *testing.T) { testBatch(t, h) })
 	if h.Features.RejectsUnroutable {
 		t.Run("Unroutable", func(t *testing.T) { testUnroutable(t, h) })
 	}
@@ -147,21 +112,6 @@ func WaitRecords(t testing.TB, tg *Target, timeout time.Duration, what string, c
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// DecodeRecords reads the suite's events ({"agg","seq"} payloads with an
-// outbox_id header) from records.
-func DecodeRecords(t testing.TB, recs []Record) []Delivered {
-	t.Helper()
-	out := make([]Delivered, 0, len(recs))
-	for _, r := range recs {
-		d, err := decodeEvent(r.ID, r.Payload, r.Headers[plugins.MetaOutboxID])
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, d)
-	}
-	return out
 }
 
 // SinkEnv is one pipeline scenario: a fresh database with an xid8 outbox,
