@@ -104,7 +104,7 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 	c.others = othersDatabases(spec, env.Others)
 	c.component(spec.Source, roleSource)
 	if spec.Canary != nil {
-		// Before the transforms: the older form is written among them, first.
+		// Where the older form sits: among the transforms, usually first.
 		for _, dest := range spec.Canary.Destinations() {
 			c.destination(join(spec.Canary.Path, dest.Path), dest)
 		}
