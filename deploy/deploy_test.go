@@ -30,7 +30,6 @@ import (
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
-	_ "github.com/ferryhq/ferry/transforms/canary"
 	_ "github.com/ferryhq/ferry/transforms/headers"
 	_ "github.com/ferryhq/ferry/transforms/router"
 )

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/engine/canary"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/tracing"
@@ -29,6 +30,8 @@ type Pipeline struct {
 	// possibly wrapped (the supervisor adds Watermill's publish metrics).
 	Publisher message.Publisher
 	Log       *slog.Logger
+	// canary is the pipeline's canary (spec.Canary); nil without one.
+	canary *canary.Canary
 
 	metrics *stageObservers
 	report  plugins.Reporter
@@ -59,7 +62,9 @@ func (p *Pipeline) warnHeaders(msg *message.Message, why string) {
 
 // Stage is one transform with the name used in logs and metrics.
 type Stage struct {
-	// Name is "<index>:<type>", e.g. "0:event_router".
+	// Name is "<index>:<type>", e.g. "0:event_router": the index is the
+	// transform's place in the YAML's transforms list, so a canary written
+	// there in the older form (no stage) renames none of the others.
 	Name      string
 	Transform plugins.Transform
 }
@@ -82,8 +87,8 @@ type StageError struct {
 func (e *StageError) Error() string { return "stage " + e.Stage + ": " + e.Err.Error() }
 func (e *StageError) Unwrap() error { return e.Err }
 
-// Build makes the components of spec: the sink first, so transforms that
-// read back through it (the canary) can be given it. It does no I/O.
+// Build makes the components of spec, and its canary: the sink first, so
+// the canary can read back through it. It does no I/O.
 func Build(spec *pipelines.Spec, env plugins.Env) (*Pipeline, error) {
 	env.Pipeline, env.Tenant = spec.Name, spec.Tenant
 	env.MaxInFlight = spec.Limits.MaxInFlight
@@ -98,9 +103,9 @@ func Build(spec *pipelines.Spec, env plugins.Env) (*Pipeline, error) {
 	if env.Report == nil {
 		env.Report = plugins.NopReporter{}
 	}
-	if o, ok := spec.Source.Config.(plugins.OutboxSource); ok {
-		t := o.OutboxTable()
-		env.Outbox = &t
+	outbox := outboxOf(spec)
+	if outbox != nil {
+		env.Origin = originOf(*outbox)
 	}
 	p := &Pipeline{Spec: spec, Log: env.Logger, report: env.Report}
 
@@ -115,7 +120,6 @@ func Build(spec *pipelines.Spec, env plugins.Env) (*Pipeline, error) {
 		return nil, fmt.Errorf("pipeline %s: tracing: %w", spec.Name, err)
 	}
 	env.Tracer = p.tracer.Tracer()
-	env.Sink = p.Sink
 	src, err := spec.Source.Factory.BuildSource(spec.Source.Config, env)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline %s: build source: %w", spec.Name, err)
@@ -126,9 +130,23 @@ func Build(spec *pipelines.Spec, env plugins.Env) (*Pipeline, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pipeline %s: build %s: %w", spec.Name, t.Path, err)
 		}
-		p.Stages = append(p.Stages, Stage{Name: fmt.Sprintf("%d:%s", i, t.Type), Transform: tr})
+		p.Stages = append(p.Stages, Stage{Name: fmt.Sprintf("%d:%s", transformIndex(t, i), t.Type), Transform: tr})
 	}
+	reader, _ := p.Sink.(plugins.Reader)
+	p.canary = canary.New(spec.Canary, canary.Deps{Pipeline: spec.Name, Outbox: outbox, Reader: reader,
+		Logger: env.Logger, Metrics: env.Metrics, Report: env.Report})
 	return p, nil
+}
+
+// transformIndex is t's place in the YAML's transforms list, as its Path
+// says ("transforms[2]"); i, its place among the stages, for a spec made
+// in code.
+func transformIndex(t pipelines.Component, i int) int {
+	var n int
+	if _, err := fmt.Sscanf(t.Path, "transforms[%d]", &n); err == nil {
+		return n
+	}
+	return i
 }
 
 // StageNames lists the pipeline's stages in order: read, each transform,
@@ -141,8 +159,9 @@ func (p *Pipeline) StageNames() []string {
 	return append(names, StagePublish)
 }
 
-// Start starts the sink and every transform that needs it. On error, what
-// started stays started: Start may be called again, and Close stops it all.
+// Start starts the sink, every transform that needs it, then the canary.
+// On error, what started stays started: Start may be called again, and
+// Close stops it all.
 func (p *Pipeline) Start(ctx context.Context) error {
 	if err := p.Sink.Start(ctx); err != nil {
 		return fmt.Errorf("start sink %s: %w", p.Spec.Sink.Type, err)
@@ -154,7 +173,7 @@ func (p *Pipeline) Start(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
+	return p.canary.Start(ctx)
 }
 
 // Handle delivers msg as a batch of one through the pipeline's delivery
@@ -163,8 +182,9 @@ func (p *Pipeline) Start(ctx context.Context) error {
 // broker confirmed every message made of msg, and acks msg then (or when a
 // transform dropped it); an error (a *StageError) means it was not (fully)
 // delivered, and msg is nacked. msg itself is never changed: the
-// transforms work on a copy. A message a transform marks final
-// (plugins.MetaFinal) skips the transforms after it.
+// transforms work on a copy. A canary row skips every transform; a
+// message a transform marks final (plugins.MetaFinal) skips the transforms
+// after it.
 func (p *Pipeline) Handle(msg *message.Message) error {
 	d := newDelivery()
 	d.events = append(d.events, msg)
@@ -195,22 +215,14 @@ func commitToRead(msg *message.Message) (time.Duration, bool) {
 	return max(time.Unix(0, dbRead).Sub(commit), 0), true
 }
 
-// Stalled reports whether a stage (the canary) sees the pipeline stalled.
-func (p *Pipeline) Stalled() (bool, string) {
-	for _, st := range p.Stages {
-		if s, ok := st.Transform.(plugins.Staller); ok {
-			if stalled, why := s.Stalled(); stalled {
-				return true, why
-			}
-		}
-	}
-	return false, ""
-}
+// Stalled reports whether the pipeline's canary sees it stalled, and why;
+// false without a canary.
+func (p *Pipeline) Stalled() (bool, string) { return p.canary.Stalled() }
 
-// Close closes the source, the transforms that are closers (io.Closer, a
-// capability), and the sink.
+// Close closes the source, the canary, the transforms that are closers
+// (io.Closer, a capability), and the sink.
 func (p *Pipeline) Close() error {
-	errs := []error{p.Source.Close()}
+	errs := []error{p.Source.Close(), p.canary.Close()}
 	for _, st := range p.Stages {
 		if c, ok := st.Transform.(io.Closer); ok {
 			errs = append(errs, c.Close())

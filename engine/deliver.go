@@ -56,8 +56,11 @@ type eventState struct {
 	// final: no retry can change the outcome (a permanent failure, a
 	// transform's error); busy: the current attempt has not decided it yet.
 	final, busy bool
-	settled     bool // acked or nacked: its way ended
-	fate        fate
+	// pastStages: the event went to the publish without the transforms
+	// (a canary row), which therefore observe nothing of it.
+	pastStages bool
+	settled    bool // acked or nacked: its way ended
+	fate       fate
 }
 
 // delivery is one batch's events and their state, shared by every layer of
@@ -167,9 +170,17 @@ func (p *Pipeline) transform(d *delivery, i int, now time.Time) {
 	// published; the event as read stays untouched for a retry and the
 	// dead-letter topic.
 	out := m.CopyWithContext()
-	var fan []*message.Message // set once a transform fanned the event out
 	n := len(p.Stages)
 	times := d.times[i*n : (i+1)*n]
+	if p.canary.Route(out) {
+		// A canary row goes to the canary topic past every transform, so
+		// no business route can take it, wherever its transforms are.
+		clear(times)
+		st.stage, st.pastStages = n+1, true
+		st.out, st.topic = out, out.Metadata.Get(plugins.MetaTopic)
+		return
+	}
+	var fan []*message.Message // set once a transform fanned the event out
 	for s, stage := range p.Stages {
 		if fan == nil && out.Metadata.Get(plugins.MetaFinal) == "true" {
 			times[s] = 0 // a final message passes the stages after it untouched
@@ -406,7 +417,7 @@ func (d *delivery) observe(i int) {
 	}
 	n := len(d.p.Stages)
 	times := d.times[i*n : (i+1)*n]
-	for s := 1; s <= n && s < st.stage; s++ {
+	for s := 1; s <= n && s < st.stage && !st.pastStages; s++ {
 		obs.observe(s, times[s-1], outcomeOK)
 	}
 	switch {

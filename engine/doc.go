@@ -28,8 +28,9 @@
 //	dead-letter     per event, at once, what no retry can fix (deadletter.go)
 //	Recoverer       Watermill's, around one attempt
 //	deliver         one attempt (deliver.go): undecodable check, fresh copy,
-//	                transforms, destination check (destinations.go), sent-at,
-//	                spans, one publish call per topic (publish.go)
+//	                transforms (a canary row skips them all, sent to the
+//	                canary topic), destination check (destinations.go),
+//	                sent-at, spans, one publish call per topic (publish.go)
 //
 // Stage metrics and lag are observed once per event, when it settles.
 // Pipeline.Handle is the same path for one event, without the middleware.
@@ -43,6 +44,15 @@
 // of pipelines whose source does not (paused ones included); reporter.go
 // is each pipeline's plugins.Reporter; logadapter.go and registerer.go
 // adapt the router's logs and the components' metrics.
+//
+// # Features of the engine
+//
+// A pipeline's canary (`canary:`) is the engine's, not a component's:
+// package engine/canary generates canary rows into the source's outbox
+// table (plugins.OutboxSource on the source's config), the delivery path
+// routes them to the canary topic past the transforms, and the checker
+// reads them back through the sink (plugins.Reader on the built sink); its
+// verdict makes a running pipeline `stalled` (entries.go).
 //
 // It builds components from pipelines.Spec through the plugins API and
 // must not import a concrete component, the CLI, the HTTP API, the store

@@ -26,7 +26,7 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 
 // Each testdata/golden/*.yaml builds the stage list in its .golden file:
 // the components in order with their configs after defaults, as the
-// pipeline will run them (secrets masked).
+// pipeline will run them (secrets masked), and its canary.
 func TestGolden(t *testing.T) {
 	files, _ := filepath.Glob("testdata/golden/*.yaml")
 	if len(files) == 0 {
@@ -59,6 +59,9 @@ func TestGolden(t *testing.T) {
 				fmt.Fprintf(&b, "sink %s%s\n", s.Sink.Type, js(s.Sink.Config))
 				if s.DeadLetter != nil {
 					fmt.Fprintf(&b, "dead_letter %s\n", s.DeadLetter.Topic)
+				}
+				if s.Canary != nil {
+					fmt.Fprintf(&b, "canary (at %s)%s\n", s.Canary.Path, js(s.Canary))
 				}
 			}
 			got := redact.String(b.String())

@@ -114,9 +114,8 @@ var errNotProber = errors.New("the source cannot be measured")
 // probe shares none of its state.
 func probeOnce(ctx context.Context, spec *pipelines.Spec, log *slog.Logger) (plugins.Health, error) {
 	env := plugins.Env{Logger: spec.MaskLogger(log.With("pipeline", spec.Name, "tenant", spec.Tenant)), Pipeline: spec.Name, Tenant: spec.Tenant, Report: plugins.NopReporter{}}
-	if o, ok := spec.Source.Config.(plugins.OutboxSource); ok {
-		t := o.OutboxTable()
-		env.Outbox = &t
+	if t := outboxOf(spec); t != nil {
+		env.Origin = originOf(*t)
 	}
 	src, err := spec.Source.Factory.BuildSource(spec.Source.Config, env)
 	if err != nil {

@@ -21,7 +21,6 @@ import (
 	_ "github.com/ferryhq/ferry/sinks/kafka"
 	_ "github.com/ferryhq/ferry/sinks/rabbitmq"
 	"github.com/ferryhq/ferry/sources/xid8"
-	_ "github.com/ferryhq/ferry/transforms/canary"
 	_ "github.com/ferryhq/ferry/transforms/filter"
 	_ "github.com/ferryhq/ferry/transforms/headers"
 	_ "github.com/ferryhq/ferry/transforms/router"

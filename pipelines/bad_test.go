@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	_ "github.com/ferryhq/ferry/transforms/canary"
 	_ "github.com/ferryhq/ferry/transforms/filter"
 	_ "github.com/ferryhq/ferry/transforms/headers"
 	_ "github.com/ferryhq/ferry/transforms/router"

@@ -213,6 +213,8 @@ type document struct {
 	Source     yaml.Node   `yaml:"source"`
 	Transforms []yaml.Node `yaml:"transforms"`
 	Sink       yaml.Node   `yaml:"sink"`
+	// Canary: see Canary; decoded over DefaultCanary.
+	Canary     yaml.Node   `yaml:"canary"`
 	Limits     Limits      `yaml:"limits"`
 	DeadLetter *DeadLetter `yaml:"dead_letter"`
 	Ownership  string      `yaml:"ownership"`
@@ -429,16 +431,24 @@ func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
 		reg = plugins.Default
 	}
 	spec.Source, _ = d.component(reg, plugins.KindSource, &doc.Source, "source", true)
+	spec.Canary = d.canary(&doc.Canary, "canary", nil)
+	lastIdx := lastStage(doc.Transforms)
 	for i := range doc.Transforms {
 		path := fmt.Sprintf("transforms[%d]", i)
+		if typeOf(&doc.Transforms[i]) == CanaryType {
+			// The older form: the canary written as a transform.
+			spec.Canary = d.canary(&doc.Transforms[i], path, spec.Canary)
+			continue
+		}
 		if c, ok := d.component(reg, plugins.KindTransform, &doc.Transforms[i], path, true); ok {
-			if _, last := c.Config.(plugins.LastStage); last && i != len(doc.Transforms)-1 {
+			if _, last := c.Config.(plugins.LastStage); last && i != lastIdx {
 				d.fail(join(path, "type"), "%s must be the last transform: it renames the fields other transforms read", c.Type)
 			}
 			spec.Transforms = append(spec.Transforms, c)
 		}
 	}
 	spec.Sink, _ = d.component(reg, plugins.KindSink, &doc.Sink, "sink", true)
+	d.canaryNeeds(spec)
 	ha := plugins.SourceHA(spec.Source.Config)
 	switch doc.Ownership {
 	case "", OwnershipExclusive:
@@ -589,12 +599,12 @@ func (d *decoder) component(reg *plugins.Registry, kind plugins.Kind, n *yaml.No
 		rest.Content = append(rest.Content, n.Content[i], n.Content[i+1])
 	}
 	if typ == "" {
-		d.fail(join(path, "type"), "missing: one of %s", strings.Join(reg.Names(kind), ", "))
+		d.fail(join(path, "type"), "missing: one of %s", strings.Join(knownTypes(reg, kind), ", "))
 		return Component{}, false
 	}
 	f, ok := reg.Lookup(kind, typ)
 	if !ok {
-		d.fail(join(path, "type"), "unknown %s type %q (known: %s)", kind, typ, strings.Join(reg.Names(kind), ", "))
+		d.fail(join(path, "type"), "unknown %s type %q (known: %s)", kind, typ, strings.Join(knownTypes(reg, kind), ", "))
 		return Component{}, false
 	}
 	cfg := f.NewConfig()

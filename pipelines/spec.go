@@ -38,6 +38,9 @@ type Spec struct {
 	Limits     Limits
 	// DeadLetter, when set, receives events that cannot be delivered.
 	DeadLetter *DeadLetter
+	// Canary, when set, tells the pipeline quiet from stalled (`canary:`,
+	// or a transform of type canary in the older form); the engine runs it.
+	Canary *Canary
 	// Hash identifies the pipeline's configuration after interpolation; a
 	// reload restarts only pipelines whose hash changed.
 	Hash string
@@ -140,13 +143,18 @@ type TenantSpec struct {
 	Limits Limits
 }
 
-// Describe is a one-line summary without secrets: "orders (xid8 → nats)".
+// Describe is a one-line summary without secrets: "orders (xid8 → nats)",
+// "orders (xid8 → event_router → nats, canary)".
 func (s *Spec) Describe() string {
 	stages := s.Source.Type
 	for _, t := range s.Transforms {
 		stages += " → " + t.Type
 	}
-	return fmt.Sprintf("%s (%s → %s)", s.Name, stages, s.Sink.Type)
+	canary := ""
+	if s.Canary != nil {
+		canary = ", canary"
+	}
+	return fmt.Sprintf("%s (%s → %s%s)", s.Name, stages, s.Sink.Type, canary)
 }
 
 // pipelineName is what a pipeline or tenant may be called: it becomes part of

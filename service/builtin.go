@@ -11,7 +11,6 @@ import (
 	_ "github.com/ferryhq/ferry/sources/wal"
 	_ "github.com/ferryhq/ferry/sources/watermillsql"
 	_ "github.com/ferryhq/ferry/sources/xid8"
-	_ "github.com/ferryhq/ferry/transforms/canary"
 	_ "github.com/ferryhq/ferry/transforms/filter"
 	_ "github.com/ferryhq/ferry/transforms/headers"
 	_ "github.com/ferryhq/ferry/transforms/router"

@@ -73,6 +73,11 @@ func Catalog(reg *plugins.Registry) []Plugin {
 	return out
 }
 
+// Fields describes the keys of a config struct as Catalog describes a
+// component's: for the sections of a pipeline that configure Ferry itself
+// rather than a component (`canary:`, pipelines.Canary).
+func Fields(cfg any) []Field { return fields(reflect.ValueOf(cfg)) }
+
 var durationType = reflect.TypeOf(time.Duration(0))
 
 func fields(v reflect.Value) []Field {

@@ -42,7 +42,7 @@ func TestFieldDocsAreGenerated(t *testing.T) {
 // comment: the reference and GET /api/v1/plugins show nothing else.
 func TestEveryKeyHasADoc(t *testing.T) {
 	cat := plugindoc.Catalog(builtin.Registry())
-	if len(cat) < 11 {
+	if len(cat) < 10 {
 		t.Fatalf("catalog has %d types", len(cat))
 	}
 	var walk func(p plugindoc.Plugin, prefix string, fields []plugindoc.Field)
@@ -144,7 +144,7 @@ func TestBuiltinHasEveryComponent(t *testing.T) {
 		listed = append(listed, pkg)
 	}
 	slices.Sort(listed)
-	if len(found) < 11 || !slices.Equal(found, listed) {
+	if len(found) < 10 || !slices.Equal(found, listed) {
 		t.Fatalf("component packages %v, builtin.Registers %v: add the new ones to internal/plugindoc/builtin", found, listed)
 	}
 }
@@ -181,6 +181,25 @@ func TestExamples(t *testing.T) {
 		}
 		if !uses(t, src, p.Kind, p.Type) {
 			t.Errorf("%s has no %s of type %s", path, p.Kind, p.Type)
+		}
+	}
+	for _, sec := range reference.Sections {
+		path := reference.SectionExamplePath(sec.Key)
+		want[path] = true
+		if sec.Summary == "" || sec.Guide == "" || sec.GuideTitle == "" {
+			t.Errorf("section %s: no summary and guide in reference.Sections", sec.Key)
+		}
+		src, err := reference.Examples.ReadFile(path)
+		if err != nil {
+			t.Errorf("section %s: no example: %v", sec.Key, err)
+			continue
+		}
+		if _, err := loader.LoadBytes(path, src); err != nil {
+			t.Errorf("%s does not load:\n%v", path, err)
+		}
+		var doc map[string]any
+		if err := yaml.Unmarshal(src, &doc); err != nil || doc[sec.Key] == nil {
+			t.Errorf("%s has no %s: section (%v)", path, sec.Key, err)
 		}
 	}
 	err := fs.WalkDir(reference.Examples, ".", func(path string, e fs.DirEntry, err error) error {

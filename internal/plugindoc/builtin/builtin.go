@@ -18,7 +18,6 @@ import (
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/watermillsql"
 	"github.com/ferryhq/ferry/sources/xid8"
-	"github.com/ferryhq/ferry/transforms/canary"
 	"github.com/ferryhq/ferry/transforms/filter"
 	"github.com/ferryhq/ferry/transforms/headers"
 	"github.com/ferryhq/ferry/transforms/router"
@@ -31,7 +30,6 @@ var Registers = map[string]func(*plugins.Registry){
 	"sources/wal":          wal.Register,
 	"sources/watermillsql": watermillsql.Register,
 	"sources/xid8":         xid8.Register,
-	"transforms/canary":    canary.Register,
 	"transforms/filter":    filter.Register,
 	"transforms/headers":   headers.Register,
 	"transforms/router":    router.Register,

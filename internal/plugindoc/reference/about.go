@@ -1,5 +1,7 @@
 package reference
 
+import "github.com/ferryhq/ferry/pipelines"
+
 // Component is what the reference says of a component above its keys.
 type Component struct {
 	// Summary is one clause, lowercase, no final period: what it is.
@@ -33,10 +35,6 @@ var About = map[string]Component{
 		Summary: "the outbox event router: picks each event's topic, routing key or subject from one of its fields, sets its key, places extra fields",
 		Guide:   "../transforms.md#event_router--the-outbox-event-router", GuideTitle: "`event_router`",
 	},
-	"transform/canary": {
-		Summary: "writes canary rows and reads them back through the sink, so a quiet pipeline is told from a stalled one",
-		Guide:   "../transforms.md#canary--quiet-or-stalled", GuideTitle: "`canary`",
-	},
 	"transform/headers": {
 		Summary: "stamps the headers consumers need to measure lag (event id, created_at, read_at, sent_at, …) under configurable names",
 		Guide:   "../transforms.md#headers--stamp-what-consumers-need-to-measure-lag", GuideTitle: "`headers`",
@@ -57,4 +55,23 @@ var About = map[string]Component{
 		Summary: "publishes mandatory, persistent messages with publisher confirms; a returned message fails the publish",
 		Guide:   "../sinks.md#rabbitmq", GuideTitle: "Sink `rabbitmq`",
 	},
+}
+
+// Section is a section of a pipeline file that configures Ferry itself,
+// not a component: the reference describes its keys as a component's.
+type Section struct {
+	// Key is the section's top-level key.
+	Key string
+	// Config is the section's config as decoded over its defaults.
+	Config any
+	Component
+}
+
+// Sections are the pipeline's own sections the reference describes, in
+// the order it lists them; each has an example, examples/pipeline/<key>.yaml.
+var Sections = []Section{
+	{Key: "canary", Config: pipelines.DefaultCanary(), Component: Component{
+		Summary: "writes canary rows into the outbox and reads them back through the sink, so a quiet pipeline is told from a stalled one",
+		Guide:   "../monitoring.md#the-canary-quiet-or-stalled", GuideTitle: "The canary",
+	}},
 }

@@ -4,8 +4,9 @@
 // — and an example pipeline. `go generate ./internal/plugindoc` writes the
 // pages (command genref); a test fails when the committed pages differ.
 //
-// It imports internal/plugindoc and plugins only, never a component: the
-// caller hands it the registry (genref uses package builtin's).
+// It imports internal/plugindoc, plugins and the pipeline model (for the
+// pipeline's own sections) only, never a component: the caller hands it the
+// registry (genref uses package builtin's).
 package reference
 
 import (
@@ -34,6 +35,10 @@ var Examples embed.FS
 func ExamplePath(kind plugins.Kind, typ string) string {
 	return "examples/" + string(kind) + "s/" + typ + ".yaml"
 }
+
+// SectionExamplePath is where the example of a pipeline section lives in
+// Examples.
+func SectionExamplePath(key string) string { return "examples/pipeline/" + key + ".yaml" }
 
 // kinds are the pages, in the order the index lists them.
 var kinds = []struct {
@@ -84,8 +89,39 @@ func Pages(reg *plugins.Registry) map[string][]byte {
 		}
 		pages[k.file] = b.Bytes()
 	}
+	fmt.Fprintf(&index, "\n## [Pipeline sections](%s)\n\nSections of a pipeline file that configure Ferry itself, not a component.\n\n", sectionsFile)
+	for _, sec := range Sections {
+		fmt.Fprintf(&index, "- [`%s:`](%s#%s) — %s\n", sec.Key, sectionsFile, sec.Key, sec.Summary)
+	}
+	pages[sectionsFile] = sectionsPage()
 	pages["README.md"] = index.Bytes()
 	return pages
+}
+
+// sectionsFile is the page of the pipeline's own sections.
+const sectionsFile = "pipeline.md"
+
+// sectionsPage renders Sections: each key with its type, default and doc
+// text, and an example pipeline.
+func sectionsPage() []byte {
+	var b bytes.Buffer
+	header(&b, "Pipeline sections")
+	b.WriteString("The sections of a pipeline file that configure a feature of Ferry itself rather than a\n" +
+		"component: each key with its type, its default and its doc text, and an example pipeline.\n" +
+		"The rest of the file: [Pipelines](../pipelines.md). All components: [the reference](README.md).\n\n")
+	for _, sec := range Sections {
+		fmt.Fprintf(&b, "- [`%s:`](#%s) — %s\n", sec.Key, sec.Key, sec.Summary)
+	}
+	for _, sec := range Sections {
+		fmt.Fprintf(&b, "\n## `%s`\n\n", sec.Key)
+		fmt.Fprintf(&b, "%s. How it behaves: [%s](%s).\n\n", capitalize(sec.Summary), sec.GuideTitle, sec.Guide)
+		b.WriteString("| key | type | default | what it does |\n|---|---|---|---|\n")
+		rows(&b, "", plugindoc.Fields(sec.Config))
+		if ex, err := Examples.ReadFile(SectionExamplePath(sec.Key)); err == nil {
+			fmt.Fprintf(&b, "\nExample:\n\n```yaml\n%s```\n", ex)
+		}
+	}
+	return b.Bytes()
 }
 
 func header(b *bytes.Buffer, title string) {

@@ -1,15 +1,18 @@
-// Package canary tells a quiet pipeline from a stalled one. A generator
-// writes a canary row into the outbox on a schedule; the filter sends canary
-// rows to their own topic (never to business topics, whatever transforms
-// come after); a checker reads that topic back through the sink and records
-// how long each canary took from the outbox to the consumer. With zero
-// business traffic, canaries still flow — so "no canary within budget" means
-// the path is broken, not idle.
+// Package canary is the engine's canary: a pipeline feature (`canary:`,
+// pipelines.Canary) that tells a quiet pipeline from a stalled one. A
+// generator writes a canary row into the source's outbox table on a
+// schedule; the pipeline sends every canary row straight to the canary
+// topic, past its transforms (Route), so no business route can take it; a
+// checker reads that topic back through the sink and records how long each
+// canary took from the outbox to the consumer. With zero business traffic
+// canaries still flow — so "no canary within budget" means the path is
+// broken, not idle.
 //
-// It learns the outbox table it writes to from the plugins API
-// (plugins.Env.Outbox, filled from the source's config) and must not import
-// a source package (sources/...) or a sink: it works with any source that
-// reads an outbox table and any sink that can read a topic back.
+// It works with any source whose config names its outbox table
+// (plugins.OutboxSource) and any sink that reads a topic back
+// (plugins.Reader), found by the engine and handed over in Deps. It imports
+// the model (pipelines) and plugins, never a component (sources/, sinks/,
+// transforms/) nor the rest of the engine.
 package canary
 
 import (
@@ -30,11 +33,9 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/internal/retry"
+	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
-
-// Name is the transform's registered type.
-const Name = "canary"
 
 // EventType is the type of canary rows.
 const EventType = "FerryCanary"
@@ -42,27 +43,43 @@ const EventType = "FerryCanary"
 // SentAtHeader carries a canary's publish time to the checker.
 const SentAtHeader = "canary_sent_at"
 
-// Register adds the canary transform to r.
-func Register(r *plugins.Registry) {
-	plugins.RegisterTransform(r, Name, DefaultConfig, func(c *Config, env plugins.Env) (plugins.Transform, error) {
-		return New(c, env), nil
-	})
+// Deps is what the canary uses of its pipeline, found by the engine.
+type Deps struct {
+	// Pipeline names the canary rows (their aggregate id and payload) and
+	// the generator's session.
+	Pipeline string
+	// Outbox is the table the source reads (plugins.OutboxSource on its
+	// config); nil when it reads none.
+	Outbox *plugins.OutboxTable
+	// Reader reads the canary topic back (plugins.Reader on the built
+	// sink); nil when the sink cannot.
+	Reader plugins.Reader
+	// Logger carries the pipeline's attributes; nil is slog.Default().
+	Logger *slog.Logger
+	// Metrics is where the canary's metrics go, labelled with the
+	// pipeline; nil registers nothing.
+	Metrics prometheus.Registerer
+	// Report records the ack_to_consumed lag; nil is plugins.NopReporter.
+	Report plugins.Reporter
 }
 
-func init() { Register(plugins.Default) }
-
-// Canary is the canary transform: filter, generator and checker.
+// Canary is one pipeline's canary: its routing, generator and checker.
+// Route and Stalled are safe for concurrent use.
 type Canary struct {
-	cfg *Config
-	env plugins.Env
-	log *slog.Logger
+	cfg  *pipelines.Canary
+	deps Deps
+	log  *slog.Logger
 
+	// mu guards the run (stop) and what the checker saw (started,
+	// lastSeen).
 	mu       sync.Mutex
 	started  time.Time
 	lastSeen time.Time
 	stop     context.CancelFunc
-	wg       sync.WaitGroup
-	pool     *pgxpool.Pool
+	wg       sync.WaitGroup // the generator and the checker
+	// pool is the generator's: its goroutine opens it, Close closes it
+	// once that goroutine ended.
+	pool *pgxpool.Pool
 
 	latency   prometheus.Histogram
 	generated prometheus.Counter
@@ -75,15 +92,19 @@ type payload struct {
 	GeneratedAt time.Time `json:"generated_at"`
 }
 
-// New returns the transform; it does no I/O until Start.
-func New(cfg *Config, env plugins.Env) *Canary {
-	if env.Logger == nil {
-		env.Logger = slog.Default()
+// New returns the canary of cfg; it does no I/O until Start. A nil cfg
+// (no `canary:`) is a nil *Canary, whose methods do nothing.
+func New(cfg *pipelines.Canary, deps Deps) *Canary {
+	if cfg == nil {
+		return nil
 	}
-	if env.Report == nil {
-		env.Report = plugins.NopReporter{}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
 	}
-	return &Canary{cfg: cfg, env: env, log: env.Logger.With("transform", Name),
+	if deps.Report == nil {
+		deps.Report = plugins.NopReporter{}
+	}
+	return &Canary{cfg: cfg, deps: deps, log: deps.Logger.With("canary", cfg.Topic),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "ferry_canary_latency_seconds",
 			Help: "Canary commit → consumed from the broker (relay clock at both ends).",
@@ -96,53 +117,51 @@ func New(cfg *Config, env plugins.Env) *Canary {
 	}
 }
 
-// Process sends canary rows to the canary topic, marked final so later
-// transforms leave them alone; everything else passes.
-func (c *Canary) Process(msg *message.Message) ([]*message.Message, error) {
-	if msg.Metadata.Get(plugins.MetaAggregateType) == c.cfg.AggregateType {
-		msg.Metadata.Set(plugins.MetaTopic, c.cfg.Topic)
-		msg.Metadata.Set(plugins.MetaFinal, "true")
-		// Stamped at publish, read back by the checker: ack → consumed.
-		msg.Metadata.Set(plugins.MetaSentAtHeader, SentAtHeader)
+// Route reports whether msg is a canary row; if so it sends msg to the
+// canary topic, with its publish time stamped for the checker
+// (ack_to_consumed). The pipeline publishes a canary without running its
+// transforms.
+func (c *Canary) Route(msg *message.Message) bool {
+	if c == nil || msg.Metadata.Get(plugins.MetaAggregateType) != c.cfg.AggregateType {
+		return false
 	}
-	return []*message.Message{msg}, nil
+	msg.Metadata.Set(plugins.MetaTopic, c.cfg.Topic)
+	msg.Metadata.Set(plugins.MetaSentAtHeader, SentAtHeader)
+	return true
 }
 
 // Start begins generating and checking. It may be called again after an
 // error; once running, further calls do nothing.
 func (c *Canary) Start(context.Context) error {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stop != nil {
 		return nil
 	}
-	var reader plugins.Reader
-	if c.cfg.Check {
-		var ok bool
-		if reader, ok = c.env.Sink.(plugins.Reader); !ok {
-			return fmt.Errorf("canary: the sink cannot read back the canary topic; set check: false")
-		}
+	if c.cfg.Check && c.deps.Reader == nil {
+		return errors.New("canary: the sink cannot read back the canary topic; set canary.check: false")
 	}
-	if c.cfg.Generate != nil && c.env.Outbox == nil {
-		return errors.New("canary: the source has no outbox table to write canaries to; remove generate")
+	if c.cfg.Generate != nil && c.deps.Outbox == nil {
+		return errors.New("canary: the source has no outbox table to write canaries to; remove canary.generate")
 	}
 	c.registerMetrics()
 	ctx, cancel := context.WithCancel(context.Background())
 	c.stop = cancel
 	c.started = time.Now()
-	if reader != nil {
-		c.wg.Add(1)
-		go func() { defer c.wg.Done(); c.check(ctx, reader) }()
+	if c.cfg.Check {
+		c.wg.Go(func() { c.check(ctx, c.deps.Reader) })
 	}
 	if c.cfg.Generate != nil {
-		c.wg.Add(1)
-		go func() { defer c.wg.Done(); c.generate(ctx) }()
+		c.wg.Go(func() { c.generate(ctx) })
 	}
 	return nil
 }
 
 func (c *Canary) registerMetrics() {
-	if c.env.Metrics == nil {
+	if c.deps.Metrics == nil {
 		return
 	}
 	cs := []prometheus.Collector{c.latency, c.generated,
@@ -157,7 +176,7 @@ func (c *Canary) registerMetrics() {
 		}),
 	}
 	for _, m := range cs {
-		if err := c.env.Metrics.Register(m); err != nil {
+		if err := c.deps.Metrics.Register(m); err != nil {
 			c.log.Warn("register canary metric", "err", err)
 		}
 	}
@@ -177,15 +196,19 @@ func (c *Canary) age() time.Duration {
 	return time.Since(last)
 }
 
-// Stalled reports whether no canary arrived within the budget.
+// Stalled reports whether the checker runs and no canary arrived within
+// the budget, and why. It does not block.
 func (c *Canary) Stalled() (bool, string) {
+	if c == nil {
+		return false, ""
+	}
 	c.mu.Lock()
 	checking := c.cfg.Check && c.stop != nil
 	c.mu.Unlock()
 	if !checking {
 		return false, ""
 	}
-	if age, budget := c.age(), c.cfg.budget(); age > budget {
+	if age, budget := c.age(), c.cfg.StallBudget(); age > budget {
 		return true, fmt.Sprintf("no canary arrived on %s for %s (budget %s)", c.cfg.Topic, age.Round(time.Second), budget)
 	}
 	return false, ""
@@ -216,6 +239,8 @@ type wrapped struct {
 	Payload *payload `json:"payload"`
 }
 
+// arrived records a canary read back; anything else on the topic (another
+// pipeline's canary, a stray message) is ignored.
 func (c *Canary) arrived(msg *message.Message) {
 	var w wrapped
 	if err := json.Unmarshal(msg.Payload, &w); err != nil {
@@ -230,12 +255,12 @@ func (c *Canary) arrived(msg *message.Message) {
 	if p.GeneratedAt.IsZero() {
 		return
 	}
-	if p.Pipeline != "" && p.Pipeline != c.env.Pipeline {
+	if p.Pipeline != "" && p.Pipeline != c.deps.Pipeline {
 		return
 	}
 	c.latency.Observe(time.Since(p.GeneratedAt).Seconds())
 	if sent, err := plugins.ParseTime(msg.Metadata.Get(SentAtHeader)); err == nil {
-		c.env.Report.ObserveLag(plugins.SegmentAckToConsumed, max(time.Since(sent), 0))
+		c.deps.Report.ObserveLag(plugins.SegmentAckToConsumed, max(time.Since(sent), 0))
 	}
 	c.mu.Lock()
 	c.lastSeen = time.Now()
@@ -244,7 +269,7 @@ func (c *Canary) arrived(msg *message.Message) {
 
 // generate writes a canary row every interval.
 func (c *Canary) generate(ctx context.Context) {
-	o := c.env.Outbox
+	o := c.deps.Outbox
 	// o.Table is "name" or "schema.name", checked by the source's Validate.
 	insert := fmt.Sprintf(`INSERT INTO %s (%s, %s, %s, %s) VALUES ($1, $2, $3, $4)`, pgx.Identifier(strings.Split(o.Table, ".")).Sanitize(),
 		pgx.Identifier{o.AggregateType}.Sanitize(), pgx.Identifier{o.AggregateID}.Sanitize(),
@@ -263,30 +288,46 @@ func (c *Canary) generate(ctx context.Context) {
 	}
 }
 
+// insert writes one canary row with sql, connecting first if need be.
 func (c *Canary) insert(ctx context.Context, sql string) error {
-	if c.pool == nil {
-		pc, err := pgxpool.ParseConfig(c.env.Outbox.DSN)
-		if err != nil {
-			return err
-		}
-		pc.MaxConns = 1
-		pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + c.env.Pipeline + ":canary"
-		if c.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
-			return err
-		}
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
 	}
-	body, _ := json.Marshal(payload{CanaryID: uuid.NewString(), Pipeline: c.env.Pipeline, GeneratedAt: time.Now()})
+	body, _ := json.Marshal(payload{CanaryID: uuid.NewString(), Pipeline: c.deps.Pipeline, GeneratedAt: time.Now()})
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := c.pool.Exec(ctx, sql, c.cfg.AggregateType, c.env.Pipeline, EventType, string(body)); err != nil {
+	if _, err := pool.Exec(ctx, sql, c.cfg.AggregateType, c.deps.Pipeline, EventType, string(body)); err != nil {
 		return err
 	}
 	c.generated.Inc()
 	return nil
 }
 
-// Close stops generating and checking. Idempotent.
+// connect returns the generator's pool of one connection, opened on first
+// use under a name of its own (ferry:<pipeline>:canary).
+func (c *Canary) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if c.pool != nil {
+		return c.pool, nil
+	}
+	pc, err := pgxpool.ParseConfig(c.deps.Outbox.DSN)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns = 1
+	pc.ConnConfig.RuntimeParams["application_name"] = "ferry:" + c.deps.Pipeline + ":canary"
+	if c.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		return nil, err
+	}
+	return c.pool, nil
+}
+
+// Close stops generating and checking and closes the generator's pool.
+// Idempotent; safe without Start.
 func (c *Canary) Close() error {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	stop := c.stop
 	c.mu.Unlock()
@@ -300,9 +341,3 @@ func (c *Canary) Close() error {
 	}
 	return nil
 }
-
-var (
-	_ plugins.Transform = (*Canary)(nil)
-	_ plugins.Starter   = (*Canary)(nil)
-	_ plugins.Staller   = (*Canary)(nil)
-)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/pipelines"
 )
 
 // A canary read back is recognised in every sink format: raw, the data of
@@ -20,7 +20,7 @@ func TestArrivedInEveryFormat(t *testing.T) {
 		"structured": fmt.Sprintf(`{"specversion":"1.0","id":"x","source":"/s","type":"FerryCanary","data":%s}`, p),
 		"envelope":   fmt.Sprintf(`{"envelope_version":1,"event_id":"x","payload":%s}`, p),
 	} {
-		c := New(DefaultConfig(), plugins.Env{Pipeline: "orders"})
+		c := New(pipelines.DefaultCanary(), Deps{Pipeline: "orders"})
 		c.arrived(message.NewMessage("x", []byte(body)))
 		c.mu.Lock()
 		seen := c.lastSeen
@@ -29,7 +29,7 @@ func TestArrivedInEveryFormat(t *testing.T) {
 			t.Errorf("%s: canary not recognised in %s", name, body)
 		}
 	}
-	c := New(DefaultConfig(), plugins.Env{Pipeline: "orders"})
+	c := New(pipelines.DefaultCanary(), Deps{Pipeline: "orders"})
 	c.arrived(message.NewMessage("x", []byte(`{"data":{"n":1}}`)))
 	if !c.lastSeen.IsZero() {
 		t.Error("a non-canary counted as a canary")
