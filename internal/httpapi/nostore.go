@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ferryhq/ferry/store"
 )
@@ -65,8 +66,16 @@ func bootstrapTokenProblem(id string) *problem {
 // (its limits, read-only here).
 type TenantView struct {
 	store.Tenant
+	// UpdatedAt is the store's; a file tenant has none.
+	UpdatedAt *time.Time `json:"updated_at,omitempty"`
 	// ManagedBy is "api" (the store) or "file".
 	ManagedBy string `json:"managed_by"`
+}
+
+// storeTenantView is a store tenant's view.
+func storeTenantView(t store.Tenant) TenantView {
+	at := t.UpdatedAt
+	return TenantView{Tenant: t, UpdatedAt: &at, ManagedBy: managedByAPI}
 }
 
 // tenantViews are the store's tenants (or, without a store, none) and
@@ -77,7 +86,7 @@ func (c *api) tenantViews(stored []store.Tenant) []TenantView {
 	out := []TenantView{}
 	seen := map[string]bool{}
 	for _, t := range stored {
-		out = append(out, TenantView{Tenant: t, ManagedBy: managedByAPI})
+		out = append(out, storeTenantView(t))
 		seen[t.Name] = true
 	}
 	snap := c.o.Control.Converger.Snapshot()

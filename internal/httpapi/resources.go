@@ -149,7 +149,7 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 		code = http.StatusCreated
 	}
 	setETag(w, t.Version)
-	writeJSON(w, code, t)
+	writeJSON(w, code, storeTenantView(t))
 }
 
 // tokenRequest is POST /tokens's body.
