@@ -22,11 +22,13 @@ type Config struct {
 	// (--http); a bare port binds 127.0.0.1 (write 0.0.0.0:PORT for every
 	// interface). Empty: no server of its own (Handler serves the same).
 	HTTPAddr string
-	// AdminTokenFile holds the bearer token of the admin endpoints, read
-	// when Run starts (--admin-token-file); it wins over AdminToken.
+	// AdminTokenFile holds the bootstrap admin token of the API's scoped
+	// tokens, with or without a store, read when Run starts
+	// (--admin-token-file); it wins over AdminToken.
 	AdminTokenFile string
 	// AdminToken is that token itself (Flags takes it from
-	// $FERRY_ADMIN_TOKEN). Neither set: the admin endpoints are disabled.
+	// $FERRY_ADMIN_TOKEN). Neither set, and no token in the store: the
+	// API's reads are open and its changes refused.
 	AdminToken string
 	// MetricsTokenFile holds the bearer token /metrics requires (an admin
 	// or read token works too), read when Run starts

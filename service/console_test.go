@@ -23,7 +23,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ferryhq/ferry/internal/natsserver"
+	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
@@ -472,4 +474,77 @@ func apiAs(in *instance, token, method, path string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// The same console against `ferry run -c DIR` without a store: a file
+// pipeline's card says so, offers no edit but every other action, and
+// each works as with a store — its offsets shown and reset while paused
+// from the button, its backlog shown while paused, the doctor stopping at
+// the paused relay, its dead letters listed.
+func TestConsoleInBrowserWithoutStore(t *testing.T) {
+	tab := browser(t)
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	ctx := context.Background()
+	dir := t.TempDir()
+	y := fmt.Sprintf("kind: tenant\nname: team-s\nlimits: {rate: 1000}\n---\nname: shipments\ntenant: team-s\n"+
+		"source: {type: xid8, dsn: %q, poll_interval: 20ms, metrics_interval: 1s}\nsink: {type: nats, url: %q, subject: %s.shipments}\n", e.DSN, e.NATS, e.Subject)
+	if err := os.WriteFile(filepath.Join(dir, "shipments.yaml"), []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in := &instance{name: "files", addr: freeAddr(t)}
+	in.cmd = child([]string{"-c", dir, "--http", in.addr, "--ha=false", "--ui-sample-interval", "1s", "--log-level", "warn", "--shutdown-timeout", "3s"},
+		"FERRY_ADMIN_TOKEN="+cpAdmin)
+	in.cmd.Stdout, in.cmd.Stderr = os.Stderr, os.Stderr
+	if err := in.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(in.kill)
+	insert := func(n int) {
+		for i := range n {
+			if _, err := plugintest.Insert(ctx, e.Pool, fmt.Sprintf("s-%d", i%3)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_UI", 100*time.Millisecond, e.Subject+".shipments")
+	insert(5)
+	coll.WaitFor(t, 30*time.Second, "the 5 events", func(m []testenv.Received) bool { return len(m) >= 5 })
+
+	inBrowser(t, tab, 20*time.Second, "open the console", chromedp.Navigate("http://"+in.addr+"/ui/"), chromedp.WaitVisible(`#login`))
+	inBrowser(t, tab, 10*time.Second, "sign in", chromedp.SendKeys(`#token`, cpAdmin), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
+	card := `article[data-pipeline="shipments"] `
+	waitJS(t, tab, 15*time.Second, "the file pipeline's card, under its tenant", `!!document.querySelector('section[data-tenant="team-s"] `+card+`') &&
+		`+cardState("shipments")+` === 'running' && document.querySelector('`+card+`.path').textContent.endsWith(' · file') &&
+		document.querySelector('`+card+`.owner').textContent === 'this instance'`)
+	var hidden string
+	inBrowser(t, tab, 5*time.Second, "the actions offered", chromedp.Evaluate(`[...document.querySelectorAll('`+card+`.actions button')].filter(b => b.hidden).map(b => b.dataset.action).join()`, &hidden))
+	if hidden != "edit" {
+		t.Errorf("hidden actions of a file pipeline: %q, want only edit", hidden)
+	}
+
+	inBrowser(t, tab, 10*time.Second, "click pause", chromedp.Click(card+`button[data-action="pause"]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "shipments paused", cardState("shipments")+` === 'paused'`)
+	insert(4)
+	waitJS(t, tab, 30*time.Second, "the paused pipeline's backlog of 4", `document.querySelector('`+card+`.backlog').textContent === '4 events'`)
+
+	inBrowser(t, tab, 5*time.Second, "open the offsets", chromedp.Click(card+`button[data-action="offsets"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "the xid8 position shown", `['id', 'xact_id', 'undelivered_events'].every(k => [...document.querySelectorAll('`+card+`.position dt')].some(d => d.textContent === k))`)
+	inBrowser(t, tab, 5*time.Second, "dry-run a reset to latest", chromedp.Click(card+`.reset button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "the dry run's counts", `/^dry run: 0 re-sent, 4 skipped\./.test(document.querySelector('`+card+`.reset-result').textContent)`)
+	inBrowser(t, tab, 5*time.Second, "apply the reset", chromedp.Click(card+`button[data-action="reset-apply"]`, chromedp.ByQuery))
+	waitJS(t, tab, 30*time.Second, "the reset applied", `/^reset: 0 re-sent, 4 skipped\./.test(document.querySelector('`+card+`.reset-result').textContent)`)
+
+	inBrowser(t, tab, 5*time.Second, "doctor", chromedp.Click(card+`button[data-action="doctor"]`, chromedp.ByQuery))
+	// The walk runs on the instance, which finds no relay reading the
+	// paused pipeline's source.
+	waitJS(t, tab, 40*time.Second, "the doctor stopping at the paused relay", `(() => {
+		const li = document.querySelector('`+card+`.doctor li.unhealthy');
+		return !!li && li.querySelector('.st').textContent === 'relay: unhealthy' &&
+			document.querySelector('`+card+`.action-result').textContent === 'doctor: first unhealthy stage relay';
+	})()`)
+	inBrowser(t, tab, 5*time.Second, "dead letters", chromedp.Click(card+`button[data-action="deadletters"]`, chromedp.ByQuery))
+	waitJS(t, tab, 10*time.Second, "no dead letters for xid8", `document.querySelector('`+card+`.dl-summary').textContent.includes('parks no events')`)
+
+	inBrowser(t, tab, 10*time.Second, "click resume", chromedp.Click(card+`button[data-action="resume"]`, chromedp.ByQuery))
+	waitJS(t, tab, 15*time.Second, "shipments running again", cardState("shipments")+` === 'running'`)
 }

@@ -14,21 +14,29 @@ import (
 	"github.com/ferryhq/ferry/store"
 )
 
-// controlPlane is a running instance's store connection and converger.
+// controlPlane is a running instance's converger and, with a store, its
+// connection to it.
 type controlPlane struct {
-	store *store.Store
+	store *store.Store // nil without --store
 	conv  *Converger
 }
 
-// startControl opens the store and converges once; nil without a store.
-// The converger is published (s.conv) before it first converges: the
-// supervisor's destination check reads it as pipelines start.
+// startControl loads the files, opens the store (with one) and converges
+// once: the supervisor is handed its pipelines, and the API its entries,
+// the same way with or without a store. The converger is published
+// (s.conv) before it first converges: the supervisor's destination check
+// reads it as pipelines start.
 func (s *Service) startControl(ctx context.Context, sup *engine.Supervisor, coordinationDSN string) (*controlPlane, error) {
-	if s.cfg.StoreDSN == "" {
-		return nil, nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if s.cfg.StoreDSN == "" {
+		cv := &Converger{Supervisor: sup, Loader: s.loader, Logger: s.log, LoadFiles: s.loadFiles}
+		s.conv.Store(cv)
+		if err := cv.Start(ctx); err != nil {
+			return nil, err
+		}
+		return &controlPlane{conv: cv}, nil
+	}
 	keys, err := secretbox.LoadKeyring(s.cfg.SecretsKeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("--secrets-key-file: %w", err)
@@ -60,17 +68,14 @@ func (s *Service) startControl(ctx context.Context, sup *engine.Supervisor, coor
 }
 
 func (p *controlPlane) close() {
-	if p != nil {
+	if p.store != nil {
 		p.store.Close()
 	}
 }
 
-// api is the control plane the HTTP API serves; nil without a store. It
+// api is what the HTTP API serves (without a store, the files alone). It
 // loads what it is sent as the converger will (Converger.RequestLoader).
 func (p *controlPlane) api(s *Service) *httpapi.Control {
-	if p == nil {
-		return nil
-	}
 	return &httpapi.Control{Store: p.store, Converger: p.conv, Registry: s.registry}
 }
 

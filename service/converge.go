@@ -27,10 +27,16 @@ import (
 // starts, restarts (on a changed configuration), pauses, resumes and stops
 // only what differs.
 //
-// Run wires one for `ferry run --store`; it is exported for embedders that
-// assemble their own instance, and for tests. Start before the supervisor
-// runs, then Run; the HTTP API reads it through httpapi.Converger.
+// Without a Store it is the same converger over the files alone: the file
+// pipelines are the entries it hands the supervisor and shows the API
+// (Snapshot's Files), ReloadFiles applies the files again, and there is
+// nothing to read, listen to or judge by a tenant's policy (files are the
+// operator's). Run wires one for every `ferry run`; it is exported for
+// embedders that assemble their own instance, and for tests. Start before
+// the supervisor runs, then Run; the HTTP API reads it through
+// httpapi.Converger.
 type Converger struct {
+	// Store is the control-plane store; nil: the files alone.
 	Store      *store.Store
 	Supervisor *engine.Supervisor
 	// Loader parses store pipelines; its LookupEnv resolves their ${VAR}
@@ -84,6 +90,10 @@ func (c *Converger) Start(ctx context.Context) error {
 			return err
 		}
 		c.files = specs
+	}
+	if c.Store == nil {
+		_, err := c.converge(ctx, true)
+		return err
 	}
 	if _, err := c.MigrateLiteralSecrets(ctx); err != nil {
 		var nk *MigrationNeedsKeyError
@@ -168,6 +178,9 @@ type storeRead struct {
 }
 
 func (c *Converger) read(ctx context.Context) (r storeRead, err error) {
+	if c.Store == nil {
+		return r, nil // the files alone: an empty store, always readable
+	}
 	if r.rows, err = c.Store.Pipelines(ctx); err != nil {
 		return r, err
 	}
@@ -219,11 +232,11 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadR
 	c.mu.Unlock()
 
 	res, err := c.Supervisor.Reload(append(slices.Clone(c.files), specs...))
-	if len(res.Started)+len(res.Restarted)+len(res.Stopped)+len(res.Paused) > 0 {
+	if len(res.Started)+len(res.Restarted)+len(res.Stopped)+len(res.Paused) > 0 && c.Store != nil {
 		c.log().Info("converged on the store", "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped,
 			"paused", res.Paused, "unchanged", len(res.Unchanged))
 	}
-	if !snap.Stale {
+	if !snap.Stale && c.Store != nil {
 		c.exchangeStatuses(ctx)
 	}
 	return res, err
@@ -264,8 +277,13 @@ func (c *Converger) interval() time.Duration {
 
 // Run converges on every notification and every Interval until ctx ends.
 // A lost LISTEN connection is reopened with backoff; meanwhile the
-// periodic read still converges.
+// periodic read still converges. Without a Store there is nothing to
+// watch: it waits for ctx (files change through ReloadFiles).
 func (c *Converger) Run(ctx context.Context) {
+	if c.Store == nil {
+		<-ctx.Done()
+		return
+	}
 	wake := make(chan struct{}, 1)
 	c.mu.Lock()
 	c.wake = wake

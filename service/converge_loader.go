@@ -22,8 +22,13 @@ func (c *Converger) TenantLoader() pipelines.Loader {
 // RequestLoader is TenantLoader for what the API is sent: it reads each
 // tenant's secrets from the store once, so a secret set a moment ago
 // resolves (the snapshot is up to a convergence old), and falls back to
-// the snapshot while the store does not answer.
+// the snapshot while the store does not answer. Without a Store it is the
+// files' Loader: what POST /validate is sent then is judged as `ferry
+// validate` judges a file (only the bootstrap admin token may send it).
 func (c *Converger) RequestLoader() pipelines.Loader {
+	if c.Store == nil {
+		return c.Loader
+	}
 	snapshot := c.SecretLookup()
 	var mu sync.Mutex
 	read := map[string]map[string]string{}

@@ -28,6 +28,7 @@ import (
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/service"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
@@ -190,11 +191,17 @@ func TestFaultMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Without a store, as ferry run without --store: the converger hands
+	// the supervisor the pipelines, and the API serves them.
+	conv := &service.Converger{Supervisor: m.sup, LoadFiles: func() ([]*pipelines.Spec, error) { return specs, nil }}
+	if err := conv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- m.sup.Run(runCtx, specs) }()
+	go func() { done <- m.sup.Run(runCtx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
-	m.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: m.sup, Registry: reg}))
+	m.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: m.sup, Registry: reg, Control: &httpapi.Control{Converger: conv}}))
 	t.Cleanup(m.srv.Close)
 
 	insert := func(pool *pgxpool.Pool, table string) {

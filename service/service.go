@@ -37,7 +37,7 @@ type Service struct {
 
 	started atomic.Bool
 	handler atomic.Pointer[http.Handler] // the API, once Run built it
-	conv    atomic.Pointer[Converger]    // with a store, once it exists: the destination check reads it
+	conv    atomic.Pointer[Converger]    // once it exists: the destination check reads it
 	// reloadMu makes one reload at a time, whichever asked (Reload, the
 	// API, Watch, SIGHUP), and guards inst.
 	reloadMu sync.Mutex
@@ -47,7 +47,7 @@ type Service struct {
 // instance is what a running Service reloads.
 type instance struct {
 	sup  *engine.Supervisor
-	conv *Converger // nil without a store
+	conv *Converger // with or without a store: it hands the supervisor its pipelines
 }
 
 // New checks cfg and fills in its defaults. It does no I/O: files, the
@@ -111,16 +111,12 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	defer cp.close()
-	inst := &instance{sup: sup}
-	if cp != nil {
-		inst.conv = cp.conv
-		specs = nil // the converger handed them to the supervisor
-	}
+	inst := &instance{sup: sup, conv: cp.conv}
 	s.reloadMu.Lock()
 	s.inst = inst
 	s.reloadMu.Unlock()
 	defer func() { s.reloadMu.Lock(); s.inst = nil; s.reloadMu.Unlock() }()
-	return s.serve(ctx, inst, cp, specs, tok)
+	return s.serve(ctx, inst, cp, tok)
 }
 
 // newSupervisor makes the engine's supervisor: with high availability
@@ -143,7 +139,7 @@ func (s *Service) newSupervisor(specs []*pipelines.Spec) (sup *engine.Supervisor
 
 // serve runs what surrounds the supervisor — the HTTP API and console,
 // the file watch, the converger — and the supervisor itself.
-func (s *Service) serve(ctx context.Context, inst *instance, cp *controlPlane, specs []*pipelines.Spec, tok tokens) error {
+func (s *Service) serve(ctx context.Context, inst *instance, cp *controlPlane, tok tokens) error {
 	if ui := s.buildHandler(inst.sup, cp, tok); ui != nil {
 		go ui.Run(ctx)
 	}
@@ -157,18 +153,15 @@ func (s *Service) serve(ctx context.Context, inst *instance, cp *controlPlane, s
 	if s.cfg.Watch {
 		go watchFiles(ctx, s.cfg.Files, watchInterval, func() { _, _ = s.reloadAs("files changed") })
 	}
-	// With a store, the supervisor stops only after the converger did: a
-	// convergence must not start pipelines into a router shutting down.
-	runCtx := ctx
-	if inst.conv != nil {
-		var stopRun context.CancelFunc
-		runCtx, stopRun = context.WithCancel(context.WithoutCancel(ctx))
-		defer stopRun()
-		go func() { inst.conv.Run(ctx); stopRun() }()
-	}
-	s.log.Info("ferry starting", "version", s.cfg.Version, "pipelines", len(specs), "admin", tok.admin != "")
+	// The supervisor stops only after the converger did: a convergence
+	// must not start pipelines into a router shutting down. It was handed
+	// its pipelines already (startControl).
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
+	go func() { inst.conv.Run(ctx); stopRun() }()
+	s.log.Info("ferry starting", "version", s.cfg.Version, "pipelines", len(inst.sup.Statuses()), "store", cp.store != nil, "admin", tok.admin != "")
 	defer flushTraces(s.log)
-	if err := inst.sup.Run(runCtx, specs); err != nil {
+	if err := inst.sup.Run(runCtx, nil); err != nil {
 		s.log.Error("ferry stopped with an error", "err", err)
 		return &stoppedError{err}
 	}
@@ -212,15 +205,8 @@ func (s *Service) reloadAs(trigger string) (engine.ReloadResult, error) {
 func (s *Service) reloadNow() (engine.ReloadResult, error) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
-	switch {
-	case s.inst == nil:
+	if s.inst == nil {
 		return engine.ReloadResult{}, ErrNotRunning
-	case s.inst.conv != nil:
-		return s.inst.conv.ReloadFiles()
 	}
-	specs, err := s.loadFiles()
-	if err != nil {
-		return engine.ReloadResult{}, err
-	}
-	return s.inst.sup.Reload(specs)
+	return s.inst.conv.ReloadFiles()
 }

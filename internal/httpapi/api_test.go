@@ -21,6 +21,7 @@ import (
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/service"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -39,30 +40,35 @@ func start(t *testing.T, yaml string, adminToken string) *fixture {
 	t.Helper()
 	f := &fixture{e: relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})}
 	f.yaml = fmt.Sprintf(yaml, f.e.DSN, f.e.NATS, f.e.Subject)
-	specs, err := pipelines.Loader{}.LoadBytes("api.yaml", []byte(f.yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var err error
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	f.sup, err = engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Without a store, as ferry run without --store: the converger hands
+	// the supervisor the files' pipelines, and reloads them.
+	conv := filesOnly(t, f.sup, func() ([]*pipelines.Spec, error) { return pipelines.Loader{}.LoadBytes("api.yaml", []byte(f.yaml)) })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- f.sup.Run(ctx, specs) }()
+	go func() { done <- f.sup.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
-	reload := func() (engine.ReloadResult, error) {
-		specs, err := pipelines.Loader{}.LoadBytes("api.yaml", []byte(f.yaml))
-		if err != nil {
-			return engine.ReloadResult{}, err
-		}
-		return f.sup.Reload(specs)
-	}
-	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: adminToken, Reload: reload, Logger: log}))
+	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: adminToken, Reload: conv.ReloadFiles, Logger: log,
+		Control: &httpapi.Control{Converger: conv}}))
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// filesOnly is the converger of an instance without a store over the
+// pipelines load returns, started: the supervisor has been handed them.
+func filesOnly(t *testing.T, sup *engine.Supervisor, load func() ([]*pipelines.Spec, error)) *service.Converger {
+	t.Helper()
+	conv := &service.Converger{Supervisor: sup, LoadFiles: load}
+	if err := conv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return conv
 }
 
 func (f *fixture) call(t *testing.T, method, path, bearer string) (int, map[string]any) {
@@ -107,12 +113,13 @@ func TestEndpointsAndErrors(t *testing.T) {
 	}{
 		// Once a token is configured, reads need it too.
 		{"GET", "/api/v1/pipelines", "", 401, "missing bearer token"},
-		{"GET", "/api/v1/pipelines/orders", "wrong", 403, "wrong token"},
+		// A wrong token is 401, as everywhere in the one API (it was 403).
+		{"GET", "/api/v1/pipelines/orders", "wrong", 401, "unknown or revoked token"},
 		{"GET", "/api/v1/pipelines", token, 200, ""},
 		{"GET", "/api/v1/pipelines/orders", token, 200, ""},
 		{"GET", "/api/v1/pipelines/nope", token, 404, "no such pipeline"},
 		{"POST", "/api/v1/pipelines/orders/pause", "", 401, "missing bearer token"},
-		{"POST", "/api/v1/pipelines/orders/pause", "wrong", 403, "wrong token"},
+		{"POST", "/api/v1/pipelines/orders/pause", "wrong", 401, "unknown or revoked token"},
 		{"POST", "/api/v1/pipelines/nope/pause", token, 404, "no such pipeline"},
 		{"POST", "/api/v1/pipelines/orders/explode", token, 404, "unknown action"},
 		{"POST", "/api/v1/pipelines/orders/pause", token, 200, ""},

@@ -38,14 +38,15 @@ func TestConsoleWithoutStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	conv := filesOnly(t, sup, func() ([]*pipelines.Spec, error) { return specs, nil })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- sup.Run(ctx, specs) }()
+	go func() { done <- sup.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
 	ui := console.New(console.Options{Statuses: sup.Statuses, Gatherer: reg})
-	srv := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log, Console: ui}))
+	srv := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log, Console: ui, Control: &httpapi.Control{Converger: conv}}))
 	t.Cleanup(srv.Close)
-	off := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log}))
+	off := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log, Control: &httpapi.Control{Converger: conv}}))
 	t.Cleanup(off.Close)
 
 	var written []plugintest.Written

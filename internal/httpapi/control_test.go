@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -49,6 +50,7 @@ type controlFixture struct {
 	// lift it unless a test sets opts.
 	throttle httpapi.Throttle
 	metrics  string // the API's metrics token
+	dir      string // startFiles: the pipeline files' directory
 }
 
 func startControl(t *testing.T, admin string) *controlFixture {
@@ -118,6 +120,34 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 	// the throttle has its own test (TestFailedAuthThrottled).
 	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
 		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui, Throttle: f.throttle, MetricsToken: f.metrics}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// startFiles starts an instance without a store, as `ferry run -c DIR`
+// does: the converger loads DIR, where p.yaml holds what yaml returns (the
+// fixture's database and NATS filled in); the API serves its pipelines.
+// Tests rewrite f.dir's files and call POST /api/v1/reload.
+func startFiles(t *testing.T, admin string, h plugintest.SourceHarness, yaml func(f *controlFixture) string) *controlFixture {
+	t.Helper()
+	f := &controlFixture{e: relaytest.Setup(t, h), throttle: httpapi.Throttle{Burst: 1 << 20}, dir: t.TempDir()}
+	if err := os.WriteFile(filepath.Join(f.dir, "p.yaml"), []byte(yaml(f)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var err error
+	if f.sup, err = engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
+		t.Fatal(err)
+	}
+	f.conv = filesOnly(t, f.sup, func() ([]*pipelines.Spec, error) { return pipelines.Load(f.dir) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.sup.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+	f.ui = console.New(console.Options{Statuses: f.sup.Statuses, Gatherer: reg})
+	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
+		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Converger: f.conv}, Console: f.ui, Throttle: f.throttle}))
 	t.Cleanup(f.srv.Close)
 	return f
 }

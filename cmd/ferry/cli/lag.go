@@ -1,11 +1,9 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,32 +12,48 @@ import (
 	"github.com/ferryhq/ferry/plugins"
 )
 
+// lagCmd prints a running ferry's pipelines as GET /api/v1/pipelines
+// answers them — the same with or without --store: a table for people,
+// -o json or yaml for scripts.
 func lagCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("lag", "[--url http://127.0.0.1:9090] [--watch 2s]", stderr)
-	url := fs.String("url", defaultURL, "a running ferry's --http address: a URL, or what --http takes (9090, :9090, 127.0.0.1:9090)")
+	fs := newFlags("lag", "[--url URL] [--token-file F] [--watch 2s] [-o table|json|yaml]", stderr)
+	var af apiFlags
+	af.register(fs)
 	watch := fs.Duration("watch", 0, "refresh in place at this interval (0: print once)")
-	tokenFile := fs.String("token-file", "", "file holding the API token (else $FERRY_TOKEN)")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	*url = apiURL(*url)
-	token, err := apiToken(*tokenFile)
+	c, err := af.client()
 	if err != nil {
 		fmt.Fprintf(stderr, "ferry lag: %v\n", err)
 		return 2
 	}
 	for {
-		sts, coord, err := fetchPipelines(*url, token)
-		if err != nil {
+		var raw []byte
+		if _, err := c.call("GET", "/pipelines", "", nil, &raw); err != nil {
 			fmt.Fprintf(stderr, "ferry lag: %v\n", err)
+			return 2
+		}
+		var body lagList
+		if err := json.Unmarshal(raw, &body); err != nil {
+			fmt.Fprintf(stderr, "ferry lag: GET /api/v1/pipelines: %v\n", err)
 			return 2
 		}
 		if *watch > 0 {
 			fmt.Fprint(stdout, "\033[H\033[2J") // clear and home: refresh in place
-			fmt.Fprintf(stdout, "%s  %s  (every %s, Ctrl-C to stop)\n\n", time.Now().Format(time.TimeOnly), *url, *watch)
+			fmt.Fprintf(stdout, "%s  %s  (every %s, Ctrl-C to stop)\n\n", time.Now().Format(time.TimeOnly), apiURL(af.url), *watch)
 		}
-		printCoordination(stdout, coord)
-		printLag(stdout, sts)
+		if af.output == "table" {
+			printCoordination(stdout, body.Coordination)
+			printLag(stdout, body.Pipelines)
+		} else {
+			var generic any
+			_ = json.Unmarshal(raw, &generic)
+			if err := printAs(stdout, af.output, generic); err != nil {
+				fmt.Fprintf(stderr, "ferry lag: %v\n", err)
+				return 2
+			}
+		}
 		if *watch <= 0 {
 			return 0
 		}
@@ -47,8 +61,15 @@ func lagCmd(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-// defaultURL is where lag and doctor look for a running ferry: `ferry run
-// --http 9090`.
+// lagList is the part of GET /api/v1/pipelines the table shows: each
+// pipeline's status on the instance asked, file and store pipelines alike.
+type lagList struct {
+	Pipelines    []engine.Status      `json:"pipelines"`
+	Coordination *engine.Coordination `json:"coordination"`
+}
+
+// defaultURL is where the API commands look for a running ferry when
+// neither --url nor $FERRY_URL says: `ferry run --http 9090`.
 const defaultURL = "http://127.0.0.1:9090"
 
 // apiURL accepts what --http accepts — a bare port, :port, host:port — as
@@ -58,32 +79,6 @@ func apiURL(s string) string {
 		return s
 	}
 	return "http://" + listenAddr(s)
-}
-
-func fetchPipelines(url, token string) ([]engine.Status, *engine.Coordination, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+"/api/v1/pipelines", nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, nil, fmt.Errorf("%s from %s", resp.Status, url)
-	}
-	var body struct {
-		Pipelines    []engine.Status      `json:"pipelines"`
-		Coordination *engine.Coordination `json:"coordination"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&body)
-	return body.Pipelines, body.Coordination, err
 }
 
 // printCoordination says, above the table, when high availability runs
