@@ -38,8 +38,8 @@ func commands() []command {
 	return []command{
 		{"run", "run pipelines until SIGINT/SIGTERM", runCmd},
 		{"validate", "check pipeline files; --connect also checks each outbox table", validateCmd},
-		{"pipelines", "list, change, plan and apply the pipelines of a running ferry --store", pipelinesCmd},
-		{"tokens", "create, list, rotate and delete API tokens of a running ferry --store", tokensCmd},
+		{"pipelines", "list, change, plan and apply the pipelines of a running ferry (changes: with --store)", pipelinesCmd},
+		{"tokens", "create, list, rotate and delete API tokens of a running ferry (creating: with --store)", tokensCmd},
 		{"tenants", "list tenants; set their limits and what their pipelines may reach (admin)", tenantsCmd},
 		{"secrets", "set, list and delete a tenant's secrets (what its ${NAME} references resolve to)", func(args []string, stdout, stderr io.Writer) int {
 			return secretsCmd(args, os.Stdin, stdout, stderr)
