@@ -3,8 +3,6 @@ package pipelines
 import (
 	"bytes"
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,7 +15,6 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
-	"github.com/ferryhq/ferry/tracing"
 )
 
 // Error is one problem in a pipeline file, located by file, line and YAML
@@ -203,24 +200,6 @@ func uniqueNames(specs []*Spec) []*Error {
 	return errs
 }
 
-// document is the top level of a pipeline file. Component sections stay as
-// nodes: their schema depends on their `type`.
-type document struct {
-	Kind       string      `yaml:"kind" ferry:"literal"`
-	Name       string      `yaml:"name" ferry:"literal"`
-	Tenant     string      `yaml:"tenant" ferry:"literal"`
-	Source     yaml.Node   `yaml:"source"`
-	Transforms []yaml.Node `yaml:"transforms"`
-	Sink       yaml.Node   `yaml:"sink"`
-	// Canary: see Canary; decoded over DefaultCanary.
-	Canary     yaml.Node   `yaml:"canary"`
-	Limits     Limits      `yaml:"limits"`
-	DeadLetter *DeadLetter `yaml:"dead_letter"`
-	Ownership  string      `yaml:"ownership"`
-	// Tracing: see tracing.Config.
-	Tracing tracing.Config `yaml:"tracing"`
-}
-
 // envResolver resolves from LookupEnv: for admin pipelines and files.
 func (l Loader) envResolver() resolver {
 	lookup := l.LookupEnv
@@ -277,103 +256,4 @@ func (l Loader) parse(file string, data []byte) ([]*Spec, []*TenantSpec, []*Erro
 		errs = append(errs, &Error{File: file, Msg: "no pipeline in file"})
 	}
 	return specs, tenants, errs
-}
-
-func (l Loader) parseDocument(file string, root *yaml.Node) (*Spec, []*Error) {
-	d := &decoder{file: file, lines: map[string]int{}, resolve: l.envResolver()}
-	if root.Kind != yaml.MappingNode {
-		return nil, []*Error{{File: file, Line: root.Line, Msg: "a pipeline must be a mapping with name, source, sink"}}
-	}
-	d.index(root, "")
-	if l.TenantSecrets != nil {
-		// The tenant first: it decides where ${NAME} comes from and which
-		// rules apply. A document whose tenant cannot be told safely is not
-		// decoded at all: nothing of it is resolved.
-		tenant, ok := d.readTenant(root)
-		if !ok {
-			return nil, d.errs
-		}
-		if tenant != "" {
-			d.resolve = l.tenantResolver(tenant)
-			d.tenant = &tenantRules{tenant: tenant, allowFiles: l.AllowFiles != nil && l.AllowFiles(tenant)}
-		}
-	}
-	d.resolve.filled = d.recordFilled
-
-	var doc document
-	doc.Limits = DefaultLimits()
-	d.decode(root, "", &doc)
-	if doc.Kind != "" && doc.Kind != "pipeline" {
-		d.fail("kind", "must be pipeline (the default) or tenant, got %q", doc.Kind)
-	}
-	if d.tenant != nil && doc.Tenant != d.tenant.tenant {
-		// readTenant makes this impossible; the rules above stand on it.
-		d.fail("tenant", "must be written as a plain string: tenant: NAME")
-	}
-	spec := &Spec{Name: doc.Name, Tenant: doc.Tenant, File: file, Line: root.Line, Limits: doc.Limits}
-	spec.Tracing = doc.Tracing
-
-	switch {
-	case doc.Name == "":
-		d.fail("name", "must not be empty")
-	case !pipelineName.MatchString(doc.Name):
-		d.fail("name", "%q must be lowercase letters, digits, _ or -, starting with a letter, at most 48 long", doc.Name)
-	}
-	if doc.Tenant != "" && !pipelineName.MatchString(doc.Tenant) {
-		d.fail("tenant", "%q must be lowercase letters, digits, _ or -, starting with a letter, at most 48 long", doc.Tenant)
-	}
-	d.validate("limits", doc.Limits.Validate())
-	if doc.DeadLetter != nil {
-		d.validate("dead_letter", doc.DeadLetter.Validate())
-		spec.DeadLetter = doc.DeadLetter
-	}
-
-	reg := l.Registry
-	if reg == nil {
-		reg = plugins.Default
-	}
-	spec.Source, _ = d.component(reg, plugins.KindSource, &doc.Source, "source", true)
-	spec.Canary = d.canary(&doc.Canary, "canary", nil)
-	lastIdx := lastStage(doc.Transforms)
-	for i := range doc.Transforms {
-		path := fmt.Sprintf("transforms[%d]", i)
-		if typeOf(&doc.Transforms[i]) == CanaryType {
-			// The older form: the canary written as a transform.
-			spec.Canary = d.canary(&doc.Transforms[i], path, spec.Canary)
-			continue
-		}
-		if c, ok := d.component(reg, plugins.KindTransform, &doc.Transforms[i], path, true); ok {
-			if _, last := c.Config.(plugins.LastStage); last && i != lastIdx {
-				d.fail(join(path, "type"), "%s must be the last transform: it renames the fields other transforms read", c.Type)
-			}
-			spec.Transforms = append(spec.Transforms, c)
-		}
-	}
-	spec.Sink, _ = d.component(reg, plugins.KindSink, &doc.Sink, "sink", true)
-	d.canaryNeeds(spec)
-	ha := plugins.SourceHA(spec.Source.Config)
-	switch doc.Ownership {
-	case "", OwnershipExclusive:
-		spec.Ownership = OwnershipExclusive
-		if doc.Ownership != "" && spec.Source.Config != nil && !ha.Exclusive() {
-			d.fail("ownership", "exclusive needs a source that holds an ownership lock on its database (plugins.HASource); %s holds none, so with high availability it runs on every instance: remove ownership", spec.Source.Type)
-		}
-	case OwnershipShared:
-		spec.Ownership = OwnershipShared
-		if spec.Source.Config != nil && !ha.Shared {
-			d.fail("ownership", "shared needs a source that many instances can read at once (poll); %s keeps one position", spec.Source.Type)
-		}
-	default:
-		d.fail("ownership", "must be exclusive or shared, got %q", doc.Ownership)
-	}
-	if len(d.errs) > 0 {
-		return &Spec{Name: doc.Name, File: file, Line: root.Line, broken: true}, d.errs
-	}
-	// The document as Ferry understood it, variables filled in: a reload
-	// restarts a pipeline only when this changed.
-	canonical, _ := yaml.Marshal(root)
-	sum := sha256.Sum256(canonical)
-	spec.Hash = hex.EncodeToString(sum[:8])
-	spec.Masks, spec.maskRefs = masksOf(d.secrets)
-	return spec, nil
 }
