@@ -85,6 +85,10 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, pipeline string) {
 	_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{name}.Sanitize())
 }
 
+func dropTable(pool *pgxpool.Pool, table string) {
+	_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+outbox.Quote(table)+` CASCADE`)
+}
+
 // prefill writes events [0, n) into a Ferry outbox table with COPY, in
 // transactions of prefillTx rows on two connections, then vacuums it so
 // every system reads a table in the same state (hint bits set, statistics).
