@@ -104,6 +104,20 @@ func addID(ids map[int64]int, s string) {
 
 func (s *services) kafkaTarget(ctx context.Context, id string) (*target, error) {
 	topic := "bench-" + strings.ReplaceAll(id, "_", "-")
+	if err := s.createKafkaTopic(ctx, topic); err != nil {
+		return nil, err
+	}
+	return &target{
+		sink:    kafka.Name,
+		config:  map[string]any{"brokers": s.kafkaBrokers, "topic": topic},
+		count:   func(ctx context.Context) (int64, error) { return s.kafkaTopicSize(ctx, topic) },
+		read:    func(ctx context.Context, want int) (map[int64]int, error) { return s.readKafkaTopic(ctx, topic, want) },
+		cleanup: func() { s.deleteKafkaTopic(topic) },
+	}, nil
+}
+
+// createKafkaTopic creates topic with kafkaPartitions partitions.
+func (s *services) createKafkaTopic(ctx context.Context, topic string) error {
 	req := kmsg.NewPtrCreateTopicsRequest()
 	rt := kmsg.NewCreateTopicsRequestTopic()
 	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = topic, kafkaPartitions, -1
@@ -111,80 +125,85 @@ func (s *services) kafkaTarget(ctx context.Context, id string) (*target, error) 
 	req.TimeoutMillis = 10000
 	resp, err := req.RequestWith(ctx, s.kcl)
 	if err != nil {
-		return nil, fmt.Errorf("create topic %s: %w", topic, err)
+		return fmt.Errorf("create topic %s: %w", topic, err)
 	}
 	for _, t := range resp.Topics {
 		if t.ErrorCode != 0 {
-			return nil, fmt.Errorf("create topic %s: error code %d", topic, t.ErrorCode)
+			return fmt.Errorf("create topic %s: error code %d", topic, t.ErrorCode)
 		}
 	}
-	return &target{
-		sink:   kafka.Name,
-		config: map[string]any{"brokers": s.kafkaBrokers, "topic": topic},
-		count: func(ctx context.Context) (int64, error) {
-			req := kmsg.NewPtrListOffsetsRequest()
-			rt := kmsg.NewListOffsetsRequestTopic()
-			rt.Topic = topic
-			for p := range int32(kafkaPartitions) {
-				rp := kmsg.NewListOffsetsRequestTopicPartition()
-				rp.Partition, rp.Timestamp = p, -1 // latest
-				rt.Partitions = append(rt.Partitions, rp)
+	return nil
+}
+
+// kafkaTopicSize is how many records topic holds: the sum of its
+// partitions' latest offsets.
+func (s *services) kafkaTopicSize(ctx context.Context, topic string) (int64, error) {
+	req := kmsg.NewPtrListOffsetsRequest()
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	for p := range int32(kafkaPartitions) {
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.Timestamp = p, -1 // latest
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, s.kcl)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode != 0 {
+				return 0, fmt.Errorf("list offsets %s/%d: error code %d", topic, p.Partition, p.ErrorCode)
 			}
-			req.Topics = append(req.Topics, rt)
-			resp, err := req.RequestWith(ctx, s.kcl)
-			if err != nil {
-				return 0, err
-			}
-			var n int64
-			for _, t := range resp.Topics {
-				for _, p := range t.Partitions {
-					if p.ErrorCode != 0 {
-						return 0, fmt.Errorf("list offsets %s/%d: error code %d", topic, p.Partition, p.ErrorCode)
-					}
-					n += p.Offset
+			n += p.Offset
+		}
+	}
+	return n, nil
+}
+
+// readKafkaTopic reads topic from the start until want records came or
+// four polls in a row found none, and counts each outbox id.
+func (s *services) readKafkaTopic(ctx context.Context, topic string, want int) (map[int64]int, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.kafkaBrokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(500*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ids := map[int64]int{}
+	seen, empty := 0, 0
+	for seen < want && empty < 4 {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) {
+			n++
+			for _, h := range r.Headers {
+				if h.Key == plugins.MetaOutboxID {
+					addID(ids, string(h.Value))
 				}
 			}
-			return n, nil
-		},
-		read: func(ctx context.Context, want int) (map[int64]int, error) {
-			cl, err := kgo.NewClient(kgo.SeedBrokers(s.kafkaBrokers...), kgo.ConsumeTopics(topic),
-				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(500*time.Millisecond))
-			if err != nil {
-				return nil, err
-			}
-			defer cl.Close()
-			ids := map[int64]int{}
-			seen, empty := 0, 0
-			for seen < want && empty < 4 {
-				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				fs := cl.PollFetches(pctx)
-				cancel()
-				n := 0
-				fs.EachRecord(func(r *kgo.Record) {
-					n++
-					for _, h := range r.Headers {
-						if h.Key == plugins.MetaOutboxID {
-							addID(ids, string(h.Value))
-						}
-					}
-				})
-				if n == 0 {
-					empty++
-				}
-				seen += n
-			}
-			return ids, nil
-		},
-		cleanup: func() {
-			req := kmsg.NewPtrDeleteTopicsRequest()
-			t := kmsg.NewDeleteTopicsRequestTopic()
-			t.Topic = kmsg.StringPtr(topic)
-			req.Topics = append(req.Topics, t)
-			req.TopicNames = []string{topic}
-			req.TimeoutMillis = 10000
-			_, _ = req.RequestWith(context.Background(), s.kcl)
-		},
-	}, nil
+		})
+		if n == 0 {
+			empty++
+		}
+		seen += n
+	}
+	return ids, nil
+}
+
+// deleteKafkaTopic removes topic, best effort.
+func (s *services) deleteKafkaTopic(topic string) {
+	req := kmsg.NewPtrDeleteTopicsRequest()
+	t := kmsg.NewDeleteTopicsRequestTopic()
+	t.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, t)
+	req.TopicNames = []string{topic}
+	req.TimeoutMillis = 10000
+	_, _ = req.RequestWith(context.Background(), s.kcl)
 }
 
 func (s *services) amqpTarget(id string) (*target, error) {
