@@ -77,16 +77,3 @@ func (o *stageObservers) observe(stage int, d time.Duration, outcome int) {
 	o.duration[stage].Observe(d.Seconds())
 	o.events[stage][outcome].Inc()
 }
-
-// deadLettered counts an event the dead-letter topic took from stage.
-func (o *stageObservers) deadLettered(stage string) {
-	if o == nil {
-		return
-	}
-	for i, n := range o.names {
-		if n == stage {
-			o.events[i][outcomeDeadLettered].Inc()
-			return
-		}
-	}
-}
