@@ -1,6 +1,7 @@
 # Ferry's developer commands. The two that matter on a fresh machine:
 #   make demo   — Ferry's main job on embedded PostgreSQL and NATS
-#   make test   — go vet and every test, with the race detector
+#   make test   — go vet and every test, with the race detector (both
+#                 modules: Ferry's and consumer/)
 GO ?= go
 
 .PHONY: build bench-build demo test vet lint bench bench-go bench-smoke fuzz chaos clean
@@ -22,11 +23,17 @@ bench-build:
 demo:
 	$(GO) run ./cmd/ferry demo
 
+# consumer/ is a Go module of its own (consuming services import it without
+# Ferry's dependencies), which ./... at the root does not reach: vet, test
+# and lint run in it too.
+CONSUMER = consumer
+
 vet:
 	$(GO) vet ./...
+	cd $(CONSUMER) && $(GO) vet ./...
 
-# staticcheck over every package, at a pinned version installed into bin/
-# the first time (CI runs it before make test).
+# staticcheck over every package of both modules, at a pinned version
+# installed into bin/ the first time (CI runs it before make test).
 STATICCHECK_VERSION = v0.8.2
 STATICCHECK = bin/staticcheck-$(STATICCHECK_VERSION)
 $(STATICCHECK):
@@ -34,9 +41,11 @@ $(STATICCHECK):
 	mv bin/staticcheck $@
 lint: $(STATICCHECK)
 	$(STATICCHECK) ./...
+	cd $(CONSUMER) && $(CURDIR)/$(STATICCHECK) ./...
 
 test: vet
 	$(GO) test -race -count=1 -timeout 30m ./...
+	cd $(CONSUMER) && $(GO) test -race -count=1 -timeout 10m ./...
 
 # The standard matrix of `ferry-bench` (every scenario, source and sink,
 # against watermill-sql and the broker ceiling measured in the same run);

@@ -45,6 +45,35 @@ type ceilingPublisher interface {
 	close()
 }
 
+// ceiling measures the broker client alone: drain publishes Events
+// messages as fast as it can, steady Rate per second for Duration.
+func (r *runner) ceiling(ctx context.Context, scenario, sink string, rep int) (Measurement, error) {
+	id := r.nextID(scenario, "ceil", sink)
+	label := fmt.Sprintf("%s ceiling →%s", scenario, sink)
+	t, err := r.s.target(ctx, sink, id)
+	if err != nil {
+		return Measurement{}, err
+	}
+	defer t.cleanup()
+	j := job{System: SystemCeiling, Sink: sink, SinkYAML: sinkYAML(t, nil), Window: r.o.CeilingWindow}
+	n := r.o.Events
+	if scenario == ScenarioSteady {
+		j.Mode, j.Rate, j.Duration = modeSteady, r.o.Rate, r.o.Duration
+		n = int(float64(r.o.Rate) * r.o.Duration.Seconds())
+	} else {
+		j.Mode, j.Expect = modeDrain, n
+	}
+	m, err := r.drainChild(ctx, id, label, j, n)
+	if err != nil {
+		return m, err
+	}
+	m.Scenario, m.System, m.Sink, m.Repeat = scenario, SystemCeiling, sink, rep
+	if scenario == ScenarioSteady {
+		m.EventsPerSec = float64(m.Events) / r.o.Duration.Seconds()
+	}
+	return m, r.verify(ctx, label, &m, t, n, r.o.Verify)
+}
+
 func (c *child) runCeiling(ctx context.Context) error {
 	j := c.job
 	var sent []int64 // steady: publish time of message i, unix ns

@@ -85,6 +85,46 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, pipeline string) {
 	_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{name}.Sanitize())
 }
 
+func dropTable(pool *pgxpool.Pool, table string) {
+	_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+outbox.Quote(table)+` CASCADE`)
+}
+
+// teardown undoes a measurement's set-up — its tables and slots — last
+// first, as deferred calls would, when the set-up is spread over functions.
+type teardown []func()
+
+func (td *teardown) add(undo func()) { *td = append(*td, undo) }
+
+// run undoes everything added, last first.
+func (td *teardown) run() {
+	for i := len(*td) - 1; i >= 0; i-- {
+		(*td)[i]()
+	}
+	*td = nil
+}
+
+// setUpTable creates source's outbox table; td drops it.
+func setUpTable(ctx context.Context, td *teardown, pool *pgxpool.Pool, source, table string) error {
+	if err := createOutbox(ctx, pool, source, table); err != nil {
+		return err
+	}
+	td.add(func() { dropTable(pool, table) })
+	return nil
+}
+
+// setUpSlot prepares, for the wal source, pipeline's slot on table (see
+// prepareSlot); td drops it. Other sources need none.
+func setUpSlot(ctx context.Context, td *teardown, pool *pgxpool.Pool, source, pipeline, table string) error {
+	if source != wal.Name {
+		return nil
+	}
+	if err := prepareSlot(ctx, pool, pipeline, table); err != nil {
+		return err
+	}
+	td.add(func() { dropSlot(context.Background(), pool, pipeline) })
+	return nil
+}
+
 // prefill writes events [0, n) into a Ferry outbox table with COPY, in
 // transactions of prefillTx rows on two connections, then vacuums it so
 // every system reads a table in the same state (hint bits set, statistics).

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sinks/kafka"
@@ -29,7 +30,7 @@ type ferrySystem struct {
 	c      *child
 	cancel context.CancelFunc
 	done   chan error
-	sup    *pipelines.Supervisor
+	sup    *engine.Supervisor
 	names  []string
 	fail   chan struct{}
 	runErr error
@@ -51,7 +52,7 @@ func (f *ferrySystem) start(ctx context.Context) error {
 	}
 	prom := prometheus.NewRegistry()
 	prom.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	f.sup, err = pipelines.NewSupervisor(pipelines.Options{Logger: f.c.log, Metrics: prom, DrainTimeout: 10 * time.Second})
+	f.sup, err = engine.NewSupervisor(engine.Options{Logger: f.c.log, Metrics: prom, DrainTimeout: 10 * time.Second})
 	if err != nil {
 		return err
 	}
@@ -78,7 +79,7 @@ func (f *ferrySystem) ready(ctx context.Context, stop <-chan struct{}) error {
 	for {
 		running, last := 0, ""
 		for _, st := range f.sup.Statuses() {
-			if st.State == pipelines.StateRunning {
+			if st.State == engine.StateRunning {
 				running++
 			} else if st.LastError != "" {
 				last = st.Name + ": " + st.LastError

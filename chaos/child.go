@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/cmd/ferry/cli"
+	"github.com/ferryhq/ferry/service"
 )
 
 // childEnv names the pipeline file a re-executed test binary runs with
@@ -30,7 +30,7 @@ var ChildArgs = []string{"--ha-interval", "500ms", "--shutdown-timeout", "5s", "
 func Main(m *testing.M) {
 	if path := os.Getenv(childEnv); path != "" {
 		args := strings.Split(os.Getenv(argsEnv), "\n")
-		os.Exit(cli.Main(append([]string{"run", "-c", path}, args...), os.Stdout, os.Stderr))
+		os.Exit(service.MainArgs(append([]string{"-c", path}, args...), os.Stdout, os.Stderr, nil))
 	}
 	code := m.Run()
 	stopCluster()
@@ -38,7 +38,7 @@ func Main(m *testing.M) {
 }
 
 // Child is Ferry running a pipeline file in another process: this test
-// binary, re-executed, running the real `ferry run` command.
+// binary, re-executed, running `ferry run` as service.Main does.
 type Child struct {
 	cmd  *exec.Cmd
 	done chan struct{}

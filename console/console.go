@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/engine"
 )
 
 //go:embed static
@@ -29,7 +29,7 @@ var static embed.FS
 type Options struct {
 	// Statuses returns every pipeline's status on this instance (the
 	// supervisor's Statuses). Required.
-	Statuses func() []pipelines.Status
+	Statuses func() []engine.Status
 	// Gatherer is the process's metrics registry, read for the stages'
 	// event counts; nil shows no stages.
 	Gatherer prometheus.Gatherer

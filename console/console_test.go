@@ -11,21 +11,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/plugins"
 )
 
 // The ring keeps the last Points samples, oldest first, and forgets a
 // pipeline once it is gone.
 func TestHistoryKeepsTheLastPoints(t *testing.T) {
-	var statuses []pipelines.Status
-	c := New(Options{Statuses: func() []pipelines.Status { return statuses }, Points: 5})
+	var statuses []engine.Status
+	c := New(Options{Statuses: func() []engine.Status { return statuses }, Points: 5})
 	start := time.Date(2026, 1, 2, 3, 4, 0, 0, time.UTC)
 	for i := range 12 {
-		statuses = []pipelines.Status{{Name: "orders", Lag: map[string]pipelines.LagSummary{
+		statuses = []engine.Status{{Name: "orders", Lag: map[string]engine.LagSummary{
 			plugins.SegmentCommitToAck: {Count: int64(i + 1), P50: float64(i), P99: float64(10 * i)}}}}
 		if i < 3 {
-			statuses = append(statuses, pipelines.Status{Name: "gone"})
+			statuses = append(statuses, engine.Status{Name: "gone"})
 		}
 		c.Sample(start.Add(time.Duration(i) * 10 * time.Second))
 	}
@@ -66,7 +66,7 @@ func TestHistoryStagesFromMetrics(t *testing.T) {
 		}
 	}
 	events.WithLabelValues("other", "t", "read", "ok").Add(99)
-	c := New(Options{Statuses: func() []pipelines.Status { return nil }, Gatherer: reg})
+	c := New(Options{Statuses: func() []engine.Status { return nil }, Gatherer: reg})
 	h := c.History("orders")
 	var order []string
 	var dead uint64
@@ -88,7 +88,7 @@ func TestHistoryStagesFromMetrics(t *testing.T) {
 // The page and its files are served from the binary with headers that
 // keep other origins from running code in it or framing it.
 func TestHandlerServesThePage(t *testing.T) {
-	srv := httptest.NewServer(New(Options{Statuses: func() []pipelines.Status { return nil }}).Handler())
+	srv := httptest.NewServer(New(Options{Statuses: func() []engine.Status { return nil }}).Handler())
 	defer srv.Close()
 	for path, want := range map[string][2]string{
 		"/ui/":        {"text/html", `<script src="app.js"`},
@@ -123,8 +123,8 @@ func TestHandlerServesThePage(t *testing.T) {
 
 // ExampleConsole_History shows one sample of a pipeline's history.
 func ExampleConsole_History() {
-	st := pipelines.Status{Name: "orders", Lag: map[string]pipelines.LagSummary{plugins.SegmentCommitToAck: {Count: 3, P50: 0.012, P99: 0.040}}}
-	c := New(Options{Statuses: func() []pipelines.Status { return []pipelines.Status{st} }})
+	st := engine.Status{Name: "orders", Lag: map[string]engine.LagSummary{plugins.SegmentCommitToAck: {Count: 3, P50: 0.012, P99: 0.040}}}
+	c := New(Options{Statuses: func() []engine.Status { return []engine.Status{st} }})
 	c.Sample(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	h := c.History("orders")
 	p := h.Points[0]

@@ -5,22 +5,22 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/plugins"
 )
 
 // Point is one sample of a pipeline's lag: each segment's p50/p99 over the
 // minute before At.
 type Point struct {
-	At  time.Time                       `json:"at"`
-	Lag map[string]pipelines.LagSummary `json:"lag"`
+	At  time.Time                    `json:"at"`
+	Lag map[string]engine.LagSummary `json:"lag"`
 }
 
 // sample is a Point as the ring keeps it: one summary per segment in
 // plugins.Segments order, no map per sample.
 type sample struct {
 	at  time.Time
-	lag []pipelines.LagSummary
+	lag []engine.LagSummary
 }
 
 // ring is one pipeline's last n samples, oldest overwritten first.
@@ -55,15 +55,15 @@ func (r *ring) points() []Point {
 }
 
 func (s sample) point() Point {
-	p := Point{At: s.at, Lag: make(map[string]pipelines.LagSummary, len(plugins.Segments))}
+	p := Point{At: s.at, Lag: make(map[string]engine.LagSummary, len(plugins.Segments))}
 	for i, seg := range plugins.Segments {
 		p.Lag[seg] = s.lag[i]
 	}
 	return p
 }
 
-func sampleOf(st pipelines.Status, at time.Time) sample {
-	s := sample{at: at, lag: make([]pipelines.LagSummary, len(plugins.Segments))}
+func sampleOf(st engine.Status, at time.Time) sample {
+	s := sample{at: at, lag: make([]engine.LagSummary, len(plugins.Segments))}
 	for i, seg := range plugins.Segments {
 		s.lag[i] = st.Lag[seg]
 	}
@@ -85,7 +85,7 @@ func newHistory(points int) *history {
 
 // record adds one sample per pipeline and forgets pipelines that are gone
 // (deleted, or moved out of this instance's configuration).
-func (h *history) record(statuses []pipelines.Status, at time.Time) {
+func (h *history) record(statuses []engine.Status, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, r := range h.rings {

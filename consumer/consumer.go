@@ -20,9 +20,11 @@
 // watermill-nats): Ferry's sinks put the event id in Watermill's uuid
 // header, so message.UUID is the event id.
 //
-// The package owns the inbox and applied-version tables and nothing else. It
-// must not import any other Ferry package: consumers import it alone
-// (internal/layout's test checks it).
+// The package owns the inbox and applied-version tables and nothing else.
+// It is a Go module of its own, github.com/ferryhq/ferry/consumer, whose
+// go.mod requires nothing of Ferry, so a consuming service pulls none of
+// the relay's dependencies. It must not import any other Ferry package:
+// consumers import it alone (its test and internal/layout's check it).
 package consumer
 
 import (

@@ -16,13 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ferryhq/ferry/consumer"
-	"github.com/ferryhq/ferry/lab/testenv"
 )
 
 func setup(t *testing.T, cfg consumer.Config) (*consumer.Consumer, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
+	pool, err := pgxpool.New(ctx, testDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +109,7 @@ func TestWithheldEventHoldsThenReportsTheGap(t *testing.T) {
 	}
 	// v2 is withheld; v3 arrives and is redelivered until the gap times out.
 	var outcomes []consumer.Outcome
-	testenv.Eventually(t, 30*time.Second, "the gap reported", func() bool {
+	eventually(t, 30*time.Second, "the gap reported", func() bool {
 		got, err := c.Process(ctx, event("e3", "a", "3", 3), apply)
 		if got == consumer.Held && !errors.Is(err, consumer.ErrHeld) {
 			t.Fatalf("held without ErrHeld: %v", err)
@@ -151,7 +150,7 @@ func TestWithheldEventHoldsThenReportsTheGap(t *testing.T) {
 func TestGapWithoutDeadLetterStaysHeld(t *testing.T) {
 	c, pool := setup(t, consumer.Config{HoldDelay: time.Millisecond, GapTimeout: 50 * time.Millisecond})
 	ctx := context.Background()
-	testenv.Eventually(t, 30*time.Second, "the gap reported", func() bool {
+	eventually(t, 30*time.Second, "the gap reported", func() bool {
 		got, err := c.Process(ctx, event("e2", "a", "2", 2), apply)
 		if got != consumer.Held || !errors.Is(err, consumer.ErrHeld) {
 			t.Fatalf("v2 without v1: %v, %v", got, err)
@@ -259,18 +258,53 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// The package is imported alone by consumer services: it must depend on no
-// other Ferry package.
+// The package is imported alone by consumer services, as a module of its
+// own: its go.mod requires nothing of Ferry, and neither it nor its tests
+// depend on any Ferry package (internal/layout's test checks the same from
+// Ferry's side).
 func TestImportsNoOtherFerryPackage(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "github.com/ferryhq/ferry/consumer").CombinedOutput()
+	out, err := exec.Command("go", "mod", "edit", "-json").Output()
+	if err != nil {
+		t.Fatalf("go mod edit -json: %v", err)
+	}
+	var mod struct {
+		Module  struct{ Path string }
+		Require []struct{ Path string }
+	}
+	if err := json.Unmarshal(out, &mod); err != nil {
+		t.Fatalf("go mod edit -json: %v", err)
+	}
+	if mod.Module.Path != "github.com/ferryhq/ferry/consumer" {
+		t.Fatalf("module %q, want github.com/ferryhq/ferry/consumer", mod.Module.Path)
+	}
+	for _, r := range mod.Require {
+		if isFerry(r.Path) {
+			t.Errorf("go.mod requires %s", r.Path)
+		}
+	}
+	// The module of every package the consumer and its tests link.
+	out, err = exec.Command("go", "list", "-deps", "-test", "-f", "{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}", "./...").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
-	for _, dep := range strings.Fields(string(out)) {
-		if strings.HasPrefix(dep, "github.com/ferryhq/ferry/") && dep != "github.com/ferryhq/ferry/consumer" || dep == "github.com/ferryhq/ferry" {
-			t.Errorf("consumer depends on %s", dep)
+	var own int
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, module, _ := strings.Cut(line, " ")
+		if module == mod.Module.Path {
+			own++
+		} else if isFerry(module) {
+			t.Errorf("consumer depends on %s (module %s)", pkg, module)
 		}
 	}
+	if own == 0 {
+		t.Fatalf("go list listed no package of the consumer module:\n%s", out)
+	}
+}
+
+// isFerry reports whether module is one of Ferry's other than this one.
+func isFerry(module string) bool {
+	const ferry = "github.com/ferryhq/ferry"
+	return module != "github.com/ferryhq/ferry/consumer" && (module == ferry || strings.HasPrefix(module, ferry+"/"))
 }
 
 // As Watermill middleware the wrapped handler finds the inbox transaction in

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
@@ -29,7 +30,6 @@ import (
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
-	_ "github.com/ferryhq/ferry/transforms/canary"
 	_ "github.com/ferryhq/ferry/transforms/headers"
 	_ "github.com/ferryhq/ferry/transforms/router"
 )
@@ -157,9 +157,9 @@ sink: {type: nats, url: %q, subject: %s}
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 2 * time.Second,
+	sup, err := engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 2 * time.Second,
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Ownership: &pipelines.Ownership{Instance: "ops", CoordinationDSN: x.DSN, Interval: 500 * time.Millisecond}})
+		Ownership: &engine.Ownership{Instance: "ops", CoordinationDSN: x.DSN, Interval: 500 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

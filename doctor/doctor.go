@@ -22,10 +22,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
-	"github.com/ferryhq/ferry/ownership"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
 )
@@ -173,7 +171,7 @@ func Run(ctx context.Context, specs []*pipelines.Spec, o Options) Report {
 
 // checkCoordination judges the instance's coordination database: while it
 // is unreachable, every pipeline may look fine and HA still runs degraded.
-func checkCoordination(c *pipelines.Coordination) *Check {
+func checkCoordination(c *engine.Coordination) *Check {
 	if c == nil {
 		return nil // no high availability
 	}
@@ -191,7 +189,7 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	d := Diagnosis{Pipeline: spec.Name, Tenant: spec.Tenant}
 	// Its own sessions named apart from a relay's ferry:pool, which the
 	// relay stage looks for.
-	p, err := pipelines.Build(spec, plugins.Env{PoolName: "ferry:doctor"})
+	p, err := engine.Build(spec, plugins.Env{PoolName: "ferry:doctor"})
 	if err != nil {
 		d.Checks = append(d.Checks, Check{Stage: StageBacklog, Status: Unknown, Evidence: []string{err.Error()}})
 		return d
@@ -235,7 +233,7 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 }
 
 // checkBacklog measures the oldest undelivered event, twice, Sample apart.
-func checkBacklog(ctx context.Context, p *pipelines.Pipeline, o Options) (Check, *plugins.Health) {
+func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *plugins.Health) {
 	c := Check{Stage: StageBacklog}
 	pr, ok := p.Source.(plugins.Prober)
 	if !ok {
@@ -273,108 +271,10 @@ func checkBacklog(ctx context.Context, p *pipelines.Pipeline, o Options) (Check,
 	return c, &h
 }
 
-// checkRelay asks a running Ferry about the pipeline, or, without one,
-// looks for the relay's session on the source database. A relay that runs
-// but reports trouble (backing_off, stalled) is not judged here: the stages
-// after it may explain why; suspect is the action if none does.
-func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, suspect string) {
-	c = Check{Stage: StageRelay}
-	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
-	defer cancel()
-	if o.URL != "" {
-		st, err := o.status(spec.Name)
-		if err != nil {
-			c.Status, c.Evidence = Unhealthy, []string{"cannot read the pipeline from " + o.URL + ": " + err.Error()}
-			c.Action = "is `ferry run` up, with --http, and does it run this pipeline?"
-			return c, ""
-		}
-		c.Evidence = append(c.Evidence, fmt.Sprintf("state %s since %s, started %d times", st.State, st.Since.Format(time.RFC3339), st.Starts))
-		if st.LastError != "" {
-			c.Evidence = append(c.Evidence, "last error: "+st.LastError)
-		}
-		switch st.State {
-		case pipelines.StateRunning:
-			c.Status = OK
-		case pipelines.StateStalled:
-			c.Status = OK
-			suspect = "canaries stopped arriving, yet the source, the broker and the consumers look fine: read the relay's logs around the last error"
-		case pipelines.StateBackingOff:
-			c.Status = OK
-			suspect = "the relay keeps failing: fix its last error — it retries on its own"
-		case pipelines.StatePaused:
-			c.Status, c.Action = Unhealthy, "the pipeline is paused: POST /api/v1/pipelines/"+spec.Name+"/resume"
-		case pipelines.StateStandby:
-			c.Status = OK
-			c.Evidence = append(c.Evidence, "instance "+st.Owner+" runs it; this one takes over if it goes away")
-		default:
-			c.Status, c.Action = Unhealthy, "the relay is not running the pipeline: fix the last error and restart it"
-		}
-		return c, suspect
-	}
-	o2, ok := spec.Source.Config.(plugins.OutboxSource)
-	if !ok {
-		c.Status, c.Evidence = Unknown, []string{"no --url, and the source has no database to look at"}
-		return c, ""
-	}
-	conn, err := pgx.Connect(ctx, o2.OutboxTable().DSN)
-	if err != nil {
-		c.Status, c.Evidence = Unknown, []string{"cannot connect to the source database: " + redact.String(err.Error())}
-		return c, ""
-	}
-	defer conn.Close(context.Background())
-	// A pipeline's own sessions anywhere on the server; the shared pool's on
-	// this database (it serves every xid8 and poll pipeline there).
-	sessions := func(name string, thisDatabase bool) (n int, since *time.Time, clients []string, err error) {
-		err = conn.QueryRow(ctx, `SELECT count(*), min(backend_start), COALESCE(array_agg(DISTINCT COALESCE(host(client_addr), 'local')) FILTER (WHERE pid IS NOT NULL), '{}')
-		FROM pg_stat_activity WHERE application_name = $1 AND (NOT $2 OR datname = current_database())`, name, thisDatabase).Scan(&n, &since, &clients)
-		return n, since, clients, err
-	}
-	n, since, clients, err := sessions("ferry:"+spec.Name, false)
-	var shared int
-	var sharedSince *time.Time
-	var sharedClients []string
-	if err == nil && n == 0 {
-		// xid8 and poll pipelines read through their database's shared
-		// pool, whose sessions are named ferry:pool.
-		shared, sharedSince, sharedClients, err = sessions("ferry:pool", true)
-	}
-	if err != nil {
-		c.Status, c.Evidence = Unknown, []string{"cannot read pg_stat_activity: " + err.Error()}
-		return c, ""
-	}
-	if n == 0 {
-		c.Status = Unhealthy
-		if holder, held, err := ownership.Holder(ctx, o2.OutboxTable().DSN, ownership.LockKey(spec.Name)); err == nil && held && shared > 0 {
-			// Owned, and its instance reads the database through the
-			// shared pool: whether this pipeline reads, only it can say.
-			c.Status = OK
-			c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) and reads this database through its shared pool (%d ferry:pool session(s))", holder, spec.Name, shared))
-			return c, ""
-		} else if err == nil && held {
-			// Owned, yet nothing reads: paused, or its start keeps failing.
-			c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) but no session named ferry:%s reads the source: the pipeline is paused, or cannot start", holder, spec.Name, spec.Name))
-			c.Action = "ask that instance: ferry doctor --url <its --http address> (or ferry lag); resume it if paused"
-			return c, ""
-		}
-		if shared > 0 {
-			c.Status = OK
-			c.Evidence = append(c.Evidence, fmt.Sprintf("%d session(s) of a Ferry instance's pool for this database (ferry:pool, shared by its xid8 and poll pipelines) connected since %s from %s; whether it runs %s: ferry doctor --url <its --http address>",
-				shared, sharedSince.Format(time.RFC3339), strings.Join(sharedClients, ", "), spec.Name))
-			return c, ""
-		}
-		c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s or ferry:pool on the source database: no Ferry instance is running this pipeline", spec.Name))
-		c.Action = "start it: ferry run -c <the file defining " + spec.Name + ">"
-		return c, ""
-	}
-	c.Status = OK
-	c.Evidence = append(c.Evidence, fmt.Sprintf("%d session(s) of ferry:%s connected since %s from %s", n, spec.Name, since.Format(time.RFC3339), strings.Join(clients, ", ")))
-	return c, ""
-}
-
 // instance is what a running Ferry says about itself.
 type instance struct {
-	Pipelines    []pipelines.Status      `json:"pipelines"`
-	Coordination *pipelines.Coordination `json:"coordination"`
+	Pipelines    []engine.Status      `json:"pipelines"`
+	Coordination *engine.Coordination `json:"coordination"`
 }
 
 func fetchInstance(ctx context.Context, base, token string) (*instance, error) {
@@ -402,16 +302,16 @@ func fetchInstance(ctx context.Context, base, token string) (*instance, error) {
 }
 
 // status is the pipeline's status as the instance at URL reported it.
-func (o *Options) status(name string) (pipelines.Status, error) {
+func (o *Options) status(name string) (engine.Status, error) {
 	if o.instanceErr != nil {
-		return pipelines.Status{}, o.instanceErr
+		return engine.Status{}, o.instanceErr
 	}
 	for _, s := range o.instance.Pipelines {
 		if s.Name == name {
 			return s, nil
 		}
 	}
-	return pipelines.Status{}, fmt.Errorf("that Ferry does not run pipeline %q", name)
+	return engine.Status{}, fmt.Errorf("that Ferry does not run pipeline %q", name)
 }
 
 // checkSource looks at what holds the source's position back: the oldest
@@ -465,7 +365,7 @@ func checkSlot(c Check, slot string, d map[string]any) Check {
 }
 
 // checkBroker connects the sink and checks the broker answers.
-func checkBroker(ctx context.Context, p *pipelines.Pipeline, o Options) Check {
+func checkBroker(ctx context.Context, p *engine.Pipeline, o Options) Check {
 	c := Check{Stage: StageBroker}
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -490,7 +390,7 @@ func checkBroker(ctx context.Context, p *pipelines.Pipeline, o Options) Check {
 
 // checkConsumers asks the broker how far the consumers named in the sink's
 // config are behind.
-func checkConsumers(ctx context.Context, p *pipelines.Pipeline, o Options) Check {
+func checkConsumers(ctx context.Context, p *engine.Pipeline, o Options) Check {
 	c := Check{Stage: StageConsumer}
 	cl, ok := p.Sink.(plugins.ConsumerLagger)
 	if !ok {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/doctor"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
@@ -149,7 +150,7 @@ func TestInactiveSlotRetainingWAL(t *testing.T) {
 		plugintest.Insert(ctx, e.Pool, "agg-2")
 	}
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		json.NewEncoder(w).Encode(map[string]any{"pipelines": []pipelines.Status{{Name: name, State: pipelines.StateBackingOff,
+		json.NewEncoder(w).Encode(map[string]any{"pipelines": []engine.Status{{Name: name, State: engine.StateBackingOff,
 			Since: time.Now(), Starts: 1, LastError: "replication connection: sorry, too many clients already"}}})
 	}))
 	defer api.Close()

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/doctor"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
-	"github.com/ferryhq/ferry/pipelines"
 )
 
 // A pipeline paused on an HA instance, and no instance answering at the
@@ -18,8 +18,8 @@ import (
 func TestPausedPipelineNamesItsOwner(t *testing.T) {
 	e := relaytest.Setup(t, harness)
 	y := e.YAML("paused", 100)
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 2 * time.Second,
-		Ownership: &pipelines.Ownership{Instance: "ferry-a", CoordinationDSN: e.DSN, Interval: 200 * time.Millisecond}})
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second,
+		Ownership: &engine.Ownership{Instance: "ferry-a", CoordinationDSN: e.DSN, Interval: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestPausedPipelineNamesItsOwner(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	testenv.Eventually(t, 20*time.Second, "the pipeline running", func() bool {
 		st, err := sup.Status("paused")
-		return err == nil && st.State == pipelines.StateRunning
+		return err == nil && st.State == engine.StateRunning
 	})
 	if err := sup.Pause("paused"); err != nil {
 		t.Fatal(err)

@@ -1,12 +1,12 @@
 package pipelines_test
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	_ "github.com/ferryhq/ferry/transforms/canary"
 	_ "github.com/ferryhq/ferry/transforms/filter"
 	_ "github.com/ferryhq/ferry/transforms/headers"
 	_ "github.com/ferryhq/ferry/transforms/router"
@@ -16,6 +16,8 @@ import (
 // errors with its .err golden: each problem named by file, line and path,
 // all of them at once, no secret anywhere. go test -run BadInput -update
 // rewrites the goldens.
+var update = flag.Bool("update", false, "rewrite the golden files")
+
 func TestBadInputCorpus(t *testing.T) {
 	files, _ := filepath.Glob("testdata/bad/*.yaml")
 	if len(files) < 10 {

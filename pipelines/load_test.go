@@ -64,7 +64,7 @@ func TestLoadErrors(t *testing.T) {
 		n          int      // when set, exactly this many errors
 	}{
 		{"unknown top-level key", strings.Replace(valid, "limits:", "limitz:", 1),
-			[]string{"orders.yaml:12: limitz: unknown key (valid keys: dead_letter, kind, limits, name, ownership, sink, source, tenant, tracing, transforms)"}, 1},
+			[]string{"orders.yaml:12: limitz: unknown key (valid keys: canary, dead_letter, kind, limits, name, ownership, sink, source, tenant, tracing, transforms)"}, 1},
 		{"unknown source key", strings.Replace(valid, "  table:", "  tabel:", 1),
 			[]string{"orders.yaml:6: source.tabel: unknown key (valid keys: batch_size, columns,"}, 1},
 		{"unknown nested key", strings.Replace(valid, "  table: public.outbox", "  columns:\n    idd: x", 1),

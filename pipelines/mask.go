@@ -78,9 +78,9 @@ type maskHandler struct {
 	mask func(string) string
 }
 
-// maskedLogger wraps l so that spec's Mask applies to every record; l as is
-// when there is nothing to hide.
-func maskedLogger(l *slog.Logger, spec *Spec) *slog.Logger {
+// MaskLogger wraps l so that the spec's Mask applies to every record; l
+// as is when there is nothing to hide.
+func (spec *Spec) MaskLogger(l *slog.Logger) *slog.Logger {
 	if len(spec.Masks) == 0 {
 		return l
 	}
@@ -142,9 +142,9 @@ func (h maskHandler) attr(a slog.Attr) slog.Attr {
 	return slog.Attr{Key: a.Key, Value: v}
 }
 
-// maskError is err with its text passed through Mask; errors.Is and As
+// MaskError is err with its text passed through Mask; errors.Is and As
 // still see err.
-func (s *Spec) maskError(err error) error {
+func (s *Spec) MaskError(err error) error {
 	if err == nil {
 		return nil
 	}

@@ -1,16 +1,14 @@
-// Package pipelines is Ferry's pipeline model: the YAML schema and its loader
-// (strict decoding, ${VAR} interpolation, errors that name file, line and
-// path, and in control-plane mode the rules a tenant's pipeline obeys), the
-// builder that turns a loaded spec into a source, transforms and a
-// sink, and the supervisor that runs every pipeline of the process as a handler
-// in one Watermill router: its states, retries, dead-letter topic, lag and
-// health surfaces, and high-availability ownership.
+// Package pipelines is Ferry's pipeline model: the YAML schema and its
+// loader (strict decoding, ${VAR} interpolation, errors that name file, line
+// and path, and in control-plane mode the rules a tenant's pipeline obeys),
+// and what a loaded Spec says of itself (its masks, its tenant's limits).
+// Package engine runs what it loads.
 //
 // It knows components only through the plugins API — factories from a
 // plugins.Registry and the capabilities listed in plugins — and must not
-// import any component (sources/, transforms/, sinks/: binaries register
-// them), the CLI, the HTTP API or the console, nor lab code (bench, chaos,
-// test harnesses).
+// import the engine, any component (sources/, transforms/, sinks/: binaries
+// register them), the CLI, the HTTP API or the console, nor lab code
+// (bench, chaos, test harnesses).
 package pipelines
 
 import (
@@ -40,6 +38,9 @@ type Spec struct {
 	Limits     Limits
 	// DeadLetter, when set, receives events that cannot be delivered.
 	DeadLetter *DeadLetter
+	// Canary, when set, tells the pipeline quiet from stalled (`canary:`,
+	// or a transform of type canary in the older form); the engine runs it.
+	Canary *Canary
 	// Hash identifies the pipeline's configuration after interpolation; a
 	// reload restarts only pipelines whose hash changed.
 	Hash string
@@ -51,6 +52,11 @@ type Spec struct {
 	Ownership string
 	// Tracing turns on a span per event publish (`tracing:`).
 	Tracing tracing.Config
+	// Paused is the pipeline's desired state when it is kept elsewhere (a
+	// store pipeline paused over the API): the engine keeps it known, as a
+	// paused pipeline whose backlog is still measured, and runs nothing.
+	// Not part of the YAML.
+	Paused bool
 	// Masks are the values ${…} references filled in (from the environment
 	// or the tenant's secrets, not defaults written in the document) of at
 	// least MinMaskLen characters, deduplicated, longest first: what Mask
@@ -137,13 +143,18 @@ type TenantSpec struct {
 	Limits Limits
 }
 
-// Describe is a one-line summary without secrets: "orders (xid8 → nats)".
+// Describe is a one-line summary without secrets: "orders (xid8 → nats)",
+// "orders (xid8 → event_router → nats, canary)".
 func (s *Spec) Describe() string {
 	stages := s.Source.Type
 	for _, t := range s.Transforms {
 		stages += " → " + t.Type
 	}
-	return fmt.Sprintf("%s (%s → %s)", s.Name, stages, s.Sink.Type)
+	canary := ""
+	if s.Canary != nil {
+		canary = ", canary"
+	}
+	return fmt.Sprintf("%s (%s → %s%s)", s.Name, stages, s.Sink.Type, canary)
 }
 
 // pipelineName is what a pipeline or tenant may be called: it becomes part of

@@ -2,6 +2,7 @@ package plugins
 
 import (
 	"context"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -11,8 +12,10 @@ import (
 // Source, Transform and Sink are all a component must implement. Beyond
 // them, a component may offer capabilities: optional interfaces Ferry looks
 // for with a type assertion on the built component or on its config. Each
-// is listed here with who calls it and what happens without it; this is the
-// complete list.
+// is listed here, in the bullets' heads, with who calls it and what happens
+// without it; this is the complete list (capabilities_test.go fails on an
+// interface of this package, or a type assertion on one anywhere in Ferry,
+// that it does not name).
 //
 // On a built source:
 //
@@ -35,25 +38,24 @@ import (
 //     instance run it (`ownership: shared`). Without it `ownership:` in the
 //     YAML is an error, and with HA on the pipeline runs on every instance
 //     with no lock: the source itself must make that safe.
-//   - OutboxSource: the canary generator writes to the table (Env.Outbox),
-//     and `ferry doctor` looks for the relay's session on its database.
-//     Without it a canary with `generate` fails to start and doctor needs
-//     --url to judge the relay.
-//   - a MetricsInterval field (time.Duration) on the config struct, read by
-//     name: how often the supervisor measures a pipeline that does not run
-//     here. Without it, every 15s.
+//   - OutboxSource: the engine's canary generator (a pipeline's `canary:
+//     generate:`) writes canary rows to the table, the engine names the
+//     events' origin after it (Env.Origin), and `ferry doctor` looks for
+//     the relay's session on its database. Without it the loader refuses
+//     a canary with `generate`, and doctor needs --url to judge the relay.
+//   - HealthIntervaler: how often the source measures its health (its
+//     metrics_interval); the supervisor measures a pipeline that does not
+//     run here as often. Without it, every 15s.
 //   - OffsetKeeper, DeadLetterKeeper, Backfiller, Purger: the offsets,
 //     dead-letter, backfill and delete-with-purge API routes (offsets.go,
 //     Purger below). Without them those routes answer that the source cannot.
 //
 // On a built transform:
 //
-//   - Starter: the pipeline calls Start before messages flow (the canary
-//     starts its generator and checker); io.Closer: Close when it stops.
-//     Without them the transform is a pure function of its input.
-//   - Staller: the supervisor asks whether the pipeline is stalled (the
-//     canary); true shows the pipeline as `stalled`. Without it a quiet
-//     pipeline is never called stalled.
+//   - Starter and io.Closer: the pipeline calls Start once the sink
+//     started, before messages flow (a transform that connects or loads
+//     something), and Close when it stops. Without them the transform is
+//     a pure function of its input.
 //
 // On a transform config:
 //
@@ -85,10 +87,21 @@ import (
 // variable; one tagged `ferry:"file"` names a file on the server, which a
 // tenant's pipeline may name only when its policy allows files.
 //
+// On a sink config:
+//
+//   - DeadLetterTopicKeeper (offsets.go): the API counts and replays the
+//     dead letters of the pipeline's dead-letter topic, also while the
+//     pipeline does not run here. Without it those routes say to count
+//     and replay them with the broker's own tools.
+//
 // On a built sink (Start and Close are part of Sink):
 //
-//   - Reader: the canary checker reads canaries back. Without it a canary
-//     with `check: true` fails to start.
+//   - Reader: the engine's canary checker (a pipeline's `canary: check:`)
+//     reads canaries back. Without it a canary with `check: true` fails to
+//     start (the pipeline backs off, saying so).
+//   - tracing.Destinations (package tracing, which imports this one): the
+//     publish span names where a message without a topic goes, the sink's
+//     default destination. Without it such a span names no destination.
 //   - Pinger: `ferry doctor` checks the broker answers. Without it doctor
 //     only checks that Start connects.
 //   - ConsumerLagger: `ferry doctor` reports the lag of the consumers named
@@ -171,9 +184,19 @@ func SourceHA(cfg Config) HA {
 	return HA{}
 }
 
-// OutboxTable describes the outbox table a pipeline reads, for components
-// that write to it (the canary generator). Column names are as mapped in the
-// source's `columns`.
+// HealthIntervaler is implemented by source configs that measure their
+// health on a timer of their own (the PostgreSQL sources' metrics_interval).
+// HealthInterval is that timer's period; the supervisor measures a pipeline
+// that does not run here (paused, backing off, standing by) as often, so
+// its backlog is never older than a running one's. A zero or negative
+// period means the default.
+type HealthIntervaler interface {
+	HealthInterval() time.Duration
+}
+
+// OutboxTable describes the outbox table a pipeline reads, for the engine,
+// which writes canary rows to it, and `ferry doctor`. Column names are as
+// mapped in the source's `columns`.
 type OutboxTable struct {
 	DSN, Table                                string
 	AggregateType, AggregateID, Type, Payload string
@@ -194,18 +217,10 @@ type Purger interface {
 }
 
 // Starter is implemented by transforms that need to connect or start
-// background work before messages flow (the canary). The pipeline calls
-// Start once, after the sink started; a failed Start may be retried.
+// background work before messages flow. The pipeline calls Start once,
+// after the sink started; a failed Start may be retried.
 type Starter interface {
 	Start(ctx context.Context) error
-}
-
-// Staller is implemented by transforms that can tell a stalled pipeline
-// from a quiet one (the canary): Stalled reports whether the pipeline is
-// stalled, and why. It is called from the supervisor's goroutine and must
-// not block.
-type Staller interface {
-	Stalled() (bool, string)
 }
 
 // LastStage is implemented by transform configs whose transform must be the
@@ -216,7 +231,7 @@ type LastStage interface {
 }
 
 // Reader is implemented by sinks that can read back what is published to a
-// topic: the canary checker uses it to see canaries arrive. Read delivers
+// topic: the engine's canary checker uses it to see canaries arrive. Read delivers
 // messages published from now on to handle, one at a time, until ctx ends
 // or it fails. It is called after Start.
 type Reader interface {

@@ -215,6 +215,34 @@ const DeadLetterPublishStage = "publish"
 const NoDestinationNote = "dead letters naming no destination (an empty dead_letter_topic: they failed before a route was chosen, " +
 	"e.g. no_route or a transform error) stay: fix the cause, then send them again from the outbox with a backfill"
 
+// ReplayDestination is a dead-letter replay's decision on one dead letter,
+// whose headers header reads, once replayed others were republished: the
+// destination to republish it to or, when it stays on the dead-letter
+// topic, "" and the note saying why ("" too when the filter or the limit
+// keeps it). sinkDefault is where the sink's Publish sends an event no
+// transform routed: the destination of one the broker refused without a
+// dead_letter_topic.
+func (f DeadLetterFilter) ReplayDestination(header func(key string) string, replayed int, sinkDefault string) (dest, keptNote string) {
+	switch {
+	case !MatchesReason(f.Reason, header(DeadLetterReasonHeader), header(DeadLetterErrorHeader)),
+		f.Limit > 0 && replayed >= f.Limit:
+		return "", ""
+	case header(DeadLetterPayloadBytesHeader) != "":
+		return "", "dead letters without their payload (too large for the broker) cannot be replayed"
+	}
+	dest = header(DeadLetterTopicHeader)
+	if dest == "" && header(DeadLetterStageHeader) == DeadLetterPublishStage {
+		dest = sinkDefault
+	}
+	switch {
+	case dest == "":
+		return "", NoDestinationNote
+	case f.Refuses(dest):
+		return "", NoteRefusedDestination
+	}
+	return dest, ""
+}
+
 // DeadLetterTopicCount is what the broker tells of a pipeline's dead-letter
 // topic.
 type DeadLetterTopicCount struct {

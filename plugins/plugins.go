@@ -91,13 +91,18 @@ func (NopReporter) Fatal(error)                      {}
 func (NopReporter) ObserveLag(string, time.Duration) {}
 
 // Env is what a factory gets besides its own config: the pipeline it belongs
-// to and the process-wide facilities it may use.
+// to and the process-wide facilities it may use. The engine fills it in
+// (engine.Build); a component reads what it needs and keeps nothing of the
+// pipeline's other components.
 type Env struct {
-	// Pipeline is the pipeline's unique name.
+	// Pipeline is the pipeline's unique name: sources name their slot,
+	// cursor row and sessions after it, formats and headers stamp it.
 	Pipeline string
-	// Tenant is the team that owns the pipeline; may be empty.
+	// Tenant is the team that owns the pipeline; may be empty. Stamped by
+	// the headers transform and the formats.
 	Tenant string
-	// MaxInFlight is the pipeline's limits.max_in_flight.
+	// MaxInFlight is the pipeline's limits.max_in_flight: the size of a
+	// source's in-flight window.
 	MaxInFlight int
 	// MaxConnections, when positive, caps the source's database connections
 	// (limits.max_connections, or the pipeline's share of its tenant's).
@@ -120,17 +125,28 @@ type Env struct {
 	// Metrics is where components register their Prometheus collectors. It
 	// adds the pipeline and tenant labels.
 	Metrics prometheus.Registerer
-	// Outbox is the table the pipeline's source reads, if it reads one.
-	Outbox *OutboxTable
-	// Sink is the pipeline's sink, set when transforms are built (the canary
-	// checker reads back through it).
-	Sink Sink
+	// Origin is where the pipeline's events come from, without
+	// credentials (the CloudEvents formats' default source); zero when
+	// the source reads no outbox table (plugins.OutboxSource).
+	Origin Origin
 	// Report tells the supervisor about failures and lag; never nil once
-	// built by the pipelines package (NopReporter otherwise).
+	// built by the engine (NopReporter otherwise).
 	Report Reporter
 	// Tracer, set when the pipeline's tracing is on, starts a source's own
 	// spans (a span per read batch); nil when tracing is off.
 	Tracer trace.Tracer
+}
+
+// Origin names the outbox table a pipeline reads, for components that say
+// where its events come from. It never holds a DSN: a sink has no business
+// with the source's credentials.
+type Origin struct {
+	// Database is the database's name as the source's DSN gives it; empty
+	// when the DSN does not say (libpq's defaults decide).
+	Database string
+	// Table is the outbox table as the source's config names it
+	// ("public.outbox").
+	Table string
 }
 
 // Config is a component's typed configuration. Validate reports every problem

@@ -85,9 +85,10 @@ const (
 //   - each broker must be allowed (Policy.Brokers);
 //   - no unix-socket host, ever; no file or service named in a connection
 //     string, nor a field tagged `ferry:"file"`, unless AllowFiles;
-//   - every destination the configs name, and dead_letter.topic, must
-//     start with an allowed prefix (Policy.Destinations); a template by
-//     its fixed text before the first "${".
+//   - every destination the configs name, dead_letter.topic and the
+//     canary's topic must start with an allowed prefix
+//     (Policy.Destinations); a template by its fixed text before the
+//     first "${".
 //
 // Check is for tenant pipelines only: a spec without a tenant is one
 // error (the admin's pipelines are not checked: do not call Check for
@@ -102,6 +103,12 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 	}
 	c.others = othersDatabases(spec, env.Others)
 	c.component(spec.Source, roleSource)
+	if spec.Canary != nil {
+		// Where the older form sits: among the transforms, usually first.
+		for _, dest := range spec.Canary.Destinations() {
+			c.destination(join(spec.Canary.Path, dest.Path), dest)
+		}
+	}
 	for _, t := range spec.Transforms {
 		c.component(t, roleTransform)
 	}
@@ -114,7 +121,7 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 
 // AllowsDestination reports whether topic starts with one of the allowed
 // destination prefixes. It allocates nothing: the pipeline calls it for
-// every event it publishes (pipelines.Pipeline.RestrictDestinations).
+// every event it publishes (engine.Pipeline.RestrictDestinations).
 func (p Policy) AllowsDestination(topic string) bool {
 	for _, prefix := range p.Destinations {
 		if strings.HasPrefix(topic, prefix) {

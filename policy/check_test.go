@@ -16,7 +16,6 @@ import (
 	"github.com/ferryhq/ferry/sinks/nats"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
-	"github.com/ferryhq/ferry/transforms/canary"
 	"github.com/ferryhq/ferry/transforms/router"
 )
 
@@ -70,7 +69,6 @@ func registry() *plugins.Registry {
 	nats.Register(r)
 	kafka.Register(r)
 	router.Register(r)
-	canary.Register(r)
 	plugins.RegisterSource(r, "plain", func() *plainSource { return &plainSource{} },
 		func(*plainSource, plugins.Env) (plugins.Source, error) { return nopSink{}, nil })
 	plugins.RegisterSink(r, "opaque", func() *opaqueSink { return &opaqueSink{} },

@@ -201,6 +201,19 @@ func (s *Store) TenantSecrets(ctx context.Context, tenant string) (map[string]st
 	return all[tenant], nil
 }
 
+// AllSecrets opens every tenant's secrets, by tenant and name: what the
+// converger resolves tenant pipelines with. A secret that does not open is
+// left out and reported in problems, so one bad row does not stop the
+// others from resolving. No value it returns may reach a response, a log
+// or an error.
+func (s *Store) AllSecrets(ctx context.Context) (secrets map[string]map[string]string, problems []error, err error) {
+	return s.openSecrets(ctx, "")
+}
+
+// HasKeyring reports whether this instance can seal and open tenants'
+// secrets (Options.Keyring was set).
+func (s *Store) HasKeyring() bool { return s.keyring != nil }
+
 // openSecrets opens the secrets of tenant, or of every tenant when it is
 // empty, by tenant and name. A secret that does not open is left out and
 // reported: one bad row (its key rotated out too early, say) must not stop

@@ -10,11 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/lab/testenv"
-	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/store"
 )
 
@@ -379,95 +377,4 @@ func snapshotSecrets(t *testing.T, conn *pgx.Conn) string {
 		t.Fatal(err)
 	}
 	return s
-}
-
-// The converger reads the secrets with the rest and resolves from them
-// even while the store cannot be read; a loader sees the secrets its own
-// convergence read; the snapshot's JSON holds none.
-func TestConvergerSecretLookup(t *testing.T) {
-	ctx := context.Background()
-	dsn := testenv.Postgres(t)
-	writer, _ := openStore(t, dsn, ring(t, 1))
-	reader, err := store.OpenWith(ctx, dsn, store.Options{Keyring: ring(t, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Metrics: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conv := &store.Converger{Store: reader, Supervisor: sup}
-	lookup := conv.SecretLookup()
-	// The loader resolves a tenant's pipeline with the lookup, as the
-	// converger wires it by default; this one records what it got while
-	// the convergence loaded the store's pipeline.
-	var resolved []string
-	conv.Loader = pipelines.Loader{TenantSecrets: func(tenant, name string) (string, bool) {
-		v, ok := lookup(tenant, name)
-		resolved = append(resolved, name+"="+v)
-		return v, ok
-	}}
-	text := "name: probe\ntenant: team-a\nlimits: {rate: \"${RATE}\"}\nsource: {type: nothing}\nsink: {type: nothing}\n"
-	_, sum, err := store.Canonical([]byte(text))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := writer.PutPipeline(ctx, admin, store.Write{Name: "probe", Tenant: "team-a", Config: text, Canonical: sum}); err != nil {
-		t.Fatal(err)
-	}
-	if err := conv.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := lookup("team-a", "RATE"); ok {
-		t.Fatal("a secret nobody set resolves")
-	}
-	if _, err := writer.PutSecret(ctx, admin, "team-a", "RATE", []byte("17")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := writer.PutSecret(ctx, admin, "team-b", "RATE", []byte("99")); err != nil {
-		t.Fatal(err)
-	}
-	resolved = nil
-	if _, err := conv.Converge(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(resolved, ",") != "RATE=17" {
-		t.Fatalf("the loader resolved %v during the convergence that read RATE, want RATE=17", resolved)
-	}
-	if v, ok := lookup("team-a", "RATE"); !ok || v != "17" {
-		t.Fatalf("team-a RATE = %q %v", v, ok)
-	}
-	if v, _ := lookup("team-b", "RATE"); v != "99" {
-		t.Fatalf("team-b RATE = %q", v)
-	}
-	if _, ok := lookup("team-c", "RATE"); ok {
-		t.Fatal("team-c resolves another tenant's secret")
-	}
-	js, err := json.Marshal(conv.Snapshot())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if bytes.Contains(js, []byte(`"99"`)) || bytes.Contains(js, []byte("Secrets")) {
-		t.Fatalf("the snapshot's JSON holds secrets: %s", js)
-	}
-
-	// The store goes away: the convergence fails, resolution goes on.
-	reader.Close()
-	if _, err := conv.Converge(ctx); err == nil {
-		t.Fatal("converged on a closed store")
-	}
-	if !conv.Snapshot().Stale {
-		t.Fatal("the snapshot is not marked stale")
-	}
-	if v, ok := lookup("team-a", "RATE"); !ok || v != "17" {
-		t.Fatalf("during the outage team-a RATE = %q %v", v, ok)
-	}
-	resolved = nil
-	if _, err := conv.ReloadFiles(); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(resolved, ",") != "RATE=17" {
-		t.Fatalf("a file reload during the outage resolved %v", resolved)
-	}
 }

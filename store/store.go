@@ -1,19 +1,21 @@
-// Package store is Ferry's control-plane database: the pipelines managed
-// over the API (their YAML as submitted, tenant, desired state, version),
-// tenants with their limits and policy, tenants' secrets (sealed), hashed
-// API tokens with their scopes and expiry, and the audit log, in
-// PostgreSQL (`ferry run --store DSN`). It also converges a running
-// supervisor on the store's contents (Converger).
+// Package store is Ferry's control-plane database, and only that: the
+// pipelines managed over the API (their YAML as submitted, tenant, desired
+// state, version), tenants with their limits and policy, tenants' secrets
+// (sealed), hashed API tokens with their scopes and expiry, the audit log
+// and what each instance reports it runs, in PostgreSQL (`ferry run
+// --store DSN`). Making a running instance match it is the converger's
+// job, in package service; Snapshot is the data the converger keeps of it.
 //
 // Pipeline texts keep their ${VAR} references as submitted. The values a
 // tenant's references resolve to are the tenant's secrets, kept sealed
 // with AES-256-GCM under the instance's key ring (internal/secretbox) and
 // opened only in memory. Tokens are kept as SHA-256 hashes only.
 //
-// It is imported by the CLI and the HTTP API; it must not import either,
-// nor a source, a sink or a lab package: of Ferry it needs only pipelines
-// (to check a pipeline's YAML), policy (the type of a tenant's policy),
-// plugins (its error type), internal/secretbox and internal/redact.
+// It is imported by service, the CLI and the HTTP API; it must not import
+// any of them, nor engine, a source, a sink or a lab package: of Ferry it
+// needs only pipelines (to check a pipeline's YAML), policy (the type of a
+// tenant's policy), plugins (its error type), internal/secretbox and
+// internal/redact.
 package store
 
 import (

@@ -10,6 +10,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -51,7 +52,7 @@ func benchProvider(b *testing.B) {
 // or a broker warming up weighs on every variant alike, and reports the
 // mean time of Handle alone (building the message is not timed) for each,
 // and its ratio to the first.
-func handleLoop(b *testing.B, names []string, ps []*pipelines.Pipeline, newMsg func(i int) *message.Message) {
+func handleLoop(b *testing.B, names []string, ps []*engine.Pipeline, newMsg func(i int) *message.Message) {
 	elapsed := make([]time.Duration, len(ps))
 	b.ResetTimer()
 	for n := range b.N {
@@ -96,13 +97,13 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	newCfg := func() *noConfig { return &noConfig{} }
 	plugins.RegisterSource(r, "idle", newCfg, func(*noConfig, plugins.Env) (plugins.Source, error) { return idleSource{}, nil })
 	plugins.RegisterSink(r, "discard", newCfg, func(*noConfig, plugins.Env) (plugins.Sink, error) { return discardSink{}, nil })
-	var ps []*pipelines.Pipeline
+	var ps []*engine.Pipeline
 	for _, extra := range []string{"", "tracing: {enabled: true}\n"} {
 		specs, err := pipelines.Loader{Registry: r}.LoadBytes("bench.yaml", []byte("name: bench\nsource: {type: idle}\nsink: {type: discard}\n"+extra))
 		if err != nil {
 			b.Fatal(err)
 		}
-		p, err := pipelines.Build(specs[0], plugins.Env{})
+		p, err := engine.Build(specs[0], plugins.Env{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -123,14 +124,14 @@ func BenchmarkNATSFormatsAndTracing(b *testing.B) {
 	// The stream that stores what the benchmark publishes.
 	testenv.CollectStream(b, url, testenv.Name("FERRY_BENCH"), 0, subject)
 	names := []string{"raw", "cloudevents", "tracing", "cloudevents_tracing"}
-	var ps []*pipelines.Pipeline
+	var ps []*engine.Pipeline
 	for _, extra := range []string{"", "  format: cloudevents\n", "tracing: {enabled: true}\n", "  format: cloudevents\ntracing: {enabled: true}\n"} {
 		doc := fmt.Sprintf("name: bench\nsource: {type: xid8, dsn: postgres://localhost/unused}\nsink:\n  type: nats\n  url: %s\n  subject: %s\n%s", url, subject, extra)
 		specs, err := pipelines.Loader{}.LoadBytes("bench.yaml", []byte(doc))
 		if err != nil {
 			b.Fatal(err)
 		}
-		p, err := pipelines.Build(specs[0], plugins.Env{})
+		p, err := engine.Build(specs[0], plugins.Env{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -45,7 +46,7 @@ func recorder(t *testing.T) *tracetest.InMemoryExporter {
 // natsPipeline builds (and starts the sink of) a pipeline publishing to a
 // fresh JetStream stream, and returns it with a reader of the stream and
 // the stream's subject.
-func natsPipeline(t *testing.T, extra string) (*pipelines.Pipeline, *testenv.Collector, string) {
+func natsPipeline(t *testing.T, extra string) (*engine.Pipeline, *testenv.Collector, string) {
 	t.Helper()
 	url := testenv.NATS(t)
 	subject := strings.ReplaceAll(testenv.Name("ferry-trace"), "_", "-") + ".events"
@@ -56,7 +57,7 @@ func natsPipeline(t *testing.T, extra string) (*pipelines.Pipeline, *testenv.Col
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := pipelines.Build(specs[0], plugins.Env{})
+	p, err := engine.Build(specs[0], plugins.Env{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,6 +39,35 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if (len(args) > 0 && args[0] == "--child") || os.Getenv(bench.ChildEnv) == "1" {
 		return bench.ChildMain(os.Stdin, stdout, stderr)
 	}
+	o, out, exit, ok := parseFlags(args, stderr)
+	if !ok {
+		return exit
+	}
+	o.Progress = stderr
+	o.Command = "ferry-bench " + strings.Join(args, " ")
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rep, runErr := bench.Run(ctx, o)
+	if rep == nil {
+		fmt.Fprintln(stderr, "ferry-bench:", runErr)
+		return 1
+	}
+	if err := out.write(rep, stdout); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if runErr != nil {
+		fmt.Fprintln(stderr, "ferry-bench:", runErr)
+		return 1
+	}
+	return 0
+}
+
+// parseFlags maps the command line onto bench.Options (over its defaults)
+// and the report's outputs. When it is not ok, the command exits at once
+// with exit: 0 after --help, 2 for bad flags, said on stderr.
+func parseFlags(args []string, stderr io.Writer) (o bench.Options, out output, exit int, ok bool) {
 	def := bench.DefaultOptions()
 	fs := flag.NewFlagSet("ferry-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -67,16 +96,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var set sets
 	fs.Var(&set, "set", "override Ferry configuration, e.g. xid8.batch_size=2000, limits.max_in_flight=2000, nats.format=cloudevents or tracing.enabled=true (repeatable)")
 	profile := fs.String("profile", "", "write a CPU profile of every measurement into this directory (go tool pprof)")
-	jsonOut := fs.Bool("json", false, "print the report as JSON instead of a table")
-	markdown := fs.String("markdown", "", "also write the table and targets as Markdown to this file")
+	fs.BoolVar(&out.json, "json", false, "print the report as JSON instead of a table")
+	fs.StringVar(&out.markdown, "markdown", "", "also write the table and targets as Markdown to this file")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
-			return 0
+			return o, out, 0, false
 		}
-		return 2
+		return o, out, 2, false
 	}
 
-	o := def
+	o = def
 	o.Scenarios, o.Sources, o.Sinks, o.Systems = split(*scenarios), split(*sources), split(*sinks), split(*systems)
 	o.Baselines = split(*baselines)
 	o.Events, o.Rate, o.Duration, o.Writers = *events, *rate, *duration, *writers
@@ -87,26 +116,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var err error
 	if o.MemoryEvents, err = parseInts(*memory); err != nil {
 		fmt.Fprintln(stderr, "--memory-events:", err)
-		return 2
+		return o, out, 2, false
 	}
 	if o.IdlePipelines, err = parseInts(*idle); err != nil {
 		fmt.Fprintln(stderr, "--idle-pipelines:", err)
-		return 2
+		return o, out, 2, false
 	}
 	if *quick {
 		o.Quick()
 	}
-	o.Progress = stderr
-	o.Command = "ferry-bench " + strings.Join(args, " ")
+	return o, out, 0, true
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	rep, runErr := bench.Run(ctx, o)
-	if rep == nil {
-		fmt.Fprintln(stderr, "ferry-bench:", runErr)
-		return 1
-	}
-	if *jsonOut {
+// output is where the report goes: a table (or JSON with --json) on
+// stdout, and Markdown to a file with --markdown.
+type output struct {
+	json     bool
+	markdown string
+}
+
+// write writes rep to stdout and, with --markdown, to its file; an error
+// names the flag.
+func (out output) write(rep *bench.Report, stdout io.Writer) error {
+	if out.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(rep)
@@ -114,23 +146,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout)
 		rep.WriteText(stdout)
 	}
-	if *markdown != "" {
-		f, err := os.Create(*markdown)
-		if err != nil {
-			fmt.Fprintln(stderr, "--markdown:", err)
-			return 1
-		}
-		rep.WriteMarkdown(f)
-		if err := f.Close(); err != nil {
-			fmt.Fprintln(stderr, "--markdown:", err)
-			return 1
-		}
+	if out.markdown == "" {
+		return nil
 	}
-	if runErr != nil {
-		fmt.Fprintln(stderr, "ferry-bench:", runErr)
-		return 1
+	f, err := os.Create(out.markdown)
+	if err != nil {
+		return fmt.Errorf("--markdown: %w", err)
 	}
-	return 0
+	rep.WriteMarkdown(f)
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--markdown: %w", err)
+	}
+	return nil
 }
 
 // sets collects repeated --set flags.

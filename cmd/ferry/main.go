@@ -1,5 +1,7 @@
 // Command ferry moves events from PostgreSQL outbox tables to brokers.
-// The commands live in package cli so a custom build can add components:
+// The commands live in package cli, and `ferry run` itself in package
+// service, so a custom build can add components. One with every
+// subcommand:
 //
 //	import (
 //		"os"
@@ -9,6 +11,11 @@
 //	)
 //
 //	func main() { os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr)) }
+//
+// One that only runs pipelines needs no cli (see
+// plugins/examples/redisstream/cmd/ferry-redis):
+//
+//	func main() { os.Exit(service.Main(plugins.Default)) }
 //
 // Package main imports only cmd/ferry/cli. The binary must link no lab package
 // (bench, chaos, plugins/plugintest, the test harnesses); internal/layout's

@@ -86,7 +86,7 @@
   const num = (n) => (n == null ? '—' : Number(n).toLocaleString('en-US'));
 
   // Where it runs: the instances that reported it through the store, or
-  // this instance when there is no store.
+  // this instance (without a store, or when none reported it).
   function placement(p) {
     const on = p.running_on || [];
     if (on.length) {
@@ -214,10 +214,9 @@
     const paused = p.state === 'paused' || p.desired_state === 'paused';
     $('button[data-action="pause"]', el).disabled = paused;
     $('button[data-action="resume"]', el).disabled = !paused;
+    // File pipelines are read-only; every other action works on both,
+    // with or without --store.
     $('button[data-action="edit"]', el).hidden = p.managed_by !== 'api';
-    $('button[data-action="doctor"]', el).hidden = !p.managed_by; // the route needs --store
-    $('button[data-action="offsets"]', el).hidden = !p.managed_by; // so do these two
-    $('button[data-action="deadletters"]', el).hidden = !p.managed_by;
     drawCharts(c);
     drawStages(c);
   }
@@ -356,7 +355,7 @@
     }
   }
 
-  // ---- offsets and dead letters (--store) -----------------------------
+  // ---- offsets and dead letters ---------------------------------------
   const cell = (tag, text) => Object.assign(document.createElement(tag), { textContent: text });
   const show = (v) => (v == null ? '—' : typeof v === 'object' ? JSON.stringify(v) : String(v));
 

@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/internal/pgcluster"
 	"github.com/ferryhq/ferry/pipelines"
@@ -71,6 +72,70 @@ const (
 
 // Run runs the demo and returns its summary.
 func Run(ctx context.Context, o Options) (Summary, error) {
+	o.defaults()
+	say := func(format string, args ...any) { fmt.Fprintf(o.Out, format+"\n", args...) }
+
+	srv, err := startServers(ctx, &o, say)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer srv.close()
+	pool, err := pgxpool.New(ctx, o.DatabaseURL)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer pool.Close()
+	if err := prepareDatabase(ctx, pool); err != nil {
+		return Summary{}, err
+	}
+	nc, js, err := connectStream(ctx, o.NATSURL)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer nc.Close()
+
+	specs, err := loadPipeline(o)
+	if err != nil {
+		return Summary{}, err
+	}
+	say("pipeline: %s", specs[0].Describe())
+	stopRelay, err := startRelay(ctx, o.Logger, specs)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer stopRelay()
+
+	t := newTracker()
+	cons, err := consume(ctx, js, t)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer cons.Stop()
+
+	say("writing for %s from %d sessions over %d orders…", o.Duration, o.Writers, o.Orders)
+	progress := time.NewTicker(2 * time.Second)
+	defer progress.Stop()
+	report := func() {
+		s := t.snapshot()
+		say("  written %6d   delivered %6d   undelivered %5d   oldest undelivered %s",
+			s.written, s.delivered, s.written-s.delivered, s.oldest.Round(time.Millisecond))
+	}
+	if err := writeOrders(ctx, pool, o, t, progress.C, report); err != nil {
+		return Summary{}, err
+	}
+	if ctx.Err() != nil {
+		return Summary{}, ctx.Err()
+	}
+	say("writers stopped; waiting for the last events…")
+	awaitDelivery(t, progress.C, report)
+	report()
+	sum := t.summary()
+	printSummary(say, sum, t.commits.Load())
+	return sum, nil
+}
+
+// defaults fills in what o leaves unset.
+func (o *Options) defaults() {
 	if o.Duration <= 0 {
 		o.Duration = 20 * time.Second
 	}
@@ -92,86 +157,107 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if o.NATSURL == "" {
 		o.NATSURL = os.Getenv("NATS_URL")
 	}
-	say := func(format string, args ...any) { fmt.Fprintf(o.Out, format+"\n", args...) }
+}
 
+// servers are the embedded PostgreSQL cluster and NATS server the demo
+// started for want of a URL; nil when o named one.
+type servers struct {
+	pg   *pgcluster.Cluster
+	nats *natsserver.Server
+}
+
+// startServers starts what o has no URL for, and sets o's URLs to them.
+func startServers(ctx context.Context, o *Options, say func(string, ...any)) (*servers, error) {
+	s := &servers{}
 	if o.DatabaseURL == "" {
 		say("starting a throwaway PostgreSQL cluster…")
 		c, err := pgcluster.Start(ctx, pgcluster.Options{})
 		if err != nil {
-			return Summary{}, fmt.Errorf("start PostgreSQL (or set DATABASE_URL): %w", err)
+			return nil, fmt.Errorf("start PostgreSQL (or set DATABASE_URL): %w", err)
 		}
-		defer c.Close()
+		s.pg = c
 		o.DatabaseURL = c.DSN("postgres")
 		say("PostgreSQL: throwaway cluster on 127.0.0.1:%d (removed at exit)", c.Port)
 	} else {
 		say("PostgreSQL: $DATABASE_URL")
 	}
 	if o.NATSURL == "" {
-		s, err := natsserver.Start(0, "")
+		n, err := natsserver.Start(0, "")
 		if err != nil {
-			return Summary{}, fmt.Errorf("start NATS (or set NATS_URL): %w", err)
+			s.close()
+			return nil, fmt.Errorf("start NATS (or set NATS_URL): %w", err)
 		}
-		defer s.Close()
-		o.NATSURL = s.URL()
+		s.nats = n
+		o.NATSURL = n.URL()
 		say("NATS JetStream: in-process server at %s", o.NATSURL)
 	} else {
 		say("NATS JetStream: $NATS_URL")
 	}
+	return s, nil
+}
 
-	pool, err := pgxpool.New(ctx, o.DatabaseURL)
+// close stops what startServers started, NATS first.
+func (s *servers) close() {
+	if s.nats != nil {
+		s.nats.Close()
+	}
+	if s.pg != nil {
+		_ = s.pg.Close()
+	}
+}
+
+// connectStream connects to NATS and removes the demo's stream: the demo
+// owns it and starts from an empty one (the pipeline creates it again).
+func connectStream(ctx context.Context, url string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url)
 	if err != nil {
-		return Summary{}, err
+		return nil, nil, fmt.Errorf("connect NATS: %w", err)
 	}
-	defer pool.Close()
-	if err := prepareDatabase(ctx, pool); err != nil {
-		return Summary{}, err
-	}
-	nc, err := nats.Connect(o.NATSURL)
-	if err != nil {
-		return Summary{}, fmt.Errorf("connect NATS: %w", err)
-	}
-	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return Summary{}, err
+		nc.Close()
+		return nil, nil, err
 	}
-	// The demo owns its stream: start from an empty one.
 	if err := js.DeleteStream(ctx, stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return Summary{}, fmt.Errorf("reset stream %s: %w", stream, err)
+		nc.Close()
+		return nil, nil, fmt.Errorf("reset stream %s: %w", stream, err)
 	}
+	return nc, js, nil
+}
 
+// loadPipeline loads pipelines/examples/demo.yaml with o's URLs as its
+// only environment.
+func loadPipeline(o Options) ([]*pipelines.Spec, error) {
 	data, err := examples.Files.ReadFile(examples.Demo)
 	if err != nil {
-		return Summary{}, err
+		return nil, err
 	}
 	env := map[string]string{"DATABASE_URL": o.DatabaseURL, "NATS_URL": o.NATSURL}
 	loader := pipelines.Loader{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
-	specs, err := loader.LoadBytes("pipelines/examples/"+examples.Demo, data)
-	if err != nil {
-		return Summary{}, err
-	}
-	say("pipeline: %s", specs[0].Describe())
+	return loader.LoadBytes("pipelines/examples/"+examples.Demo, data)
+}
 
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: o.Logger})
+// startRelay runs specs in a supervisor until the returned stop is called
+// (ctx's cancellation alone does not stop it); stop waits for the relay to
+// finish.
+func startRelay(ctx context.Context, logger *slog.Logger, specs []*pipelines.Spec) (stop func(), err error) {
+	sup, err := engine.NewSupervisor(engine.Options{Logger: logger})
 	if err != nil {
-		return Summary{}, err
+		return nil, err
 	}
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- sup.Run(relayCtx, specs) }()
-	defer func() {
+	return func() {
 		stopRelay()
 		<-relayDone
-	}()
+	}, nil
+}
 
-	t := newTracker()
-	cons, err := consume(ctx, js, t)
-	if err != nil {
-		return Summary{}, err
-	}
-	defer cons.Stop()
-
-	say("writing for %s from %d sessions over %d orders…", o.Duration, o.Writers, o.Orders)
+// writeOrders has o.Writers sessions commit order events for o.Duration,
+// reporting on each progress tick; it returns the error that stopped a
+// writer early.
+func writeOrders(ctx context.Context, pool *pgxpool.Pool, o Options, t *tracker, progress <-chan time.Time, report func()) error {
 	writeCtx, stopWriting := context.WithTimeout(ctx, o.Duration)
 	defer stopWriting()
 	var wg sync.WaitGroup
@@ -186,43 +272,40 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 			}
 		}()
 	}
-	progress := time.NewTicker(2 * time.Second)
-	defer progress.Stop()
 	writersDone := make(chan struct{})
 	go func() { wg.Wait(); close(writersDone) }()
-	report := func() {
-		s := t.snapshot()
-		say("  written %6d   delivered %6d   undelivered %5d   oldest undelivered %s",
-			s.written, s.delivered, s.written-s.delivered, s.oldest.Round(time.Millisecond))
-	}
 wait:
 	for {
 		select {
 		case <-writersDone:
 			break wait
-		case <-progress.C:
+		case <-progress:
 			report()
 		}
 	}
 	if p := writeErr.Load(); p != nil {
-		return Summary{}, fmt.Errorf("writer: %w", *p)
+		return fmt.Errorf("writer: %w", *p)
 	}
-	if ctx.Err() != nil {
-		return Summary{}, ctx.Err()
-	}
-	say("writers stopped; waiting for the last events…")
+	return nil
+}
+
+// awaitDelivery waits, up to 30 seconds, until every written event was
+// delivered, reporting on each progress tick.
+func awaitDelivery(t *tracker, progress <-chan time.Time, report func()) {
 	deadline := time.Now().Add(30 * time.Second)
 	for t.snapshot().written > t.snapshot().delivered && time.Now().Before(deadline) {
 		select {
-		case <-progress.C:
+		case <-progress:
 			report()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	report()
-	sum := t.summary()
+}
+
+// printSummary says what the run showed, and whether the demo passed.
+func printSummary(say func(string, ...any), sum Summary, commits int64) {
 	say("")
-	say("summary: written %d events in %d commits (%d held open while later ones committed)", sum.Written, t.commits.Load(), sum.HeldOpen)
+	say("summary: written %d events in %d commits (%d held open while later ones committed)", sum.Written, commits, sum.HeldOpen)
 	say("summary: delivered %d, lost %d, duplicates %d, per-order order violations %d; commit→delivered p50 %s p99 %s",
 		sum.Delivered, sum.Lost, sum.Duplicates, sum.OrderViolations, sum.P50.Round(time.Millisecond), sum.P99.Round(time.Millisecond))
 	if sum.OK() {
@@ -230,7 +313,6 @@ wait:
 	} else {
 		say("demo FAILED")
 	}
-	return sum, nil
 }
 
 func prepareDatabase(ctx context.Context, pool *pgxpool.Pool) error {

@@ -1,44 +1,50 @@
 // Package httpapi is the HTTP surface of `ferry run --http`: metrics, health
-// and readiness probes, pipeline status, and the admin actions (pause,
-// resume, restart, reload), which require a bearer token — as do the reads
-// once a token is configured. With `--store` it
-// serves the control plane instead (control.go): pipelines, tenants, tokens
-// and the audit log, every /api/v1 route behind a scoped token.
+// and readiness probes, and one API under /api/v1, with or without a store.
+// Every pipeline is an entry of one model — file pipelines read-only, store
+// pipelines (`ferry run --store`) changeable — so every route on pipelines
+// (status, config, pause, resume, restart, history, doctor, offsets, dead
+// letters, backfill) works the same in both; the routes on what only a store
+// keeps (store pipelines' writes, tokens, tenants' writes, secrets, the audit
+// log) answer 409 without one. One auth model: scoped bearer tokens, the one
+// from --admin-token-file being the bootstrap admin token; one error shape:
+// {"error": …, "details": [{path, line, message}]}.
 //
 // It reaches components only through plugins and pipelines: it must not import
 // the CLI, a concrete source, sink or transform, or a lab package.
 package httpapi
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ferryhq/ferry/console"
-	"github.com/ferryhq/ferry/pipelines"
-	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/store"
 )
 
 // Options configure the API.
 type Options struct {
-	Supervisor *pipelines.Supervisor
+	Supervisor *engine.Supervisor
 	Registry   *prometheus.Registry
-	// AdminToken enables the mutating endpoints; empty disables them.
+	// AdminToken is the bootstrap admin token (--admin-token-file,
+	// FERRY_ADMIN_TOKEN), with or without a store. While no token exists at
+	// all, reads are open and changes refused.
 	AdminToken string
 	// Reload loads and validates the configuration again (POST /reload,
 	// SIGHUP); nil disables reloading.
-	Reload func() (pipelines.ReloadResult, error)
+	Reload func() (engine.ReloadResult, error)
 	Logger *slog.Logger
-	// Control, when set (ferry run --store), serves the control plane:
-	// every /api/v1 route authenticates and checks the token's scope.
+	// Control is what the API serves: the instance's converger, and with
+	// `ferry run --store` the store. Required; a Control without a Store
+	// serves the file pipelines alone.
 	Control *Control
 	// Console, when set, serves the web console at /ui/ and each
 	// pipeline's lag history at /api/v1/pipelines/{name}/history.
@@ -51,9 +57,13 @@ type Options struct {
 	Throttle Throttle
 }
 
-// New returns the API's handler.
+// New returns the API's handler. It panics without Options.Control and
+// its Converger: a programmer's error at start-up.
 func New(o Options) http.Handler {
-	a := &api{o: o, throttle: newAuthThrottle(o.Throttle), auditSlots: make(chan struct{}, 4)}
+	if o.Control == nil || o.Control.Converger == nil {
+		panic("httpapi: Options.Control with a Converger is required")
+	}
+	a := &api{o: o, throttle: newAuthThrottle(o.Throttle), auditSlots: make(chan struct{}, 4), started: time.Now().UTC()}
 	a.deniedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_api_refused_total",
 		Help: "API requests refused, by status: 401 (no or unknown token), 403 (scope), 404 (another tenant's resource, answered as missing), 429 (throttled)."}, []string{"code"})
 	a.deniedDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_api_refusals_unaudited_total",
@@ -67,19 +77,13 @@ func New(o Options) http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", a.ready)
 	a.registerConsole(mux)
-	if o.Control != nil {
-		a.registerControl(mux)
-		return mux
-	}
-	mux.HandleFunc("GET /api/v1/pipelines", a.reader(a.list))
-	mux.HandleFunc("GET /api/v1/pipelines/{name}", a.reader(a.get))
-	mux.HandleFunc("POST /api/v1/pipelines/{name}/{action}", a.admin(a.act))
-	mux.HandleFunc("POST /api/v1/reload", a.admin(a.reload))
+	a.registerControl(mux)
 	return mux
 }
 
 type api struct {
 	o        Options
+	started  time.Time // when New ran: the bootstrap admin token's record says so
 	throttle *authThrottle
 	refusals refusalLog
 	// auditSlots bounds the background writes of tokens' last use.
@@ -123,7 +127,7 @@ func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		details := []pipelines.Unready{}
+		details := []engine.Unready{}
 		for _, u := range why {
 			if u.Tenant == "" && u.Pipeline == "" && scope != store.ScopeAdmin && scope != store.ScopeRead {
 				continue // the process's own state: for admins and readers
@@ -154,10 +158,8 @@ func (a *api) caller(w http.ResponseWriter, r *http.Request) (store.Scope, bool)
 	if a.o.MetricsToken != "" && constantTimeEqual(got, a.o.MetricsToken) {
 		return scopeMetrics, true
 	}
-	if a.o.Control != nil {
-		if p, prob := a.authenticate(r); prob == nil && !p.anonymous {
-			return p.actor.Scope, true
-		}
+	if p, prob := a.authenticate(r); prob == nil && !p.anonymous {
+		return p.actor.Scope, true
 	}
 	a.throttle.failed(addr)
 	w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
@@ -171,7 +173,7 @@ func (a *api) openReads() bool {
 	if a.o.AdminToken != "" {
 		return false
 	}
-	return a.o.Control == nil || len(a.o.Control.Converger.Snapshot().Tokens) == 0
+	return len(a.o.Control.Converger.Snapshot().Tokens) == 0
 }
 
 // scopeMetrics is the metrics token's scope: /metrics and /readyz's counts.
@@ -197,107 +199,6 @@ func (a *api) metrics(next http.Handler) http.Handler {
 	})
 }
 
-// list is every pipeline's status, and with high availability the
-// coordination database's state: a process-level fault shows here too.
-func (a *api) list(w http.ResponseWriter, _ *http.Request) {
-	body := map[string]any{"pipelines": a.o.Supervisor.Statuses()}
-	if c, ok := a.o.Supervisor.Coordination(); ok {
-		body["coordination"] = c
-	}
-	writeJSON(w, http.StatusOK, body)
-}
-
-func (a *api) get(w http.ResponseWriter, r *http.Request) {
-	st, err := a.o.Supervisor.Status(r.PathValue("name"))
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, st)
-}
-
-// reader guards a read: open while no token is configured; once one is,
-// reads need it too, for a pipeline's status and last error are tenant
-// data.
-func (a *api) reader(next http.HandlerFunc) http.HandlerFunc {
-	if a.o.AdminToken == "" {
-		return next
-	}
-	return a.admin(next)
-}
-
-// admin guards a mutating endpoint: 403 when no token is configured, 401
-// without a bearer token, 403 with a wrong one. The comparison takes the
-// same time whatever the token, and the token is never logged.
-func (a *api) admin(next http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if a.o.AdminToken == "" {
-			writeError(w, http.StatusForbidden, "admin actions are disabled: start ferry with --admin-token-file or FERRY_ADMIN_TOKEN")
-			return
-		}
-		addr := clientAddress(r)
-		if wait := a.throttle.retryAfter(addr); wait > 0 {
-			throttled(w, wait)
-			return
-		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || got == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
-			writeError(w, http.StatusUnauthorized, "missing bearer token")
-			return
-		}
-		if subtle.ConstantTimeCompare([]byte(got), []byte(a.o.AdminToken)) != 1 {
-			a.throttle.failed(addr)
-			writeError(w, http.StatusForbidden, "wrong token")
-			return
-		}
-		next(w, r)
-	}
-}
-
-func (a *api) act(w http.ResponseWriter, r *http.Request) {
-	name, action := r.PathValue("name"), r.PathValue("action")
-	sup := a.o.Supervisor
-	var err error
-	switch action {
-	case "pause":
-		err = sup.Pause(name)
-	case "resume":
-		err = sup.Resume(name)
-	case "restart":
-		err = sup.Restart(name)
-	default:
-		writeError(w, http.StatusNotFound, "unknown action "+action+" (pause, resume, restart)")
-		return
-	}
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	a.log().Info("admin action", "pipeline", name, "action", action, "remote", r.RemoteAddr)
-	st, _ := sup.Status(name)
-	writeJSON(w, http.StatusOK, st)
-}
-
-func (a *api) reload(w http.ResponseWriter, r *http.Request) {
-	if a.o.Reload == nil {
-		writeError(w, http.StatusNotFound, "reload is not available")
-		return
-	}
-	res, err := a.o.Reload()
-	if err != nil {
-		var problems []string
-		for _, e := range plugins.Flatten(err) {
-			problems = append(problems, e.Error())
-		}
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
-			"error": "the new configuration is invalid; nothing changed", "problems": problems})
-		return
-	}
-	a.log().Info("reloaded", "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, res)
-}
-
 func (a *api) log() *slog.Logger {
 	if a.o.Logger != nil {
 		return a.o.Logger
@@ -305,19 +206,17 @@ func (a *api) log() *slog.Logger {
 	return slog.Default()
 }
 
-func writeErr(w http.ResponseWriter, err error) {
+// engineProblem maps a supervisor error: ErrNotFound 404, ErrConflict 409,
+// anything else 500, each in the API's one error shape.
+func engineProblem(err error) *problem {
+	code := http.StatusInternalServerError
 	switch {
-	case errors.Is(err, pipelines.ErrNotFound):
-		writeError(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, pipelines.ErrConflict):
-		writeError(w, http.StatusConflict, err.Error())
-	default:
-		writeError(w, http.StatusInternalServerError, err.Error())
+	case errors.Is(err, engine.ErrNotFound):
+		code = http.StatusNotFound
+	case errors.Is(err, engine.ErrConflict):
+		code = http.StatusConflict
 	}
-}
-
-func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
+	return &problem{code: code, msg: err.Error()}
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

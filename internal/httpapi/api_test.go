@@ -15,11 +15,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/service"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -29,7 +31,7 @@ const token = "s3cret-token"
 
 type fixture struct {
 	e    *relaytest.Env
-	sup  *pipelines.Supervisor
+	sup  *engine.Supervisor
 	srv  *httptest.Server
 	yaml string // what Reload loads
 }
@@ -38,30 +40,35 @@ func start(t *testing.T, yaml string, adminToken string) *fixture {
 	t.Helper()
 	f := &fixture{e: relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})}
 	f.yaml = fmt.Sprintf(yaml, f.e.DSN, f.e.NATS, f.e.Subject)
-	specs, err := pipelines.Loader{}.LoadBytes("api.yaml", []byte(f.yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var err error
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	f.sup, err = pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log})
+	f.sup, err = engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Without a store, as ferry run without --store: the converger hands
+	// the supervisor the files' pipelines, and reloads them.
+	conv := filesOnly(t, f.sup, func() ([]*pipelines.Spec, error) { return pipelines.Loader{}.LoadBytes("api.yaml", []byte(f.yaml)) })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- f.sup.Run(ctx, specs) }()
+	go func() { done <- f.sup.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
-	reload := func() (pipelines.ReloadResult, error) {
-		specs, err := pipelines.Loader{}.LoadBytes("api.yaml", []byte(f.yaml))
-		if err != nil {
-			return pipelines.ReloadResult{}, err
-		}
-		return f.sup.Reload(specs)
-	}
-	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: adminToken, Reload: reload, Logger: log}))
+	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: adminToken, Reload: conv.ReloadFiles, Logger: log,
+		Control: &httpapi.Control{Converger: conv}}))
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// filesOnly is the converger of an instance without a store over the
+// pipelines load returns, started: the supervisor has been handed them.
+func filesOnly(t *testing.T, sup *engine.Supervisor, load func() ([]*pipelines.Spec, error)) *service.Converger {
+	t.Helper()
+	conv := &service.Converger{Supervisor: sup, LoadFiles: load}
+	if err := conv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return conv
 }
 
 func (f *fixture) call(t *testing.T, method, path, bearer string) (int, map[string]any) {
@@ -84,7 +91,7 @@ func (f *fixture) call(t *testing.T, method, path, bearer string) (int, map[stri
 }
 
 // state is the pipeline's status; zero until the supervisor added it.
-func (f *fixture) state(t *testing.T, name string) pipelines.Status {
+func (f *fixture) state(t *testing.T, name string) engine.Status {
 	t.Helper()
 	st, _ := f.sup.Status(name)
 	return st
@@ -98,7 +105,7 @@ limits: {max_in_flight: 50}
 
 func TestEndpointsAndErrors(t *testing.T) {
 	f := start(t, one, token)
-	testenv.Eventually(t, 20*time.Second, "running", func() bool { return f.state(t, "orders").State == pipelines.StateRunning })
+	testenv.Eventually(t, 20*time.Second, "running", func() bool { return f.state(t, "orders").State == engine.StateRunning })
 	cases := []struct {
 		method, path, bearer string
 		code                 int
@@ -106,12 +113,13 @@ func TestEndpointsAndErrors(t *testing.T) {
 	}{
 		// Once a token is configured, reads need it too.
 		{"GET", "/api/v1/pipelines", "", 401, "missing bearer token"},
-		{"GET", "/api/v1/pipelines/orders", "wrong", 403, "wrong token"},
+		// A wrong token is 401, as everywhere in the one API (it was 403).
+		{"GET", "/api/v1/pipelines/orders", "wrong", 401, "unknown or revoked token"},
 		{"GET", "/api/v1/pipelines", token, 200, ""},
 		{"GET", "/api/v1/pipelines/orders", token, 200, ""},
 		{"GET", "/api/v1/pipelines/nope", token, 404, "no such pipeline"},
 		{"POST", "/api/v1/pipelines/orders/pause", "", 401, "missing bearer token"},
-		{"POST", "/api/v1/pipelines/orders/pause", "wrong", 403, "wrong token"},
+		{"POST", "/api/v1/pipelines/orders/pause", "wrong", 401, "unknown or revoked token"},
 		{"POST", "/api/v1/pipelines/nope/pause", token, 404, "no such pipeline"},
 		{"POST", "/api/v1/pipelines/orders/explode", token, 404, "unknown action"},
 		{"POST", "/api/v1/pipelines/orders/pause", token, 200, ""},
@@ -193,7 +201,7 @@ sink: {type: nats, url: %[2]q, subject: %[3]s.remove}
 func TestReload(t *testing.T) {
 	f := start(t, three, token)
 	for _, n := range []string{"keep", "change", "remove"} {
-		testenv.Eventually(t, 20*time.Second, n+" running", func() bool { return f.state(t, n).State == pipelines.StateRunning })
+		testenv.Eventually(t, 20*time.Second, n+" running", func() bool { return f.state(t, n).State == engine.StateRunning })
 	}
 	valid := f.yaml
 	// Invalid: nothing changes.
@@ -216,7 +224,7 @@ func TestReload(t *testing.T) {
 	if got != "[added] [change] [remove] [keep]" {
 		t.Fatalf("reload did %s; want started [added], restarted [change], stopped [remove], unchanged [keep]", got)
 	}
-	if st := f.state(t, "keep"); st.Starts != 1 || st.State != pipelines.StateRunning {
+	if st := f.state(t, "keep"); st.Starts != 1 || st.State != engine.StateRunning {
 		t.Fatalf("an unchanged pipeline was touched: %+v", st)
 	}
 	if st := f.state(t, "change"); st.Starts != 2 {
@@ -225,5 +233,5 @@ func TestReload(t *testing.T) {
 	if _, err := f.sup.Status("remove"); err == nil {
 		t.Fatal("removed pipeline still runs")
 	}
-	testenv.Eventually(t, 20*time.Second, "added running", func() bool { return f.state(t, "added").State == pipelines.StateRunning })
+	testenv.Eventually(t, 20*time.Second, "added running", func() bool { return f.state(t, "added").State == engine.StateRunning })
 }

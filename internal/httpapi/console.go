@@ -9,26 +9,15 @@ import (
 	"github.com/ferryhq/ferry/pipelines"
 )
 
-// registerConsole mounts the web console's page at /ui/ (the page itself
+// registerConsole mounts the web console's page at /ui/: the page itself
 // holds no data, so it is open; everything it shows comes from /api/v1
-// with the user's token) and, without a store, the history route. With a
-// store the history route is one of the control routes.
+// with the user's token (the history route is one of the /api/v1 routes).
 func (a *api) registerConsole(mux *http.ServeMux) {
 	if a.o.Console == nil {
 		return
 	}
 	mux.Handle("GET /ui/", a.o.Console.Handler())
 	mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
-	if a.o.Control == nil {
-		mux.HandleFunc("GET /api/v1/pipelines/{name}/history", func(w http.ResponseWriter, r *http.Request) {
-			st, err := a.o.Supervisor.Status(r.PathValue("name"))
-			if err != nil {
-				writeErr(w, err)
-				return
-			}
-			writeJSON(w, http.StatusOK, a.o.Console.History(st.Name))
-		})
-	}
 }
 
 // history answers a pipeline's lag history and stage counts to a caller
@@ -53,27 +42,11 @@ func (c *api) diagnose(w http.ResponseWriter, r *http.Request, p principal) {
 	if !ok {
 		return
 	}
-	ctl := c.o.Control
-	var spec *pipelines.Spec
-	if v.ManagedBy == managedByFile {
-		spec = ctl.Converger.Snapshot().Files[v.Name]
-	} else {
-		ctx, cancel := ctxTimeout(r)
-		row, err := ctl.Store.Pipeline(ctx, v.Name)
-		cancel()
-		if err != nil {
-			writeProblem(w, storeProblem(err, "pipeline "+v.Name))
-			return
-		}
-		specs, err := ctl.Loader.LoadBytes("store:"+v.Name, []byte(row.Config))
-		if err != nil || len(specs) != 1 {
-			writeProblem(w, &problem{code: http.StatusUnprocessableEntity, msg: "the stored pipeline does not load here", details: loadDetails(err)})
-			return
-		}
-		spec = specs[0]
-	}
-	if spec == nil {
-		writeProblem(w, &problem{code: http.StatusNotFound, msg: "pipeline " + v.Name + " is not loaded on this instance"})
+	// The definition as the API loads it: a file's as loaded, a store
+	// pipeline's with its tenant's secrets (never the server's environment).
+	spec, prob := c.sourceOf(v)
+	if prob != nil {
+		writeProblem(w, prob)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/console"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
@@ -33,18 +34,19 @@ func TestConsoleWithoutStore(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log})
+	sup, err := engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
+	conv := filesOnly(t, sup, func() ([]*pipelines.Spec, error) { return specs, nil })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- sup.Run(ctx, specs) }()
+	go func() { done <- sup.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done })
 	ui := console.New(console.Options{Statuses: sup.Statuses, Gatherer: reg})
-	srv := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log, Console: ui}))
+	srv := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log, Console: ui, Control: &httpapi.Control{Converger: conv}}))
 	t.Cleanup(srv.Close)
-	off := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log}))
+	off := httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: sup, Registry: reg, Logger: log, Control: &httpapi.Control{Converger: conv}}))
 	t.Cleanup(off.Close)
 
 	var written []plugintest.Written

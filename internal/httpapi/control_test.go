@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ferryhq/ferry/console"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/secretbox"
 	"github.com/ferryhq/ferry/lab/faultproxy"
@@ -27,10 +29,10 @@ import (
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/policy"
+	"github.com/ferryhq/ferry/service"
+	_ "github.com/ferryhq/ferry/sinks/nats"
 	"github.com/ferryhq/ferry/sources/xid8"
 	"github.com/ferryhq/ferry/store"
-
-	_ "github.com/ferryhq/ferry/sinks/nats"
 )
 
 const adminToken = "bootstrap-admin-secret"
@@ -40,14 +42,15 @@ const adminToken = "bootstrap-admin-secret"
 type controlFixture struct {
 	e    *relaytest.Env
 	st   *store.Store
-	sup  *pipelines.Supervisor
-	conv *store.Converger
+	sup  *engine.Supervisor
+	conv *service.Converger
 	srv  *httptest.Server
 	ui   *console.Console
 	// throttle is the API's failed-authentication budget; startControl*
 	// lift it unless a test sets opts.
 	throttle httpapi.Throttle
 	metrics  string // the API's metrics token
+	dir      string // startFiles: the pipeline files' directory
 }
 
 func startControl(t *testing.T, admin string) *controlFixture {
@@ -93,10 +96,10 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 	f.allowTenants(t, "team-a", "team-b")
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if f.sup, err = pipelines.NewSupervisor(pipelines.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
+	if f.sup, err = engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
 		t.Fatal(err)
 	}
-	f.conv = &store.Converger{Store: f.st, Supervisor: f.sup, Interval: time.Second, Logger: log}
+	f.conv = &service.Converger{Store: f.st, Supervisor: f.sup, Interval: time.Second, Logger: log}
 	if err := f.conv.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -117,6 +120,34 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 	// the throttle has its own test (TestFailedAuthThrottled).
 	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
 		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui, Throttle: f.throttle, MetricsToken: f.metrics}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// startFiles starts an instance without a store, as `ferry run -c DIR`
+// does: the converger loads DIR, where p.yaml holds what yaml returns (the
+// fixture's database and NATS filled in); the API serves its pipelines.
+// Tests rewrite f.dir's files and call POST /api/v1/reload.
+func startFiles(t *testing.T, admin string, h plugintest.SourceHarness, yaml func(f *controlFixture) string) *controlFixture {
+	t.Helper()
+	f := &controlFixture{e: relaytest.Setup(t, h), throttle: httpapi.Throttle{Burst: 1 << 20}, dir: t.TempDir()}
+	if err := os.WriteFile(filepath.Join(f.dir, "p.yaml"), []byte(yaml(f)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var err error
+	if f.sup, err = engine.NewSupervisor(engine.Options{Metrics: reg, DrainTimeout: 3 * time.Second, Logger: log}); err != nil {
+		t.Fatal(err)
+	}
+	f.conv = filesOnly(t, f.sup, func() ([]*pipelines.Spec, error) { return pipelines.Load(f.dir) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.sup.Run(ctx, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+	f.ui = console.New(console.Options{Statuses: f.sup.Statuses, Gatherer: reg})
+	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
+		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Converger: f.conv}, Console: f.ui, Throttle: f.throttle}))
 	t.Cleanup(f.srv.Close)
 	return f
 }
@@ -210,7 +241,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "orders running", func() bool {
 		st, err := f.sup.Status("orders")
-		return err == nil && st.State == pipelines.StateRunning
+		return err == nil && st.State == engine.StateRunning
 	})
 	// The same pipeline, reformatted with a comment: nothing changes.
 	same := "# the orders relay\n" + strings.ReplaceAll(y, "poll_interval: 20ms", "poll_interval: \"20ms\"")
@@ -225,7 +256,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "orders restarted with version 2", func() bool {
 		st, err := f.sup.Status("orders")
-		return err == nil && st.Starts == 2 && st.State == pipelines.StateRunning
+		return err == nil && st.Starts == 2 && st.State == engine.StateRunning
 	})
 	r = f.do(t, "PUT", "/api/v1/pipelines/orders/config", adminToken, "application/yaml", y, "If-Match", `"1"`)
 	if r.code != 409 || r.body["current_version"] != float64(2) {
@@ -242,16 +273,18 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	if r := f.do(t, "POST", "/api/v1/pipelines/orders/pause", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("pause: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "orders paused (stopped here)", func() bool {
-		_, err := f.sup.Status("orders")
-		return err != nil
+	// Paused, it stays known here (its backlog still measured), running
+	// nothing: the converger hands it over with Spec.Paused.
+	testenv.Eventually(t, 10*time.Second, "orders paused (known, not running)", func() bool {
+		st, err := f.sup.Status("orders")
+		return err == nil && st.State == engine.StatePaused
 	})
 	if r := f.do(t, "POST", "/api/v1/pipelines/orders/resume", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("resume: %d %s", r.code, r.raw)
 	}
 	testenv.Eventually(t, 10*time.Second, "orders running again", func() bool {
 		st, err := f.sup.Status("orders")
-		return err == nil && st.State == pipelines.StateRunning
+		return err == nil && st.State == engine.StateRunning
 	})
 	if r := f.do(t, "DELETE", "/api/v1/pipelines/orders", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("delete: %d %s", r.code, r.raw)
@@ -423,7 +456,7 @@ func TestStoreUnavailable(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "steady running", func() bool {
 		st, err := f.sup.Status("steady")
-		return err == nil && st.State == pipelines.StateRunning
+		return err == nil && st.State == engine.StateRunning
 	})
 	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_UNAV", 0, f.e.Subject+".steady")
 

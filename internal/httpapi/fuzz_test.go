@@ -1,12 +1,16 @@
 package httpapi
 
 import (
+	"context"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/policy"
 	"github.com/ferryhq/ferry/store"
 
 	_ "github.com/ferryhq/ferry/sinks/nats"
@@ -30,7 +34,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add("- a\n- b\n", 0, false)
 	f.Add(good+"---\n"+good, 0, false)
 	f.Add("&a [*a]", 0, false)
-	c := &api{o: Options{Control: &Control{Converger: &store.Converger{}}}}
+	c := &api{o: Options{Control: &Control{Converger: emptyConverger{}}}}
 	types := []string{"application/yaml", "application/json", "", "text/plain"}
 	f.Fuzz(func(t *testing.T, body string, ct int, tenantScope bool) {
 		req := httptest.NewRequest("PUT", "/api/v1/pipelines/orders/config", strings.NewReader(body))
@@ -69,4 +73,27 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("password in the answer: %s", rec.Body.String())
 		}
 	})
+}
+
+// emptyConverger is a converger that has read an empty store: no tenant,
+// no secret, no policy (what a zero service.Converger answers).
+type emptyConverger struct{}
+
+func (emptyConverger) Snapshot() store.Snapshot { return store.Snapshot{} }
+func (emptyConverger) Changed()                 {}
+func (emptyConverger) Converge(context.Context) (engine.ReloadResult, error) {
+	return engine.ReloadResult{}, nil
+}
+func (emptyConverger) CheckPolicy(_ context.Context, spec *pipelines.Spec, _ time.Time) []*pipelines.Error {
+	if spec.Tenant == "" {
+		return nil
+	}
+	return policy.Check(spec, policy.Policy{}, policy.CheckEnv{})
+}
+func (emptyConverger) TenantPolicy(string) policy.Policy { return policy.Policy{} }
+func (emptyConverger) RequestLoader() pipelines.Loader {
+	return pipelines.Loader{
+		TenantSecrets: func(string, string) (string, bool) { return "", false },
+		AllowFiles:    func(string) bool { return false },
+	}
 }

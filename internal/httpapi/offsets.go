@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -122,9 +123,9 @@ func (b *resetBody) reset(dry bool, now time.Time) (plugins.OffsetReset, *proble
 }
 
 // stopped reports whether a pipeline in state s reads nothing.
-func stopped(s pipelines.State) bool {
+func stopped(s engine.State) bool {
 	switch s {
-	case pipelines.StatePaused, pipelines.StateStopped, pipelines.StateFailed, StatePending, pipelines.StateStandby:
+	case engine.StatePaused, engine.StateStopped, engine.StateFailed, StatePending, engine.StateStandby:
 		return true
 	}
 	return false
@@ -155,7 +156,7 @@ func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines
 					continue
 				}
 				for _, in := range pv.RunningOn {
-					if !stopped(pipelines.State(in.State)) {
+					if !stopped(engine.State(in.State)) {
 						where = in.State + " on instance " + in.Instance
 					}
 				}
@@ -177,7 +178,7 @@ func (c *api) requirePaused(ctx context.Context, v PipelineView, spec *pipelines
 	if !ha.Exclusive() {
 		return func() {}, nil
 	}
-	if st, err := c.o.Supervisor.Status(v.Name); err == nil && st.State == pipelines.StatePaused {
+	if st, err := c.o.Supervisor.Status(v.Name); err == nil && st.State == engine.StatePaused {
 		// Paused here and still known here: with HA this instance keeps the
 		// ownership lock while paused, so no other instance can start it.
 		return func() {}, nil
@@ -257,7 +258,7 @@ func (c *api) resetOffsets(w http.ResponseWriter, r *http.Request, p principal) 
 	}
 	if res.Applied {
 		detail, _ := json.Marshal(map[string]any{"to": req.To, "from": res.From, "position": res.To, "resend_events": res.Resend, "skip_events": res.Skip})
-		if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionOffsetsReset, v.Name, v.Tenant, string(detail)); err != nil {
+		if err := c.record(ctx, p, store.ActionOffsetsReset, v, string(detail)); err != nil {
 			// The reset happened; say that the record of it is missing.
 			res.Note = strings.TrimPrefix(res.Note+"; ", "; ") + "the audit entry could not be written: " + redact.String(err.Error())
 		}
@@ -456,9 +457,19 @@ func (c *api) replayDeadLetters(w http.ResponseWriter, r *http.Request, p princi
 	writeJSON(w, http.StatusOK, view)
 }
 
+// record writes an operation on a pipeline's progress to the audit log.
+// Without a store there is none: the log line each caller writes is the
+// record.
+func (c *api) record(ctx context.Context, p principal, action string, v PipelineView, detail string) error {
+	if c.o.Control.Store == nil {
+		return nil
+	}
+	return c.o.Control.Store.Record(ctx, p.actor, action, v.Name, v.Tenant, detail)
+}
+
 // auditReplay records a dead-letter replay and logs it.
 func (c *api) auditReplay(ctx context.Context, p principal, v PipelineView, f plugins.DeadLetterFilter, detail string) {
-	if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionDeadLetterReplay, v.Name, v.Tenant, detail); err != nil {
+	if err := c.record(ctx, p, store.ActionDeadLetterReplay, v, detail); err != nil {
 		c.log().Error("audit a dead-letter replay", "pipeline", v.Name, "tenant", v.Tenant, "err", redact.Error(err))
 	}
 	c.log().Info("dead letters replayed", "pipeline", v.Name, "tenant", v.Tenant, "detail", detail, "reason", f.Reason, "token_id", p.actor.TokenID)
@@ -542,7 +553,7 @@ func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
 	}
 	if !dry {
 		detail, _ := json.Marshal(map[string]any{"filter": body, "backfill_events": n})
-		if err := c.o.Control.Store.Record(ctx, p.actor, store.ActionBackfill, v.Name, v.Tenant, string(detail)); err != nil {
+		if err := c.record(ctx, p, store.ActionBackfill, v, string(detail)); err != nil {
 			c.log().Error("audit a backfill", "pipeline", v.Name, "tenant", v.Tenant, "err", redact.Error(err))
 		}
 		c.log().Info("backfill queued", "pipeline", v.Name, "tenant", v.Tenant, "events", n, "token_id", p.actor.TokenID)

@@ -13,14 +13,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	_ "github.com/ferryhq/ferry/sinks/kafka"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
-
-	_ "github.com/ferryhq/ferry/sinks/kafka"
 )
 
 // writeEvents commits n events over aggs aggregates, one transaction each.
@@ -82,7 +82,7 @@ func (f *controlFixture) waitStopped(t *testing.T, name string) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, name+" stopped", func() bool {
 		st, err := f.sup.Status(name)
-		return err != nil || st.State == pipelines.StatePaused
+		return err != nil || st.State == engine.StatePaused
 	})
 }
 

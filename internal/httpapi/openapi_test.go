@@ -9,22 +9,53 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/store"
 )
 
-// The OpenAPI document describes every route of the real handler: each is
-// registered under the pattern the document names, with the document's
-// path parameters and request body, and what it answers to a real request
-// is a documented response with the documented required fields. The
-// document has no route the handler lacks.
+// The OpenAPI document describes every route of the real handler, with a
+// store: each is registered under the pattern the document names, with
+// the document's path parameters and request body, and what it answers to
+// a real request is a documented response with the documented required
+// fields. The document has no route the handler lacks.
 func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	f := startControlWith(t, adminToken, false)
 	ctx := context.Background()
 	admin := store.Actor{TokenID: "test", Scope: store.ScopeAdmin}
+	pipeline := f.pipelineYAML("a-pipe", "team-a")
+	checkOpenAPI(t, f, pipeline, func() {
+		_, sum, _ := store.Canonical([]byte(pipeline))
+		if _, err := f.st.PutPipeline(ctx, admin, store.Write{Name: "a-pipe", Tenant: "team-a", Config: pipeline, Canonical: sum}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// The same document describes the same routes without a store, where a
+// file pipeline is the entry every pipeline route works on and the routes
+// on what only a store keeps answer 409: every answer is documented.
+func TestOpenAPIDescribesEveryRouteWithoutStore(t *testing.T) {
+	f := startFiles(t, adminToken, xid8Harness, func(f *controlFixture) string {
+		return "kind: tenant\nname: team-a\nlimits: {rate: 100}\n---\n" + f.pipelineYAML("a-pipe", "team-a")
+	})
+	testenv.Eventually(t, 20*time.Second, "a-pipe running", func() bool {
+		st, err := f.sup.Status("a-pipe")
+		return err == nil && st.State == engine.StateRunning
+	})
+	checkOpenAPI(t, f, f.pipelineYAML("a-pipe", "team-a"), func() {})
+}
+
+// checkOpenAPI checks the document against f's handler, route by route;
+// reset puts back the pipeline a-pipe (of tenant team-a, pipeline's text)
+// before each request.
+func checkOpenAPI(t *testing.T, f *controlFixture, pipeline string, reset func()) {
+	t.Helper()
 	mux, ok := f.srv.Config.Handler.(*http.ServeMux)
 	if !ok {
 		t.Fatalf("the handler is a %T, not a ServeMux", f.srv.Config.Handler)
@@ -69,7 +100,6 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		return out
 	}
 
-	pipeline := f.pipelineYAML("a-pipe", "team-a")
 	bodies := map[string][2]string{
 		"POST /api/v1/pipelines":                      {"application/yaml", f.pipelineYAML("b-pipe", "")},
 		"PUT /api/v1/pipelines/{name}/config":         {"application/yaml", strings.ReplaceAll(pipeline, "20ms", "40ms")},
@@ -128,12 +158,6 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		}
 
 		// The real handler serves it under this pattern…
-		reset := func() {
-			_, sum, _ := store.Canonical([]byte(pipeline))
-			if _, err := f.st.PutPipeline(ctx, admin, store.Write{Name: "a-pipe", Tenant: "team-a", Config: pipeline, Canonical: sum}); err != nil {
-				t.Fatal(err)
-			}
-		}
 		reset()
 		url := strings.NewReplacer("{name}", "a-pipe", "{id}", "tok_missing", "{secret}", "DB_URL").Replace(path)
 		if strings.HasPrefix(path, "/api/v1/tenants/") {

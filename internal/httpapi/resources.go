@@ -17,20 +17,30 @@ func constantTimeEqual(a, b string) bool {
 }
 
 func (c *api) listTenants(w http.ResponseWriter, r *http.Request, p principal) {
-	ctx, cancel := ctxTimeout(r)
-	defer cancel()
-	ts, err := c.o.Control.Store.Tenants(ctx)
-	stale := err != nil
-	if stale {
-		ts = c.o.Control.Converger.Snapshot().Tenants
-	}
-	out := []store.Tenant{}
-	for _, t := range ts {
+	ts, stale := c.storedTenants(r)
+	out := []TenantView{}
+	for _, t := range c.tenantViews(ts) {
 		if p.actor.Scope.CanSeeTenant(t.Name) {
 			out = append(out, t)
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tenants": out, "stale": stale})
+}
+
+// storedTenants are the store's tenants, or when it cannot be read the
+// last ones read (stale); none without a store.
+func (c *api) storedTenants(r *http.Request) ([]store.Tenant, bool) {
+	ctl := c.o.Control
+	if ctl.Store == nil {
+		return nil, false
+	}
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	ts, err := ctl.Store.Tenants(ctx)
+	if err != nil {
+		return ctl.Converger.Snapshot().Tenants, true
+	}
+	return ts, false
 }
 
 func (c *api) getTenant(w http.ResponseWriter, r *http.Request, p principal) {
@@ -43,28 +53,31 @@ func (c *api) getTenant(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("scope %s may not read tenant %q", p.actor.Scope, name)})
 		return
 	}
-	ctx, cancel := ctxTimeout(r)
-	defer cancel()
-	t, err := c.o.Control.Store.Tenant(ctx, name)
+	var stored []store.Tenant
 	stale := false
-	if err != nil && err != store.ErrNotFound {
-		stale = true
-		err = store.ErrNotFound
-		for _, st := range c.o.Control.Converger.Snapshot().Tenants {
-			if st.Name == name {
-				t, err = st, nil
-			}
+	if c.o.Control.Store != nil {
+		ctx, cancel := ctxTimeout(r)
+		t, err := c.o.Control.Store.Tenant(ctx, name)
+		cancel()
+		switch {
+		case err == nil:
+			stored = []store.Tenant{t}
+		case !errors.Is(err, store.ErrNotFound):
+			stored, stale = c.o.Control.Converger.Snapshot().Tenants, true
 		}
 	}
-	if err != nil {
-		writeProblem(w, &problem{code: http.StatusNotFound, msg: fmt.Sprintf("no such tenant: %q", name)})
+	for _, t := range c.tenantViews(stored) {
+		if t.Name != name {
+			continue
+		}
+		setETag(w, t.Version)
+		writeJSON(w, http.StatusOK, struct {
+			TenantView
+			Stale bool `json:"stale"`
+		}{t, stale})
 		return
 	}
-	setETag(w, t.Version)
-	writeJSON(w, http.StatusOK, struct {
-		store.Tenant
-		Stale bool `json:"stale"`
-	}{t, stale})
+	writeProblem(w, &problem{code: http.StatusNotFound, msg: fmt.Sprintf("no such tenant: %q", name)})
 }
 
 // tenantBody is PUT /tenants/{name}'s body: limits and policy, each set
@@ -136,7 +149,7 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 		code = http.StatusCreated
 	}
 	setETag(w, t.Version)
-	writeJSON(w, code, t)
+	writeJSON(w, code, storeTenantView(t))
 }
 
 // tokenRequest is POST /tokens's body.
@@ -205,6 +218,10 @@ type rotateRequest struct {
 // rotateToken makes a new token with the old one's scope and description;
 // the old one expires after the grace period.
 func (c *api) rotateToken(w http.ResponseWriter, r *http.Request, p principal) {
+	if prob := bootstrapTokenProblem(r.PathValue("id")); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	var body rotateRequest
 	if r.ContentLength != 0 {
 		if prob := decodeStrict(w, r, &body); prob != nil {
@@ -231,6 +248,10 @@ func (c *api) rotateToken(w http.ResponseWriter, r *http.Request, p principal) {
 }
 
 func (c *api) deleteToken(w http.ResponseWriter, r *http.Request, p principal) {
+	if prob := bootstrapTokenProblem(r.PathValue("id")); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
 	t, err := c.o.Control.Store.DeleteToken(ctx, p.actor, r.PathValue("id"))
@@ -242,16 +263,22 @@ func (c *api) deleteToken(w http.ResponseWriter, r *http.Request, p principal) {
 	writeJSON(w, http.StatusOK, map[string]any{"deleted": t.ID, "scope": t.Scope})
 }
 
+// listTokens lists the bootstrap admin token's record, then the store's
+// tokens' (never a token itself: the store keeps hashes).
 func (c *api) listTokens(w http.ResponseWriter, r *http.Request, _ principal) {
-	ctx, cancel := ctxTimeout(r)
-	defer cancel()
-	ts, err := c.o.Control.Store.Tokens(ctx)
-	if err != nil {
-		writeProblem(w, storeProblem(err, "tokens"))
-		return
+	ts := []store.Token{}
+	if t, ok := c.bootstrapToken(); ok {
+		ts = append(ts, t)
 	}
-	if ts == nil {
-		ts = []store.Token{}
+	if c.o.Control.Store != nil {
+		ctx, cancel := ctxTimeout(r)
+		defer cancel()
+		stored, err := c.o.Control.Store.Tokens(ctx)
+		if err != nil {
+			writeProblem(w, storeProblem(err, "tokens"))
+			return
+		}
+		ts = append(ts, stored...)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tokens": ts})
 }

@@ -1,11 +1,18 @@
 // Package plugindoc describes every registered component type — its config
-// keys, their types, defaults and doc text — for GET /api/v1/plugins. Keys,
-// types and defaults come from the typed Config structs by reflection; doc
-// text from their doc comments, extracted at build time (go generate) into
+// keys, their types, defaults and doc text — for GET /api/v1/plugins and
+// the generated component reference, docs/reference. Keys, types and
+// defaults come from the typed Config structs by reflection; doc text from
+// their doc comments, extracted at build time (go generate) into
 // fields.json, which a test keeps equal to the source.
 //
+// `go generate ./internal/plugindoc` refreshes both: gen writes fields.json,
+// then genref renders docs/reference/*.md (package reference) from the
+// built-in components (package builtin). Tests fail when either is stale,
+// and guard the docs as a whole: every relative link in README.md and
+// docs/ resolves, and the README stays a front door of at most 400 lines.
+//
 // It depends on plugins only; it must not import the components, nor its
-// build-time extract tool.
+// build-time tools (extract, reference, builtin, gen, genref).
 package plugindoc
 
 import (
@@ -21,6 +28,7 @@ import (
 )
 
 //go:generate go run ./gen ../.. fields.json
+//go:generate go run ./genref ../../docs/reference
 
 //go:embed fields.json
 var fieldsJSON []byte
@@ -37,11 +45,13 @@ var fieldDocs = func() map[string]string {
 type Field struct {
 	Key string `json:"key"`
 	// Type is string, boolean, integer, number, duration (Go syntax such
-	// as "100ms"), list of T, map of T, or object (Fields lists its keys).
-	Type    string  `json:"type"`
-	Default any     `json:"default,omitempty"`
-	Doc     string  `json:"doc"`
-	Fields  []Field `json:"fields,omitempty"`
+	// as "100ms"), list of T, map of T, or object.
+	Type    string `json:"type"`
+	Default any    `json:"default,omitempty"`
+	Doc     string `json:"doc"`
+	// Fields lists the keys of an object, or of each object in a list of
+	// object or a map of object.
+	Fields []Field `json:"fields,omitempty"`
 }
 
 // Plugin is one registered component type.
@@ -62,6 +72,11 @@ func Catalog(reg *plugins.Registry) []Plugin {
 	}
 	return out
 }
+
+// Fields describes the keys of a config struct as Catalog describes a
+// component's: for the sections of a pipeline that configure Ferry itself
+// rather than a component (`canary:`, pipelines.Canary).
+func Fields(cfg any) []Field { return fields(reflect.ValueOf(cfg)) }
 
 var durationType = reflect.TypeOf(time.Duration(0))
 
@@ -97,15 +112,27 @@ func fields(v reflect.Value) []Field {
 		}
 		fv := v.Field(i)
 		f := Field{Key: tag, Type: typeName(sf.Type), Doc: fieldDocs[t.PkgPath()+"."+t.Name()+"."+sf.Name]}
-		if inner := sf.Type; inner.Kind() == reflect.Struct || (inner.Kind() == reflect.Pointer && inner.Elem().Kind() == reflect.Struct) {
-			if inner != durationType {
-				f.Fields = fields(fv)
-			}
+		switch inner := sf.Type; {
+		case structType(inner):
+			f.Fields = fields(fv)
+		case (inner.Kind() == reflect.Slice || inner.Kind() == reflect.Map) && structType(inner.Elem()):
+			// The keys of one item: a zero item, since a default list or
+			// map holds none worth describing.
+			f.Fields = fields(reflect.New(inner.Elem()).Elem())
 		}
 		f.Default = defaultOf(fv)
 		out = append(out, f)
 	}
 	return out
+}
+
+// structType reports whether t, or what it points to, is a struct of keys
+// (a time.Duration is a number, not an object).
+func structType(t reflect.Type) bool {
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Kind() == reflect.Struct && t != durationType
 }
 
 func typeName(t reflect.Type) string {

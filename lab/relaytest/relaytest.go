@@ -21,8 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
-	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	_ "github.com/ferryhq/ferry/sinks/nats" // the pipelines deliver to NATS
 )
@@ -98,7 +98,7 @@ limits:
 // (stop waits for the supervisor to finish).
 func (e *Env) Start(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
-	return plugintest.StartPipeline(t, yaml, pipelines.Options{Logger: plugintest.Logger(), DrainTimeout: 5 * time.Second})
+	return plugintest.StartPipeline(t, yaml, engine.Options{Logger: plugintest.Logger(), DrainTimeout: 5 * time.Second})
 }
 
 // Decode reads the events the collector holds.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 )
@@ -34,7 +35,7 @@ func runChild(path string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

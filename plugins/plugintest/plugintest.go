@@ -2,28 +2,82 @@
 // contracts, the way Watermill ships pubsub/tests: a source or sink written
 // outside this module runs the same scenarios Ferry's own components pass.
 //
-//   - RunSource drives a source through pipelines (out-of-order commits
-//     with a naive-cursor control, 10,000 events over 100 aggregates, a
-//     graceful restart and SIGKILL mid-stream, and, when its Features say
-//     so, retention and half-open database connections) and checks the
-//     metadata every source must set. Its partner is the recording sink
-//     (plugintest_recorder, Recording), which records what it is given, so
-//     no broker is needed; a harness's Through can name a sink and broker
-//     of its own instead.
-//   - RunSink drives a sink against its real broker (a confirmed round
-//     trip, concurrent publishes, re-sent event ids, 10,000 events through
-//     a pipeline, broker down, unroutable messages). Its pipelines read an
-//     xid8 outbox (github.com/ferryhq/ferry/sources/xid8).
+// # Sinks: two tiers
 //
-// Both start a throwaway PostgreSQL cluster from the installed binaries, or
-// use $TEST_DATABASE_URL. A test package wires a suite up:
+// The contract tier, RunSinkContract, checks what plugins.Sink promises on
+// its own, with nothing but the sink and its broker — no PostgreSQL, no
+// pipeline, no YAML. A SinkContract says how to build a sink for a topic
+// and how to read a topic back with another client:
+//
+//	func TestContract(t *testing.T) {
+//		plugintest.RunSinkContract(t, plugintest.SinkContract{
+//			New: func(t testing.TB, topic string) plugins.Sink {
+//				s := mysink.New(&mysink.Config{URL: url, Stream: topic, Timeout: 2 * time.Second}, plugins.Env{})
+//				t.Cleanup(func() { s.Close() })
+//				return s
+//			},
+//			Read: func(t testing.TB, topic string) <-chan plugintest.Record {
+//				return plugintest.Poll(t, myCollector(t, url, topic).All)
+//			},
+//			Timeout: 2 * time.Second,
+//			Stop:    stopMyBroker, // optional: the broker-down scenarios
+//		})
+//	}
+//
+// Its scenarios, each on fresh topics (Topic):
+//   - Lifecycle: Close is safe twice and without Start; Publish fails
+//     before Start and after Close.
+//   - ConfirmedBeforeReturn: what Publish returned for is on the broker,
+//     even with the sink closed right after it returned.
+//   - EventIDKeyAndHeaders: the event id, payload, key (Features.Keyed:
+//     plugins.Key) and every metadata key arrive, Ferry's internal
+//     metadata never; at the default destination or the topic Publish
+//     names; one Publish call's messages in order.
+//   - PerKeyOrder: 50 aggregates publishing concurrently, each in
+//     sequence: every aggregate's events complete, once, in order, on one
+//     stream.
+//   - ConcurrentPublishes: 1,000 goroutines publishing at once, all
+//     confirmed and stored once (run it with -race).
+//   - ResentEventID: a re-sent event id is dropped or kept, as
+//     Features.DedupsResends says.
+//   - Batch (plugins.BatchPublisher only): per-message outcomes, routed
+//     batches, a refused event failing alone (Refuse), errors before Start
+//     and after Close.
+//   - BrokerDown (Stop only): Publish and PublishBatch fail within about
+//     the sink's Timeout, never hang, never confirm; once the broker is
+//     back the same sink publishes again.
+//
+// example_test.go runs the tier against an in-memory broker, and shows a
+// sink that breaks the contract failing it; sinks/nats, sinks/kafka,
+// sinks/rabbitmq and plugins/examples/redisstream run it against real
+// brokers.
+//
+// The pipeline tier, RunSinkPipeline, runs the sink as `ferry run` does:
+// built from its YAML by the loader, in pipelines that read an xid8 outbox
+// (github.com/ferryhq/ferry/sources/xid8) on PostgreSQL — 10,000 events in
+// per-aggregate order, the broker down under a running pipeline (the
+// cursor holds), unroutable events retried or dead-lettered. A
+// SinkHarness describes the sink by its type and a Target of destinations.
+//
+// # Sources
+//
+// RunSource drives a source through pipelines (out-of-order commits with a
+// naive-cursor control, 10,000 events over 100 aggregates, a graceful
+// restart and SIGKILL mid-stream, and, when its Features say so, retention
+// and half-open database connections) and checks the metadata every
+// source must set. Its partner is the recording sink (plugintest_recorder,
+// Recording), which records what it is given, so no broker is needed; a
+// harness's Through can name a sink and broker of its own instead.
+//
+// The source suite and the sink pipeline tier start a throwaway PostgreSQL
+// cluster from the installed binaries, or use $TEST_DATABASE_URL; the sink
+// contract tier needs neither. A test package that runs them calls Main:
 //
 //	func TestMain(m *testing.M) { plugintest.Main(m) }
-//	func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
 //
-// It imports the pipelines package (to run pipelines as `ferry run` does),
-// the plugins API, the xid8 source and the lab's test environment; never a
-// sink.
+// It imports the engine and pipelines packages (to run pipelines as `ferry
+// run` does), the plugins API, the xid8 source and the lab's test
+// environment; never a sink.
 package plugintest
 
 import (

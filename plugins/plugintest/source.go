@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 )
@@ -171,19 +172,19 @@ func (e *SourceEnv) YAML(name string, maxInFlight int) string {
 // (stop waits for the supervisor to finish; it also runs when the test ends).
 func (e *SourceEnv) Start(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
-	return StartPipeline(t, yaml, pipelines.Options{Logger: Logger(), DrainTimeout: 5 * time.Second})
+	return StartPipeline(t, yaml, engine.Options{Logger: Logger(), DrainTimeout: 5 * time.Second})
 }
 
 // StartPipeline loads yaml (with Registry: the recorder is available) and
 // runs its pipelines in a supervisor made with opts until the returned stop
 // is called; stop waits for the supervisor and also runs when the test ends.
-func StartPipeline(t testing.TB, yaml string, opts pipelines.Options) (stop func()) {
+func StartPipeline(t testing.TB, yaml string, opts engine.Options) (stop func()) {
 	t.Helper()
 	specs, err := pipelines.Loader{Registry: Registry()}.LoadBytes("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatalf("load pipeline:\n%s\n%v", yaml, err)
 	}
-	sup, err := pipelines.NewSupervisor(opts)
+	sup, err := engine.NewSupervisor(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func benchEvent() *message.Message {
 //
 //	go test -run '^$' -bench Encode -benchmem ./sinks/format/
 func BenchmarkEncode(b *testing.B) {
-	env := plugins.Env{Pipeline: "bench", Outbox: &plugins.OutboxTable{DSN: "postgres://db/shop", Table: "public.outbox"}}
+	env := plugins.Env{Pipeline: "bench", Origin: plugins.Origin{Database: "shop", Table: "public.outbox"}}
 	variants := []struct {
 		name string
 		cfg  format.Config

@@ -96,19 +96,22 @@ func TestYAMLErrorsNameTheKey(t *testing.T) {
 	}
 }
 
+// The default source names the outbox's database and table (Env.Origin;
+// the engine reads them from the source's DSN without its credentials,
+// engine.TestOriginOf), or the pipeline without one.
 func TestDefaultSource(t *testing.T) {
 	for _, c := range []struct {
 		env  plugins.Env
 		want string
 	}{
-		{plugins.Env{Pipeline: "orders", Outbox: &plugins.OutboxTable{DSN: "postgres://ferry:hunter2@db:5432/shop?sslmode=disable", Table: "public.outbox"}}, "ferry://shop/public.outbox"},
-		{plugins.Env{Pipeline: "orders", Outbox: &plugins.OutboxTable{DSN: "host=db user=ferry password=hunter2 dbname=shop", Table: "outbox"}}, "ferry://shop/outbox"},
-		{plugins.Env{Pipeline: "orders", Outbox: &plugins.OutboxTable{DSN: "postgres://db/?dbname=inv", Table: "public.outbox"}}, "ferry://inv/public.outbox"},
-		{plugins.Env{Pipeline: "orders", Outbox: &plugins.OutboxTable{DSN: "host=db", Table: "public.outbox"}}, "ferry://orders/public.outbox"},
+		{plugins.Env{Pipeline: "orders", Origin: plugins.Origin{Database: "shop", Table: "public.outbox"}}, "ferry://shop/public.outbox"},
+		{plugins.Env{Pipeline: "orders", Origin: plugins.Origin{Database: "shop", Table: "outbox"}}, "ferry://shop/outbox"},
+		{plugins.Env{Pipeline: "orders", Origin: plugins.Origin{Database: "inv", Table: "public.outbox"}}, "ferry://inv/public.outbox"},
+		{plugins.Env{Pipeline: "orders", Origin: plugins.Origin{Table: "public.outbox"}}, "ferry://orders/public.outbox"},
 		{plugins.Env{Pipeline: "orders"}, "ferry://orders"},
 	} {
 		if got := format.DefaultSource(c.env); got != c.want {
-			t.Errorf("DefaultSource(%+v) = %q, want %q", c.env.Outbox, got, c.want)
+			t.Errorf("DefaultSource(%+v) = %q, want %q", c.env.Origin, got, c.want)
 		}
 	}
 }

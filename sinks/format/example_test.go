@@ -20,7 +20,7 @@ func exampleEvent() *message.Message {
 // A structured CloudEvent, as every sink publishes it with
 // format: cloudevents and cloudevents.mode: structured.
 func ExampleEncoder_structured() {
-	env := plugins.Env{Pipeline: "orders", Outbox: &plugins.OutboxTable{DSN: "postgres://db/shop", Table: "public.outbox"}}
+	env := plugins.Env{Pipeline: "orders", Origin: plugins.Origin{Database: "shop", Table: "public.outbox"}}
 	enc := format.New(format.Config{Format: format.CloudEvents, CloudEvents: format.CloudEventsConfig{
 		Mode: format.ModeStructured, TypePrefix: "com.example."}}, format.Kafka, env)
 	e, _ := enc.Encode(exampleEvent())

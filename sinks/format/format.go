@@ -116,7 +116,7 @@ type Encoder struct {
 }
 
 // New returns the encoder for cfg on a broker speaking proto. It does no
-// I/O. The default source is built from the pipeline's outbox (env.Outbox).
+// I/O. The default source is built from the pipeline's outbox (env.Origin).
 func New(cfg Config, proto Protocol, env plugins.Env) *Encoder {
 	e := &Encoder{format: cfg.Format, mode: cfg.CloudEvents.Mode, source: cfg.CloudEvents.Source,
 		typePrefix: cfg.CloudEvents.TypePrefix, proto: proto, pipeline: env.Pipeline, tenant: env.Tenant}
@@ -144,40 +144,20 @@ func (e *Encoder) Raw(msg *message.Message) bool {
 func (e *Encoder) Source() string { return e.source }
 
 // DefaultSource is ferry://<database>/<table> of the pipeline's outbox
-// (never its credentials), or ferry://<pipeline> without one.
+// (env.Origin, which holds no credentials), or ferry://<pipeline> without
+// one.
 func DefaultSource(env plugins.Env) string {
 	u := url.URL{Scheme: "ferry", Host: env.Pipeline}
-	if env.Outbox != nil {
-		if db := database(env.Outbox.DSN); db != "" {
-			u.Host = db
+	if o := env.Origin; o.Table != "" {
+		if o.Database != "" {
+			u.Host = o.Database
 		}
-		u.Path = "/" + env.Outbox.Table
+		u.Path = "/" + o.Table
 	}
 	if u.Host == "" {
 		u.Host = "ferry"
 	}
 	return u.String()
-}
-
-// database finds the database name in a PostgreSQL URL or keyword/value
-// DSN, without resolving anything (no environment, no service file).
-func database(dsn string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return ""
-		}
-		if db := u.Query().Get("dbname"); db != "" {
-			return db
-		}
-		return strings.TrimPrefix(u.Path, "/")
-	}
-	for _, f := range strings.Fields(dsn) {
-		if v, ok := strings.CutPrefix(f, "dbname="); ok {
-			return strings.Trim(v, `'`)
-		}
-	}
-	return ""
 }
 
 // consumed are the metadata keys the CloudEvents attributes carry; binary

@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -197,12 +198,7 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 		notes[fmt.Sprintf("Kafka cannot remove single records: group %s stays at the first record left behind in each partition, "+
 			"so the next replay reads it again, and re-sends the records replayed after it", DeadLetterGroup(pipeline))] = true
 	}
-	list := make([]string, 0, len(notes))
-	for n := range notes {
-		list = append(list, n)
-	}
-	sort.Strings(list)
-	out.Note = strings.Join(list, "; ")
+	out.Note = strings.Join(slices.Sorted(maps.Keys(notes)), "; ")
 	return out, nil
 }
 
@@ -224,11 +220,10 @@ func (c *Config) replayPartition(ctx context.Context, pc sarama.PartitionConsume
 		for _, rh := range m.Headers {
 			h[string(rh.Key)] = string(rh.Value)
 		}
-		dest := h[plugins.DeadLetterTopicHeader]
-		if dest == "" && h[plugins.DeadLetterStageHeader] == plugins.DeadLetterPublishStage {
-			dest = c.Topic // the sink's topic, as Publish chooses it
-		}
-		keep := func(note string) {
+		// An event the broker refused without a topic went to the sink's
+		// topic, as Publish chooses it.
+		dest, note := f.ReplayDestination(func(k string) string { return h[k] }, out.Replayed, c.Topic)
+		if dest == "" {
 			if note != "" {
 				notes[note] = true
 			}
@@ -236,20 +231,6 @@ func (c *Config) replayPartition(ctx context.Context, pc sarama.PartitionConsume
 			if p.firstKeptAt < 0 {
 				p.firstKeptAt = m.Offset
 			}
-		}
-		switch {
-		case !plugins.MatchesReason(f.Reason, h[plugins.DeadLetterReasonHeader], h[plugins.DeadLetterErrorHeader]),
-			f.Limit > 0 && out.Replayed >= f.Limit:
-			keep("")
-			continue
-		case h[plugins.DeadLetterPayloadBytesHeader] != "":
-			keep("dead letters without their payload (too large for the broker) cannot be replayed")
-			continue
-		case dest == "":
-			keep(plugins.NoDestinationNote)
-			continue
-		case f.Refuses(dest):
-			keep(plugins.NoteRefusedDestination)
 			continue
 		}
 		id := h[IDHeader]
@@ -258,16 +239,7 @@ func (c *Config) replayPartition(ctx context.Context, pc sarama.PartitionConsume
 		if f.DryRun {
 			continue
 		}
-		pm := &sarama.ProducerMessage{Topic: dest, Value: sarama.ByteEncoder(m.Value)}
-		if m.Key != nil {
-			pm.Key = sarama.ByteEncoder(m.Key)
-		}
-		for _, rh := range m.Headers {
-			if !plugins.IsDeadLetterHeader(string(rh.Key)) {
-				pm.Headers = append(pm.Headers, *rh)
-			}
-		}
-		if _, _, err := producer.SendMessage(pm); err != nil {
+		if err := republish(producer, m, dest); err != nil {
 			out.Replayed--
 			out.EventIDs = out.EventIDs[:len(out.EventIDs)-1]
 			p.next = m.Offset
@@ -275,6 +247,22 @@ func (c *Config) replayPartition(ctx context.Context, pc sarama.PartitionConsume
 		}
 	}
 	return nil
+}
+
+// republish sends record m to dest with its key and headers, less the
+// dead-letter headers, and waits for the brokers' acknowledgement.
+func republish(producer sarama.SyncProducer, m *sarama.ConsumerMessage, dest string) error {
+	pm := &sarama.ProducerMessage{Topic: dest, Value: sarama.ByteEncoder(m.Value)}
+	if m.Key != nil {
+		pm.Key = sarama.ByteEncoder(m.Key)
+	}
+	for _, rh := range m.Headers {
+		if !plugins.IsDeadLetterHeader(string(rh.Key)) {
+			pm.Headers = append(pm.Headers, *rh)
+		}
+	}
+	_, _, err := producer.SendMessage(pm)
+	return err
 }
 
 var _ plugins.DeadLetterTopicKeeper = (*Config)(nil)

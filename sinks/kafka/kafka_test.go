@@ -77,20 +77,61 @@ var harness = plugintest.SinkHarness{
 	Type:     kafka.Name,
 	Features: plugintest.SinkFeatures{Keyed: true},
 	Target:   kafkaTarget,
-	// Over max_message_bytes (1,000,000 by default): the producer refuses
-	// to send it.
-	Refuse: func(m *message.Message) string { m.Payload = make([]byte, 2<<20); return "oversize" },
-	Inspect: func(t *testing.T, s plugins.Sink, published int) {
-		st := s.(*kafka.Sink).ProduceStats()
-		t.Logf("kafka: %d records in %d produce requests, %.1f records per request (Sarama's records-per-request)",
-			published, st.Requests, st.RecordsPerRequest)
-		if st.Requests == 0 || st.Requests >= int64(published) {
-			t.Errorf("%d concurrent publishes took %d produce requests: they did not batch", published, st.Requests)
-		}
-	},
 }
 
-func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
+// TestContract runs the contract tier on $KAFKA_BROKERS or on a kfake
+// broker, which the broker-down scenario stops and re-opens on the same
+// port and data directory. Read creates each topic with 4 partitions and
+// reads it with franz-go (another client than the sink's Sarama).
+func TestContract(t *testing.T) {
+	var srv *testenv.KafkaServer
+	var brokers []string
+	if testenv.ExternalKafka() {
+		brokers = testenv.KafkaBrokers(t)
+	} else {
+		srv = testenv.StartKafka(t)
+		brokers = []string{srv.Addr()}
+	}
+	c := plugintest.SinkContract{
+		New: func(t testing.TB, topic string) plugins.Sink {
+			cfg := kafka.DefaultConfig()
+			cfg.Brokers, cfg.Topic, cfg.Timeout = brokers, topic, 2*time.Second
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			s := kafka.New(cfg, plugins.Env{Pipeline: "contract", Logger: plugintest.Logger()})
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+		Read: func(t testing.TB, topic string) <-chan plugintest.Record {
+			testenv.CreateKafkaTopic(t, brokers, topic, 4)
+			coll := testenv.CollectKafka(t, brokers, []string{topic})
+			return plugintest.Poll(t, func() []plugintest.Record { return records(coll.All()) })
+		},
+		Features: plugintest.SinkFeatures{Keyed: true},
+		Timeout:  2 * time.Second,
+		// Over max_message_bytes (1,000,000 by default): the producer
+		// refuses to send it.
+		Refuse: func(m *message.Message) string { m.Payload = make([]byte, 2<<20); return "oversize" },
+		Inspect: func(t *testing.T, s plugins.Sink, published int) {
+			st := s.(*kafka.Sink).ProduceStats()
+			t.Logf("kafka: %d records in %d produce requests, %.1f records per request (Sarama's records-per-request)",
+				published, st.Requests, st.RecordsPerRequest)
+			if st.Requests == 0 || st.Requests >= int64(published) {
+				t.Errorf("%d concurrent publishes took %d produce requests: they did not batch", published, st.Requests)
+			}
+		},
+	}
+	if srv != nil {
+		c.Stop = func(t testing.TB) func(testing.TB) {
+			srv.Stop()
+			return srv.Restart
+		}
+	}
+	plugintest.RunSinkContract(t, c)
+}
+
+func TestPipeline(t *testing.T) { plugintest.RunSinkPipeline(t, harness) }
 
 // BenchmarkDrain50k measures the drain rate from an xid8 outbox holding
 // 50,000 events into Kafka (kfake over TCP unless $KAFKA_BROKERS).

@@ -112,43 +112,8 @@ func (c *Config) Validate() error {
 	if c.PingInterval <= 0 {
 		p.Add("ping_interval", "must be positive")
 	}
-	if s := c.CreateStream; s != nil {
-		if !streamName.MatchString(s.Name) {
-			p.Add("create_stream.name", "%q is not a stream name (letters, digits, _ and -)", s.Name)
-		}
-		for i, subj := range s.Subjects {
-			if !validSubject(subj, true) {
-				p.Add("create_stream.subjects", "item %d: %q is not a subject", i, subj)
-			}
-		}
-		if s.Storage != "" && s.Storage != "file" && s.Storage != "memory" {
-			p.Add("create_stream.storage", "must be file or memory, got %q", s.Storage)
-		}
-		if s.Replicas < 0 || s.Replicas > 5 {
-			p.Add("create_stream.replicas", "must be between 1 and 5")
-		}
-		if s.MaxAge < 0 || s.DuplicateWindow < 0 {
-			p.Add("create_stream", "durations must not be negative")
-		}
-		switch s.Retention {
-		case "", "limits", "interest", "workqueue":
-		default:
-			p.Add("create_stream.retention", "must be limits, interest or workqueue, got %q", s.Retention)
-		}
-		switch s.Discard {
-		case "", "old", "new":
-		default:
-			p.Add("create_stream.discard", "must be old or new, got %q", s.Discard)
-		}
-		if s.MaxMsgs < 0 {
-			p.Add("create_stream.max_msgs", "must not be negative")
-		}
-		if s.MaxBytes < 0 {
-			p.Add("create_stream.max_bytes", "must not be negative")
-		}
-		if s.MaxMsgSize < 0 {
-			p.Add("create_stream.max_msg_size", "must not be negative")
-		}
+	if c.CreateStream != nil {
+		p.Nest("create_stream", c.CreateStream.validate())
 	}
 	if c.Token != "" && (c.User != "" || c.Password != "") {
 		p.Add("token", "use either token or user and password, not both")
@@ -166,6 +131,49 @@ func (c *Config) Validate() error {
 	}
 	p.Nest("tls", c.TLS.Validate())
 	p = append(p, plugins.Flatten(c.Encoding.Validate())...)
+	return p.Err()
+}
+
+// validate reports the stream's problems, named by YAML key under
+// create_stream.
+func (s *StreamConfig) validate() error {
+	var p plugins.Problems
+	if !streamName.MatchString(s.Name) {
+		p.Add("name", "%q is not a stream name (letters, digits, _ and -)", s.Name)
+	}
+	for i, subj := range s.Subjects {
+		if !validSubject(subj, true) {
+			p.Add("subjects", "item %d: %q is not a subject", i, subj)
+		}
+	}
+	if s.Storage != "" && s.Storage != "file" && s.Storage != "memory" {
+		p.Add("storage", "must be file or memory, got %q", s.Storage)
+	}
+	if s.Replicas < 0 || s.Replicas > 5 {
+		p.Add("replicas", "must be between 1 and 5")
+	}
+	if s.MaxAge < 0 || s.DuplicateWindow < 0 {
+		p.Add("", "durations must not be negative")
+	}
+	switch s.Retention {
+	case "", "limits", "interest", "workqueue":
+	default:
+		p.Add("retention", "must be limits, interest or workqueue, got %q", s.Retention)
+	}
+	switch s.Discard {
+	case "", "old", "new":
+	default:
+		p.Add("discard", "must be old or new, got %q", s.Discard)
+	}
+	if s.MaxMsgs < 0 {
+		p.Add("max_msgs", "must not be negative")
+	}
+	if s.MaxBytes < 0 {
+		p.Add("max_bytes", "must not be negative")
+	}
+	if s.MaxMsgSize < 0 {
+		p.Add("max_msg_size", "must not be negative")
+	}
 	return p.Err()
 }
 

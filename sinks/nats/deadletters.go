@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -108,87 +110,101 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 	if err != nil {
 		return out, fmt.Errorf("read %s: %w", topic, err)
 	}
-	notes := map[string]bool{}
+	r := &streamReplay{cfg: c, js: js, stream: st, topic: topic, filter: f, out: &out, notes: map[string]bool{}}
 	// Only what was waiting when the replay began.
+	if err := r.run(ctx, cons, n); err != nil {
+		return out, err
+	}
+	out.Note = strings.Join(slices.Sorted(maps.Keys(r.notes)), "; ")
+	return out, nil
+}
+
+// streamReplay is one replay of the dead letters a stream keeps on a
+// subject.
+type streamReplay struct {
+	cfg    *Config
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	topic  string
+	filter plugins.DeadLetterFilter
+	out    *plugins.DeadLetterTopicReplay
+	notes  map[string]bool
+}
+
+// run reads the first n messages on the subject, in batches, and replays
+// each.
+func (r *streamReplay) run(ctx context.Context, cons jetstream.Consumer, n uint64) error {
 	for read := uint64(0); read < n; {
 		batch, err := cons.Fetch(int(min(n-read, 256)), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
-			return out, fmt.Errorf("read %s: %w", topic, err)
+			return fmt.Errorf("read %s: %w", r.topic, err)
 		}
 		got := 0
 		for m := range batch.Messages() {
 			got++
 			read++
-			h := m.Headers()
-			dest := h.Get(plugins.DeadLetterTopicHeader)
-			if dest == "" && h.Get(plugins.DeadLetterStageHeader) == plugins.DeadLetterPublishStage {
-				dest = c.Subject // the sink's subject, as Publish chooses it
+			if err := r.replay(ctx, m); err != nil {
+				return err
 			}
-			switch {
-			case !plugins.MatchesReason(f.Reason, h.Get(plugins.DeadLetterReasonHeader), h.Get(plugins.DeadLetterErrorHeader)),
-				f.Limit > 0 && out.Replayed >= f.Limit:
-				out.Kept++
-				continue
-			case h.Get(plugins.DeadLetterPayloadBytesHeader) != "":
-				notes["dead letters without their payload (too large for the broker) cannot be replayed"] = true
-				out.Kept++
-				continue
-			case dest == "":
-				notes[plugins.NoDestinationNote] = true
-				out.Kept++
-				continue
-			case f.Refuses(dest):
-				notes[plugins.NoteRefusedDestination] = true
-				out.Kept++
-				continue
-			}
-			id := h.Get(nats.MsgIdHdr)
-			if f.DryRun {
-				out.Replayed++
-				out.EventIDs = append(out.EventIDs, id)
-				continue
-			}
-			meta, err := m.Metadata()
-			if err != nil {
-				return out, err
-			}
-			msg := &nats.Msg{Subject: dest, Data: m.Data(), Header: nats.Header{}}
-			for k, v := range h {
-				if !plugins.IsDeadLetterHeader(k) {
-					msg.Header[k] = v
-				}
-			}
-			pctx, cancel := context.WithTimeout(ctx, max(c.PublishTimeout, 5*time.Second))
-			_, err = js.PublishMsg(pctx, msg)
-			cancel()
-			if err != nil {
-				return out, fmt.Errorf("republish %s to %s: %w", id, dest, err)
-			}
-			if err := st.DeleteMsg(ctx, meta.Sequence.Stream); err != nil {
-				return out, fmt.Errorf("delete %s from the stream of %s (it was republished): %w", id, topic, err)
-			}
-			out.Replayed++
-			out.EventIDs = append(out.EventIDs, id)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return out, fmt.Errorf("read %s: %w", topic, err)
+			return fmt.Errorf("read %s: %w", r.topic, err)
 		}
 		if got == 0 {
 			break
 		}
 	}
-	list := make([]string, 0, len(notes))
-	for k := range notes {
-		list = append(list, k)
-	}
-	sort.Strings(list)
-	for _, k := range list {
-		if out.Note != "" {
-			out.Note += "; "
+	return nil
+}
+
+// replay decides what becomes of one dead letter: kept on the stream,
+// counted (a dry run), or republished and deleted.
+func (r *streamReplay) replay(ctx context.Context, m jetstream.Msg) error {
+	h := m.Headers()
+	// An event the broker refused without a topic went to the sink's
+	// subject, as Publish chooses it.
+	dest, note := r.filter.ReplayDestination(h.Get, r.out.Replayed, r.cfg.Subject)
+	if dest == "" {
+		if note != "" {
+			r.notes[note] = true
 		}
-		out.Note += k
+		r.out.Kept++
+		return nil
 	}
-	return out, nil
+	id := h.Get(nats.MsgIdHdr)
+	if !r.filter.DryRun {
+		if err := r.republish(ctx, m, dest, id); err != nil {
+			return err
+		}
+	}
+	r.out.Replayed++
+	r.out.EventIDs = append(r.out.EventIDs, id)
+	return nil
+}
+
+// republish publishes m to dest without the dead-letter headers, waits
+// for the PubAck and then deletes m from the dead-letter stream.
+func (r *streamReplay) republish(ctx context.Context, m jetstream.Msg, dest, id string) error {
+	meta, err := m.Metadata()
+	if err != nil {
+		return err
+	}
+	msg := &nats.Msg{Subject: dest, Data: m.Data(), Header: nats.Header{}}
+	for k, v := range m.Headers() {
+		if !plugins.IsDeadLetterHeader(k) {
+			msg.Header[k] = v
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, max(r.cfg.PublishTimeout, 5*time.Second))
+	_, err = r.js.PublishMsg(pctx, msg)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("republish %s to %s: %w", id, dest, err)
+	}
+	if err := r.stream.DeleteMsg(ctx, meta.Sequence.Stream); err != nil {
+		return fmt.Errorf("delete %s from the stream of %s (it was republished): %w", id, r.topic, err)
+	}
+	return nil
 }
 
 var _ plugins.DeadLetterTopicKeeper = (*Config)(nil)

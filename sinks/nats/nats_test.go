@@ -142,12 +142,95 @@ var harness = plugintest.SinkHarness{
 	Type:     natssink.Name,
 	Features: plugintest.SinkFeatures{DedupsResends: true},
 	Target:   natsTarget,
-	// Over the server's max_payload (1 MiB by default): the client refuses
-	// to send it.
-	Refuse: func(m *message.Message) string { m.Payload = make([]byte, 2<<20); return "oversize" },
 }
 
-func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
+// TestContract runs the contract tier on $NATS_URL or on an in-process
+// JetStream server with a fixed port and store directory, which the
+// broker-down scenario shuts down and starts again. Each topic is a
+// subject with a stream of its own, which Read creates.
+func TestContract(t *testing.T) {
+	url := os.Getenv("NATS_URL")
+	var srv *natsserver.Server
+	if url == "" {
+		var err error
+		if srv, err = natsserver.Start(0, t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		url = srv.URL()
+	}
+	c := plugintest.SinkContract{
+		New: func(t testing.TB, topic string) plugins.Sink {
+			cfg := natssink.DefaultConfig()
+			cfg.URL, cfg.Subject, cfg.PublishTimeout = url, topic, 2*time.Second
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			s := natssink.New(cfg, plugins.Env{Pipeline: "contract", Logger: plugintest.Logger()})
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+		Read: func(t testing.TB, topic string) <-chan plugintest.Record {
+			stream := strings.ToUpper(topic)
+			createStream(t, url, jetstream.StreamConfig{Name: stream, Subjects: []string{topic}})
+			r := &streamReader{url: url, stream: stream, next: 1}
+			t.Cleanup(r.close)
+			return plugintest.Poll(t, r.read)
+		},
+		Features: plugintest.SinkFeatures{DedupsResends: true},
+		Timeout:  2 * time.Second,
+		// Over the server's max_payload (1 MiB by default): the client
+		// refuses to send it.
+		Refuse: func(m *message.Message) string { m.Payload = make([]byte, 2<<20); return "oversize" },
+	}
+	if srv != nil {
+		c.Stop = func(t testing.TB) func(testing.TB) {
+			port, dir := srv.Port(), srv.StoreDir()
+			srv.Close()
+			return func(t testing.TB) {
+				var err error
+				testenv.Eventually(t, 10*time.Second, "NATS restarted on its port", func() bool {
+					srv, err = natsserver.Start(port, dir)
+					return err == nil
+				})
+			}
+		}
+	}
+	plugintest.RunSinkContract(t, c)
+}
+
+// createStream creates (or updates) a stream on the server at url; it is
+// deleted when the test ends.
+func createStream(t testing.TB, url string, cfg jetstream.StreamConfig) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("create stream %s: %v", cfg.Name, err)
+	}
+	t.Cleanup(func() {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, cfg.Name)
+	})
+}
+
+func TestPipeline(t *testing.T) { plugintest.RunSinkPipeline(t, harness) }
 
 // BenchmarkDrain50k measures the drain rate from an xid8 outbox holding
 // 50,000 events into NATS JetStream ($NATS_URL or an in-process server).

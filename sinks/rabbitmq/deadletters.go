@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -112,106 +113,133 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 	if err := pub.Confirm(false); err != nil {
 		return out, fmt.Errorf("confirm mode: %w", err)
 	}
-	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
-	var kept []amqp.Delivery
-	defer func() {
-		for _, d := range kept {
-			_ = d.Nack(false, true)
-		}
-	}()
-	notes := map[string]bool{}
+	r := &queueReplay{cfg: c, topic: topic, filter: f, route: route, get: get, pub: pub,
+		returns: pub.NotifyReturn(make(chan amqp.Return, 1)), out: &out, notes: map[string]bool{}}
+	defer r.requeueKept()
 	// Only what was waiting when the replay began: a dead letter arriving
 	// meanwhile waits for the next replay.
-	for range q.Messages {
+	if err := r.run(ctx, q.Messages); err != nil {
+		return out, err
+	}
+	out.Kept = len(r.kept)
+	out.Note = strings.Join(slices.Sorted(maps.Keys(r.notes)), "; ")
+	return out, nil
+}
+
+// queueReplay is one replay of a dead-letter queue: what it got from the
+// queue (get), where it republishes (pub, in confirm mode, with the
+// broker's returns) and what it kept.
+type queueReplay struct {
+	cfg     *Config
+	topic   string
+	filter  plugins.DeadLetterFilter
+	route   template
+	get     *amqp.Channel
+	pub     *amqp.Channel
+	returns <-chan amqp.Return
+	out     *plugins.DeadLetterTopicReplay
+	notes   map[string]bool
+	kept    []amqp.Delivery // taken from the queue, to go back at the end
+}
+
+// run takes up to n messages from the queue, one by one, and replays each.
+func (r *queueReplay) run(ctx context.Context, n int) error {
+	for range n {
 		if err := ctx.Err(); err != nil {
-			return out, err
+			return err
 		}
-		d, ok, err := get.Get(topic, false)
+		d, ok, err := r.get.Get(r.topic, false)
 		if err != nil {
-			return out, fmt.Errorf("get from queue %s: %w", topic, err)
+			return fmt.Errorf("get from queue %s: %w", r.topic, err)
 		}
 		if !ok {
-			break
+			return nil
 		}
-		md := map[string]string{}
-		for k, v := range d.Headers {
-			if s, ok := v.(string); ok {
-				md[k] = s
-			}
+		if err := r.replay(ctx, d); err != nil {
+			return err
 		}
-		dest := md[plugins.DeadLetterTopicHeader]
-		if dest == "" && md[plugins.DeadLetterStageHeader] == plugins.DeadLetterPublishStage {
-			dest, _ = route.render(md) // the sink's routing key, as Publish renders it
-		}
-		switch {
-		case !plugins.MatchesReason(f.Reason, md[plugins.DeadLetterReasonHeader], md[plugins.DeadLetterErrorHeader]),
-			f.Limit > 0 && out.Replayed >= f.Limit:
-			kept = append(kept, d)
-			continue
-		case md[plugins.DeadLetterPayloadBytesHeader] != "":
-			notes["dead letters without their payload (too large for the broker) cannot be replayed"] = true
-			kept = append(kept, d)
-			continue
-		case dest == "":
-			notes[plugins.NoDestinationNote] = true
-			kept = append(kept, d)
-			continue
-		case f.Refuses(dest):
-			notes[plugins.NoteRefusedDestination] = true
-			kept = append(kept, d)
-			continue
-		}
-		if f.DryRun {
-			out.Replayed++
-			out.EventIDs = append(out.EventIDs, d.MessageId)
-			kept = append(kept, d)
-			continue
-		}
-		headers := amqp.Table{}
-		for k, v := range d.Headers {
-			if !plugins.IsDeadLetterHeader(k) {
-				headers[k] = v
-			}
-		}
-		pctx, cancel := context.WithTimeout(ctx, max(c.PublishTimeout, 5*time.Second))
-		conf, err := pub.PublishWithDeferredConfirmWithContext(pctx, c.Exchange, dest, true, false, amqp.Publishing{
-			Headers: headers, Body: d.Body, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
-			DeliveryMode: amqp.Persistent, MessageId: d.MessageId, Type: d.Type, Timestamp: d.Timestamp,
-			CorrelationId: d.CorrelationId, AppId: d.AppId})
-		if err == nil {
-			var acked bool
-			acked, err = conf.WaitContext(pctx)
-			if err == nil && !acked {
-				err = errors.New("the broker refused it (nack)")
-			}
-		}
-		cancel()
-		if err != nil {
-			kept = append(kept, d)
-			return out, fmt.Errorf("republish %s to routing key %s: %w", d.MessageId, dest, err)
-		}
-		// A mandatory message no queue takes comes back before its confirm.
-		select {
-		case r := <-returns:
-			notes[fmt.Sprintf("routing key %s still reaches no queue (%s): its dead letters stay", dest, r.ReplyText)] = true
-			kept = append(kept, d)
-			continue
-		default:
-		}
-		if err := d.Ack(false); err != nil {
-			return out, fmt.Errorf("ack %s on queue %s: %w", d.MessageId, topic, err)
-		}
-		out.Replayed++
-		out.EventIDs = append(out.EventIDs, d.MessageId)
 	}
-	out.Kept = len(kept)
-	list := make([]string, 0, len(notes))
-	for n := range notes {
-		list = append(list, n)
+	return nil
+}
+
+// replay decides what becomes of one dead letter: kept (it goes back to
+// the queue), counted (a dry run keeps it too), or republished and acked.
+func (r *queueReplay) replay(ctx context.Context, d amqp.Delivery) error {
+	md := map[string]string{}
+	for k, v := range d.Headers {
+		if s, ok := v.(string); ok {
+			md[k] = s
+		}
 	}
-	sort.Strings(list)
-	out.Note = strings.Join(list, "; ")
-	return out, nil
+	sinkKey, _ := r.route.render(md) // the sink's routing key, as Publish renders it
+	dest, note := r.filter.ReplayDestination(func(k string) string { return md[k] }, r.out.Replayed, sinkKey)
+	if dest == "" {
+		r.keep(d, note)
+		return nil
+	}
+	if r.filter.DryRun {
+		r.out.Replayed++
+		r.out.EventIDs = append(r.out.EventIDs, d.MessageId)
+		r.keep(d, "")
+		return nil
+	}
+	if err := r.republish(ctx, d, dest); err != nil {
+		r.keep(d, "")
+		return fmt.Errorf("republish %s to routing key %s: %w", d.MessageId, dest, err)
+	}
+	// A mandatory message no queue takes comes back before its confirm.
+	select {
+	case ret := <-r.returns:
+		r.keep(d, fmt.Sprintf("routing key %s still reaches no queue (%s): its dead letters stay", dest, ret.ReplyText))
+		return nil
+	default:
+	}
+	if err := d.Ack(false); err != nil {
+		return fmt.Errorf("ack %s on queue %s: %w", d.MessageId, r.topic, err)
+	}
+	r.out.Replayed++
+	r.out.EventIDs = append(r.out.EventIDs, d.MessageId)
+	return nil
+}
+
+// republish publishes d mandatory to the exchange with routing key dest,
+// without the dead-letter headers, and waits for the broker's confirm.
+func (r *queueReplay) republish(ctx context.Context, d amqp.Delivery, dest string) error {
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		if !plugins.IsDeadLetterHeader(k) {
+			headers[k] = v
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, max(r.cfg.PublishTimeout, 5*time.Second))
+	defer cancel()
+	conf, err := r.pub.PublishWithDeferredConfirmWithContext(pctx, r.cfg.Exchange, dest, true, false, amqp.Publishing{
+		Headers: headers, Body: d.Body, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+		DeliveryMode: amqp.Persistent, MessageId: d.MessageId, Type: d.Type, Timestamp: d.Timestamp,
+		CorrelationId: d.CorrelationId, AppId: d.AppId})
+	if err != nil {
+		return err
+	}
+	acked, err := conf.WaitContext(pctx)
+	if err == nil && !acked {
+		err = errors.New("the broker refused it (nack)")
+	}
+	return err
+}
+
+// keep leaves d for the queue, with the note saying why (if any).
+func (r *queueReplay) keep(d amqp.Delivery, note string) {
+	if note != "" {
+		r.notes[note] = true
+	}
+	r.kept = append(r.kept, d)
+}
+
+// requeueKept puts what the replay kept back on the queue.
+func (r *queueReplay) requeueKept() {
+	for _, d := range r.kept {
+		_ = d.Nack(false, true)
+	}
 }
 
 var _ plugins.DeadLetterTopicKeeper = (*Config)(nil)

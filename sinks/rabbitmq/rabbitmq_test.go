@@ -71,7 +71,42 @@ var harness = plugintest.SinkHarness{
 	IsUnroutable: plugintest.IsError(rabbitmq.ErrUnroutable),
 }
 
-func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
+// TestContract runs the contract tier on $AMQP_URL (default the machine's
+// RabbitMQ): one exchange, a topic is a routing key, and Read binds a
+// durable queue of its own to it. The broker-down scenario stops the
+// machine's RabbitMQ with rabbitmqctl stop_app and always starts it again.
+func TestContract(t *testing.T) {
+	u := testenv.AMQPURL(t)
+	exchange := testenv.Name("ferry_contract_x")
+	c := plugintest.SinkContract{
+		New: func(t testing.TB, topic string) plugins.Sink {
+			cfg := rabbitmq.DefaultConfig()
+			cfg.URL, cfg.Exchange, cfg.RoutingKey = u, exchange, topic
+			cfg.PublishTimeout, cfg.ReconnectInterval = 2*time.Second, 200*time.Millisecond
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			s, err := rabbitmq.New(cfg, plugins.Env{Pipeline: "contract", Logger: plugintest.Logger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+		Read: func(t testing.TB, topic string) <-chan plugintest.Record {
+			coll := testenv.CollectAMQP(t, u, exchange, topic)
+			return plugintest.Poll(t, func() []plugintest.Record { return records(coll.All(), coll.Queue()) })
+		},
+		Features: plugintest.SinkFeatures{RejectsUnroutable: true},
+		Timeout:  2 * time.Second,
+	}
+	if testenv.RabbitMQControllable(u) {
+		c.Stop = func(t testing.TB) func(testing.TB) { return testenv.StopRabbitMQ(t, u) }
+	}
+	plugintest.RunSinkContract(t, c)
+}
+
+func TestPipeline(t *testing.T) { plugintest.RunSinkPipeline(t, harness) }
 
 // BenchmarkDrain50k measures the drain rate from an xid8 outbox holding
 // 50,000 events into RabbitMQ ($AMQP_URL or the machine's broker).

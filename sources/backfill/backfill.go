@@ -89,6 +89,11 @@ func Where(c outbox.Columns, alias string, f plugins.BackfillFilter, first int) 
 	return cond, []any{f.From, f.To, f.AggregateType, f.AggregateID, f.Type}
 }
 
+// Notification is the payload of the notification Queue sends on
+// Spec.Notify once the request is committed; a source that receives it
+// tells its runner with Queued.
+const Notification = "backfill"
+
 // Spec is a backfill to queue.
 type Spec struct {
 	Pipeline string
@@ -103,7 +108,8 @@ type Spec struct {
 	// StartLSN, when set, holds the backfill back until the source read
 	// the stream past it (wal: every row the request lists was streamed).
 	StartLSN bool
-	// Notify is the channel to wake the running source on.
+	// Notify is the channel to wake the running source on (with the
+	// payload Notification).
 	Notify string
 	// Reset: the rows are a reset's, sent before the source streams on
 	// (wal going back in time) and not marked as replays.
@@ -148,7 +154,7 @@ func Queue(ctx context.Context, conn *pgx.Conn, t Tables, s Spec) (int64, error)
 			return err
 		}
 		if s.Notify != "" {
-			_, err = tx.Exec(ctx, `SELECT pg_notify($1, 'backfill')`, s.Notify)
+			_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.Notify, Notification)
 		}
 		return err
 	})
@@ -264,6 +270,20 @@ func NewRunner(table, idColumn, pipeline string) *Runner {
 
 // Wake makes the next Load read the request table.
 func (r *Runner) Wake() { r.checked = time.Time{} }
+
+// Queued tells the runner that a notification (Notification) announced a
+// request: the next Load reads the request table whether or not a check
+// is due, and without asking whether the table exists — Queue created it
+// before it notified. A source whose idle reader parks on the shared
+// check, which asks about rows and not about requests, has only the
+// notification to bring it to the request: a Load that skipped the table
+// (its check not due yet, or a catalog reading from before the table was
+// created) and a reader that then went idle would leave the request until
+// some unrelated wake-up.
+func (r *Runner) Queued() {
+	r.checked = time.Time{}
+	r.exists = true
+}
 
 // Load returns the request being sent, reading the request table when none
 // is and a check is due. A missing table means no request.

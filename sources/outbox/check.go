@@ -84,53 +84,21 @@ const (
 // was expected and the fix; all of them are joined.
 func CheckTable(ctx context.Context, q Querier, table string, cols Columns, need Need) (Layout, error) {
 	var l Layout
-	rows, err := q.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod),
-			CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, a.atttypid
-		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
-		ORDER BY a.attnum`, Quote(table))
+	have, err := readColumns(ctx, q, table)
 	if err != nil {
-		return l, fmt.Errorf("read the columns of %s: %w", table, err)
-	}
-	have, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (column, error) {
-		var c column
-		err := r.Scan(&c.name, &c.typ, &c.oid, &c.declared)
-		return c, err
-	})
-	if err != nil {
-		return l, fmt.Errorf("read the columns of %s: %w", table, err)
+		return l, err
 	}
 	if len(have) == 0 {
 		return l, fmt.Errorf("outbox table %s does not exist (or the role may not see it); create it with `ferry schema %s --table %s`",
 			table, need.Source, table)
 	}
-	var p plugins.Problems
-	find := func(key, name string) (column, bool) {
-		i := slices.IndexFunc(have, func(c column) bool { return c.name == name })
-		if i < 0 {
-			p.Add("source.columns."+key, "%s", missing(table, name, key, have))
-			return column{}, false
-		}
-		return have[i], true
-	}
-	want := func(key string, c column, oids []uint32, what, fix string) bool {
-		if slices.Contains(oids, c.oid) {
-			return true
-		}
-		msg := fmt.Sprintf("column %q of %s is %s; the %s source needs %s", c.name, table, c.typ, need.Source, what)
-		if fix == "" {
-			fix = fmt.Sprintf("map source.columns.%s to a column of such a type", key)
-		}
-		p.Add("source.columns."+key, "%s; fix: %s", msg, fix)
-		return false
-	}
-
+	tc := &tableCheck{table: table, need: need, have: have}
 	if need.Ordered && cols.OrderColumn() == "" {
-		p.Add("source.columns.id", "the %s source reads and tracks rows in id order and needs an integer id column or source.columns.order_by; fix: %s",
+		tc.p.Add("source.columns.id", "the %s source reads and tracks rows in id order and needs an integer id column or source.columns.order_by; fix: %s",
 			need.Source, orderFix(table, need))
 	}
 	if need.Ordered && cols.CreatedAt == "" {
-		p.Add("source.columns.created_at", "the %s source needs a created_at column (it measures the oldest undelivered row's age "+
+		tc.p.Add("source.columns.created_at", "the %s source needs a created_at column (it measures the oldest undelivered row's age "+
 			"and ages out delivered rows by it); fix: ALTER TABLE %s ADD COLUMN created_at timestamptz NOT NULL DEFAULT now()", need.Source, Quote(table))
 	}
 	names := cols.Names()
@@ -139,52 +107,116 @@ func CheckTable(ctx context.Context, q Querier, table string, cols Columns, need
 		if name == "" {
 			continue
 		}
-		c, ok := find(f.Key(), name)
+		c, ok := tc.find(f.Key(), name)
 		if !ok {
 			continue
 		}
 		l.OID[f], l.Declared[f], l.Type[f] = c.oid, c.declared, c.typ
-		switch f {
-		case FieldID:
-			if need.Ordered && cols.OrderBy == "" {
-				want(f.Key(), c, integerTypes, "an integer id ("+wantInteger+"), because it reads and tracks rows in id order",
-					orderFix(table, need))
-			} else {
-				want(f.Key(), c, idTypes, wantID, "")
-			}
-		case FieldAggregateType, FieldAggregateID, FieldType:
-			want(f.Key(), c, slices.Concat(textTypes, integerTypes, []uint32{pgtype.UUIDOID}), wantText, "")
-		case FieldPayload:
-			want(f.Key(), c, payloadTypes, wantPayload, "")
-		case FieldHeaders:
-			want(f.Key(), c, headerTypes, wantHeaders, `map it to such a column, or set source.columns.headers: "" if the table has none`)
-		case FieldCreatedAt:
-			if need.Ordered {
-				// These sources compute ages from it in SQL.
-				want(f.Key(), c, timeTypes[:2], "timestamp with time zone or timestamp without time zone (it computes ages from it in SQL)",
-					fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING …, or use the wal source, which also reads epoch milliseconds and text",
-						Quote(table), pgx.Identifier{c.name}.Sanitize()))
-			} else {
-				want(f.Key(), c, timeTypes, wantTime, "")
-			}
-		case FieldEventID:
-			want(f.Key(), c, eventIDTypes, wantEventID, "")
-		}
+		tc.checkType(f, c, cols)
 	}
 	if need.Ordered && cols.OrderBy != "" {
-		if c, ok := find("order_by", cols.OrderBy); ok {
-			want("order_by", c, integerTypes, "a sortable integer ("+wantInteger+")", orderFix(table, need))
+		if c, ok := tc.find("order_by", cols.OrderBy); ok {
+			tc.want("order_by", c, integerTypes, "a sortable integer ("+wantInteger+")", orderFix(table, need))
 		}
 	}
 	for i, e := range cols.Extra {
-		find(fmt.Sprintf("extra[%d]", i), e)
+		tc.find(fmt.Sprintf("extra[%d]", i), e)
 	}
 	if need.RefuseDeleteOnInsert {
 		if err := checkDeleteOnInsert(ctx, q, table, need); err != nil {
-			p.Add("source.type", "%v", err)
+			tc.p.Add("source.type", "%v", err)
 		}
 	}
-	return l, p.Err()
+	return l, tc.p.Err()
+}
+
+// readColumns reads the table's columns from the catalog: each one's name,
+// its type as format_type writes it, the type it decodes as (a domain's
+// base type) and its declared type.
+func readColumns(ctx context.Context, q Querier, table string) ([]column, error) {
+	rows, err := q.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod),
+			CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, a.atttypid
+		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+		ORDER BY a.attnum`, Quote(table))
+	if err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", table, err)
+	}
+	have, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (column, error) {
+		var c column
+		err := r.Scan(&c.name, &c.typ, &c.oid, &c.declared)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the columns of %s: %w", table, err)
+	}
+	return have, nil
+}
+
+// tableCheck collects the problems CheckTable finds with the columns a
+// table has.
+type tableCheck struct {
+	table string
+	need  Need
+	have  []column
+	p     plugins.Problems
+}
+
+// find is the column named name, which source.columns.<key> maps; a
+// problem when the table has none.
+func (tc *tableCheck) find(key, name string) (column, bool) {
+	i := slices.IndexFunc(tc.have, func(c column) bool { return c.name == name })
+	if i < 0 {
+		tc.p.Add("source.columns."+key, "%s", missing(tc.table, name, key, tc.have))
+		return column{}, false
+	}
+	return tc.have[i], true
+}
+
+// want reports whether c is of one of the types oids; a problem saying
+// what it should be (what) and the fix when it is not.
+func (tc *tableCheck) want(key string, c column, oids []uint32, what, fix string) bool {
+	if slices.Contains(oids, c.oid) {
+		return true
+	}
+	msg := fmt.Sprintf("column %q of %s is %s; the %s source needs %s", c.name, tc.table, c.typ, tc.need.Source, what)
+	if fix == "" {
+		fix = fmt.Sprintf("map source.columns.%s to a column of such a type", key)
+	}
+	tc.p.Add("source.columns."+key, "%s; fix: %s", msg, fix)
+	return false
+}
+
+// checkType checks that c, which field f maps, has a type the source can
+// decode it from.
+func (tc *tableCheck) checkType(f Field, c column, cols Columns) {
+	table, need := tc.table, tc.need
+	switch f {
+	case FieldID:
+		if need.Ordered && cols.OrderBy == "" {
+			tc.want(f.Key(), c, integerTypes, "an integer id ("+wantInteger+"), because it reads and tracks rows in id order",
+				orderFix(table, need))
+		} else {
+			tc.want(f.Key(), c, idTypes, wantID, "")
+		}
+	case FieldAggregateType, FieldAggregateID, FieldType:
+		tc.want(f.Key(), c, slices.Concat(textTypes, integerTypes, []uint32{pgtype.UUIDOID}), wantText, "")
+	case FieldPayload:
+		tc.want(f.Key(), c, payloadTypes, wantPayload, "")
+	case FieldHeaders:
+		tc.want(f.Key(), c, headerTypes, wantHeaders, `map it to such a column, or set source.columns.headers: "" if the table has none`)
+	case FieldCreatedAt:
+		if need.Ordered {
+			// These sources compute ages from it in SQL.
+			tc.want(f.Key(), c, timeTypes[:2], "timestamp with time zone or timestamp without time zone (it computes ages from it in SQL)",
+				fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING …, or use the wal source, which also reads epoch milliseconds and text",
+					Quote(table), pgx.Identifier{c.name}.Sanitize()))
+		} else {
+			tc.want(f.Key(), c, timeTypes, wantTime, "")
+		}
+	case FieldEventID:
+		tc.want(f.Key(), c, eventIDTypes, wantEventID, "")
+	}
 }
 
 // orderFix is the exact change that gives a table with a uuid or text id

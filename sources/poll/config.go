@@ -107,5 +107,8 @@ func (c *Config) Validate() error {
 // claims let the pipeline run on every instance at once (ownership: shared).
 func (c *Config) HA() plugins.HA { return plugins.HA{LockDSN: c.DSN, Shared: true} }
 
-var _ plugins.OutboxSource = (*Config)(nil)
-var _ plugins.HASource = (*Config)(nil)
+var (
+	_ plugins.OutboxSource     = (*Config)(nil)
+	_ plugins.HASource         = (*Config)(nil)
+	_ plugins.HealthIntervaler = (*Config)(nil)
+)

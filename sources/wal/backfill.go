@@ -83,21 +83,8 @@ func (st *streamSession) backfillStep(ctx context.Context) error {
 	bf := s.backfill
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, mark, _ := s.win.Prefix()
-	if s.reset != nil {
-		if total, err := s.reset.Record(qctx, s.pool, uint64(mark)); err != nil {
-			s.log.Warn("record reset progress; will retry", "err", redact.Error(err))
-		} else if total >= 0 {
-			s.log.Info("reset: every row read again was delivered", "events", total)
-		}
-	}
-	total, err := bf.Record(qctx, s.pool, uint64(mark))
-	if err != nil {
-		s.log.Warn("record backfill progress; will retry", "err", redact.Error(err))
+	if !s.recordBackfillProgress(qctx) {
 		return nil
-	}
-	if total >= 0 {
-		s.log.Info("backfill sent", "events", total)
 	}
 	req, err := bf.Load(qctx, s.pool)
 	if err != nil {
@@ -121,27 +108,8 @@ func (st *streamSession) backfillStep(ctx context.Context) error {
 	if limit <= 0 {
 		return nil
 	}
-	rows, err := s.pool.Query(qctx, bf.ChunkSQL(s.snapshotColumns("b.seq")), bf.Args(limit)...)
+	chunk, err := s.readChunk(qctx, bf, limit)
 	if err != nil {
-		s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
-		return nil
-	}
-	type read struct {
-		row outbox.Row
-		seq int64
-	}
-	var chunk []read
-	for rows.Next() {
-		var seq int64
-		r, err := s.scanSnapshotRow(rows, &seq)
-		if err != nil {
-			rows.Close()
-			s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
-			return nil
-		}
-		chunk = append(chunk, read{r, seq})
-	}
-	if err := rows.Err(); err != nil {
 		s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
 		return nil
 	}
@@ -160,6 +128,58 @@ func (st *streamSession) backfillStep(ctx context.Context) error {
 	}
 	bf.ChunkRead(len(chunk), limit)
 	return nil
+}
+
+// recordBackfillProgress records how far the reset's and the backfill's
+// rows were delivered: the acked prefix. It reports false when the
+// backfill's progress could not be recorded; the step is tried again.
+func (s *streamer) recordBackfillProgress(ctx context.Context) bool {
+	_, mark, _ := s.win.Prefix()
+	if s.reset != nil {
+		if total, err := s.reset.Record(ctx, s.pool, uint64(mark)); err != nil {
+			s.log.Warn("record reset progress; will retry", "err", redact.Error(err))
+		} else if total >= 0 {
+			s.log.Info("reset: every row read again was delivered", "events", total)
+		}
+	}
+	total, err := s.backfill.Record(ctx, s.pool, uint64(mark))
+	if err != nil {
+		s.log.Warn("record backfill progress; will retry", "err", redact.Error(err))
+		return false
+	}
+	if total >= 0 {
+		s.log.Info("backfill sent", "events", total)
+	}
+	return true
+}
+
+// listedRow is a row of a backfill's or a reset's list, read through the
+// initial snapshot's decoder, and its place in the list.
+type listedRow struct {
+	row outbox.Row
+	seq int64
+}
+
+// readChunk reads the next chunk of up to limit rows of r's list.
+func (s *streamer) readChunk(ctx context.Context, r *backfill.Runner, limit int) ([]listedRow, error) {
+	rows, err := s.pool.Query(ctx, r.ChunkSQL(s.snapshotColumns("b.seq")), r.Args(limit)...)
+	if err != nil {
+		return nil, err
+	}
+	var chunk []listedRow
+	for rows.Next() {
+		var seq int64
+		row, err := s.scanSnapshotRow(rows, &seq)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		chunk = append(chunk, listedRow{row, seq})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return chunk, nil
 }
 
 // recordBackfill records the progress of the backfill and the reset at
@@ -269,30 +289,17 @@ func (s *streamer) sendReset(ctx context.Context) error {
 	}
 	sent := 0
 	for rr.Pending() {
-		rows, err := s.pool.Query(ctx, rr.ChunkSQL(s.snapshotColumns("b.seq")), rr.Args(backfillChunk)...)
+		chunk, err := s.readChunk(ctx, rr, backfillChunk)
 		if err != nil {
-			return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
-		}
-		var chunk []outbox.Row
-		var seqs []int64
-		for rows.Next() {
-			var seq int64
-			r, err := s.scanSnapshotRow(rows, &seq)
-			if err != nil {
-				rows.Close()
-				return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
-			}
-			chunk, seqs = append(chunk, r), append(seqs, seq)
-		}
-		if err := rows.Err(); err != nil {
 			return fmt.Errorf("reset %d: read its rows: %w", req.ID, err)
 		}
 		readAt := time.Now()
 		for i := range chunk {
-			if err := s.admitSnapshotRow(ctx, chunk[i].Key(), s.table.Message(&chunk[i], "reset", readAt)); err != nil {
+			r := &chunk[i].row
+			if err := s.admitSnapshotRow(ctx, r.Key(), s.table.Message(r, "reset", readAt)); err != nil {
 				return err
 			}
-			rr.AdmitRow(seqs[i], s.admitted)
+			rr.AdmitRow(chunk[i].seq, s.admitted)
 		}
 		sent += len(chunk)
 		rr.ChunkRead(len(chunk), backfillChunk)

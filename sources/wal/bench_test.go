@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/sources/wal"
@@ -105,7 +106,7 @@ func runPipeline(tb testing.TB, yaml string) (stop func()) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{
+	sup, err := engine.NewSupervisor(engine.Options{
 		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		DrainTimeout: 5 * time.Second,
 	})

@@ -112,9 +112,13 @@ var _ plugins.OutboxSource = (*Config)(nil)
 // streams to one instance at a time.
 func (c *Config) HA() plugins.HA { return plugins.HA{LockDSN: c.DSN} }
 
+// HealthInterval is metrics_interval: how often the slot is measured.
+func (c *Config) HealthInterval() time.Duration { return c.MetricsInterval }
+
 var (
-	_ plugins.OutboxSource = (*Config)(nil)
-	_ plugins.HASource     = (*Config)(nil)
+	_ plugins.OutboxSource     = (*Config)(nil)
+	_ plugins.HASource         = (*Config)(nil)
+	_ plugins.HealthIntervaler = (*Config)(nil)
 )
 
 // DefaultName is the default slot and publication name of a pipeline:

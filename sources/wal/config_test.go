@@ -89,3 +89,18 @@ sink:
 		t.Fatalf("unknown key: %v", err)
 	}
 }
+
+// The supervisor finds metrics_interval through plugins.HealthIntervaler,
+// on the config as the loader decodes it.
+func TestHealthInterval(t *testing.T) {
+	for yaml, want := range map[string]time.Duration{"": 15 * time.Second, "  metrics_interval: 2s\n": 2 * time.Second} {
+		specs, err := pipelines.Loader{}.LoadBytes("p.yaml", []byte("name: p\nsource:\n  type: wal\n  dsn: postgres://db/orders\n"+yaml+"sink:\n  type: nats\n  subject: s\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hi, ok := specs[0].Source.Config.(plugins.HealthIntervaler)
+		if !ok || hi.HealthInterval() != want {
+			t.Errorf("source section %q: HealthIntervaler %v, want %s", yaml, hi, want)
+		}
+	}
+}

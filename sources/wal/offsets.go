@@ -2,6 +2,7 @@ package wal
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -97,18 +98,9 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 	switch r.To {
 	case plugins.ResetToLatest:
 	case plugins.ResetToPosition:
-		var p struct {
-			LSN *string `json:"lsn"`
-		}
-		if err := plugins.DecodePosition(r.Position, &p, positionWant); err != nil {
-			return plugins.ResetResult{}, err
-		}
-		if p.LSN == nil {
-			return plugins.ResetResult{}, &plugins.RequestError{Field: "position.lsn", Msg: "required; want " + positionWant}
-		}
-		l, err := pglogrepl.ParseLSN(*p.LSN)
+		l, err := positionLSN(r.Position)
 		if err != nil {
-			return plugins.ResetResult{}, &plugins.RequestError{Field: "position.lsn", Msg: fmt.Sprintf("%q is not an LSN", *p.LSN)}
+			return plugins.ResetResult{}, err
 		}
 		target = &l
 	case plugins.ResetToTime:
@@ -132,24 +124,8 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 		}
 		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
 	}
-	// A slot advances only as far as the WAL is flushed, which lags the
-	// commits under synchronous_commit = off: commit once with it on, so
-	// everything committed so far is flushed, and take the flushed end.
-	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'ferry:offsets', 'reset')`)
-		return err
-	}); err != nil {
-		return plugins.ResetResult{}, fmt.Errorf("reset: flush the WAL: %w", redact.Error(err))
-	}
-	var flushed string
-	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&flushed); err != nil {
-		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
-	}
-	if s.current, err = pglogrepl.ParseLSN(flushed); err != nil {
-		return plugins.ResetResult{}, fmt.Errorf("reset: %w", err)
+	if s.current, err = flushedLSN(ctx, conn); err != nil {
+		return plugins.ResetResult{}, err
 	}
 	to := s.current
 	if target != nil {
@@ -171,6 +147,55 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 	if s.active {
 		return plugins.ResetResult{}, fmt.Errorf("reset: replication slot %s is still in use", slot)
 	}
+	return c.advanceSlot(ctx, conn, pipeline, slot, to, res)
+}
+
+// positionLSN is the LSN a reset to a position names.
+func positionLSN(position json.RawMessage) (pglogrepl.LSN, error) {
+	var p struct {
+		LSN *string `json:"lsn"`
+	}
+	if err := plugins.DecodePosition(position, &p, positionWant); err != nil {
+		return 0, err
+	}
+	if p.LSN == nil {
+		return 0, &plugins.RequestError{Field: "position.lsn", Msg: "required; want " + positionWant}
+	}
+	l, err := pglogrepl.ParseLSN(*p.LSN)
+	if err != nil {
+		return 0, &plugins.RequestError{Field: "position.lsn", Msg: fmt.Sprintf("%q is not an LSN", *p.LSN)}
+	}
+	return l, nil
+}
+
+// flushedLSN is the end of the flushed WAL once everything committed so
+// far is flushed. A slot advances only as far as the WAL is flushed, which
+// lags the commits under synchronous_commit = off: so it commits once with
+// it on, and takes the flushed end.
+func flushedLSN(ctx context.Context, conn *pgx.Conn) (pglogrepl.LSN, error) {
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'ferry:offsets', 'reset')`)
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("reset: flush the WAL: %w", redact.Error(err))
+	}
+	var flushed string
+	if err := conn.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&flushed); err != nil {
+		return 0, fmt.Errorf("reset: %w", redact.Error(err))
+	}
+	l, err := pglogrepl.ParseLSN(flushed)
+	if err != nil {
+		return 0, fmt.Errorf("reset: %w", err)
+	}
+	return l, nil
+}
+
+// advanceSlot moves the (inactive) slot to to and completes res, the
+// reset's result, with the position it reached.
+func (c *Config) advanceSlot(ctx context.Context, conn *pgx.Conn, pipeline, slot string, to pglogrepl.LSN, res plugins.ResetResult) (plugins.ResetResult, error) {
 	var reached string
 	if err := conn.QueryRow(ctx, `SELECT end_lsn::text FROM pg_replication_slot_advance($1, $2::text::pg_lsn)`, slot, to.String()).Scan(&reached); err != nil {
 		return plugins.ResetResult{}, fmt.Errorf("reset: advance slot %s: %w", slot, redact.Error(err))

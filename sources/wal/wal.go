@@ -16,9 +16,11 @@
 //   - slotManager (slot.go, metrics.go): the publication and the replication
 //     slot — the server guardrails, creating, checking, copying and dropping
 //     the slot, what to do when it was lost, and its health and gauges;
-//   - streamer (stream.go): what is read from the slot — the replication
-//     connection, decoding pgoutput, the window, keepalives and heartbeats,
-//     and which LSN may be confirmed;
+//   - streamer: what is read from the slot — the replication session on
+//     its connection (stream.go), decoding pgoutput into events (decode.go),
+//     the events in flight in the window (inflight.go), keepalives, status
+//     updates, heartbeats and which LSN may be confirmed (status.go), and
+//     backfills and resets beside the stream (backfill.go);
 //   - bootstrap (bootstrap.go): the initial snapshot of a new slot, entered
 //     through (*bootstrap).run.
 //

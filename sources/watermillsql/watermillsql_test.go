@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
@@ -85,7 +86,7 @@ limits: {max_in_flight: 64}
 	if err != nil {
 		t.Fatal(err)
 	}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{DrainTimeout: 3 * time.Second,
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 3 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)

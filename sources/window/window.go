@@ -33,7 +33,6 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -53,21 +52,6 @@ type Config struct {
 	// (the poll source marks rows individually). Off, only the prefix is kept.
 	TrackAcked bool
 }
-
-// Decision is what to do with a nacked message.
-type Decision int
-
-const (
-	// Redeliver sends the message again after a backoff; its aggregate waits.
-	Redeliver Decision = iota
-	// GiveUp stops delivering the message: it no longer holds back its
-	// aggregate or progress, as if acked, but TakeAcked does not report it.
-	// The source must already have recorded what became of it.
-	GiveUp
-	// GiveUpLane gives up the message and every message of its aggregate
-	// queued behind it, which are then never dispatched.
-	GiveUpLane
-)
 
 // Stats is a snapshot of the window's counters.
 type Stats struct {
@@ -114,29 +98,6 @@ type Window[P any] struct {
 	// outstanding counts messages sent to the router and not yet acked or
 	// nacked.
 	outstanding sync.WaitGroup
-}
-
-// sweepEvery bounds how long a verdict that arrives out of dispatch order
-// goes unnoticed (the oldest message's is noticed at once) while verdicts
-// keep arriving. A sweep that finds nothing resolved doubles the interval up
-// to sweepMax, and any verdict resets it: a slow broker, with hundreds of
-// messages waiting for confirms, would otherwise cost a wake-up and a pass
-// over the in-flight list under the window's lock every sweepEvery for
-// nothing.
-const (
-	sweepEvery = 2 * time.Millisecond
-	sweepMax   = 16 * time.Millisecond
-)
-
-// OnNack sets what decides the fate of a nacked message; call it before the
-// first Admit. f gets the attempt number (1 for the first failure) and the
-// nacked message, whose metadata may say why (plugins.MetaError); it runs
-// outside the window's lock and may do I/O. Without it, every nacked message
-// is redelivered.
-func (w *Window[P]) OnNack(f func(pos P, attempt int, msg *message.Message) Decision) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.nacked = f
 }
 
 type entry[P any] struct {
@@ -237,57 +198,6 @@ func (w *Window[P]) WaitRoom(ctx context.Context) error {
 	return nil
 }
 
-// Mark identifies a point of the acked prefix, for Recorded.
-type Mark uint64
-
-// Prefix returns the position of the last message of the contiguous acked
-// prefix: every message admitted up to and including it was acked. ok is false
-// until the first message is acked in order. Once the source has durably
-// recorded pos, it calls Recorded(mark) to free the messages' room.
-func (w *Window[P]) Prefix() (pos P, mark Mark, ok bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.prefix, w.popped, w.hasPrefix
-}
-
-// Admitted is how many messages were admitted since creation: the Mark
-// Prefix returns once every one of them was acked (or given up), so a source
-// can tell when a given message and all before it were delivered.
-func (w *Window[P]) Admitted() Mark {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.popped + Mark(len(w.entries)-w.head)
-}
-
-// Recorded tells the window that progress up to mark is durable: messages
-// up to it will not be sent again after a crash, so they stop counting.
-func (w *Window[P]) Recorded(mark Mark) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if mark > w.recorded && mark <= w.popped {
-		w.recorded = mark
-		signal(w.space)
-	}
-}
-
-// Unrecorded is how many acked-in-order messages wait for Recorded. Sources
-// record early when it reaches half of MaxInFlight, so Admit never stalls on it.
-func (w *Window[P]) Unrecorded() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return int(w.popped - w.recorded)
-}
-
-// TakeAcked appends the positions acked since the last call to buf and returns
-// it. Only with Config.TrackAcked.
-func (w *Window[P]) TakeAcked(buf []P) []P {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	buf = append(buf, w.acked...)
-	w.acked = w.acked[:0]
-	return buf
-}
-
 // Stats returns a snapshot of the counters.
 func (w *Window[P]) Stats() Stats {
 	w.mu.Lock()
@@ -377,110 +287,6 @@ func (w *Window[P]) dispatchLocked(e *entry[P]) {
 	w.out <- m // never blocks: the channel holds MaxInFlight
 }
 
-// sweep collects the router's verdicts on dispatched messages until the
-// window is closed and nothing is in flight.
-func (w *Window[P]) sweep() {
-	timer := time.NewTimer(sweepEvery)
-	defer timer.Stop()
-	every := sweepEvery
-	for {
-		w.mu.Lock()
-		var head *message.Message
-		if len(w.inflight) > 0 {
-			head = w.inflight[0].sent
-		}
-		more := len(w.inflight) > 1
-		if head == nil && isClosed(w.done) {
-			// Closed (nothing is dispatched any more) and nothing in flight.
-			w.sweeping = false
-			w.mu.Unlock()
-			return
-		}
-		w.mu.Unlock()
-		full := false
-		switch {
-		case head == nil:
-			select {
-			case <-w.kick:
-			case <-w.done:
-			}
-			continue
-		case more:
-			timer.Reset(every)
-			select {
-			case <-head.Acked():
-			case <-head.Nacked():
-			case <-timer.C:
-				full = true
-			}
-			timer.Stop()
-		default:
-			select {
-			case <-head.Acked():
-			case <-head.Nacked():
-			case <-w.kick: // another message was dispatched
-				continue
-			}
-		}
-		switch {
-		case w.collect(full) > 0:
-			every = sweepEvery
-		case full:
-			every = min(2*every, sweepMax)
-		}
-	}
-}
-
-// collect settles the verdicts that arrived: of the oldest dispatched
-// messages up to the first still in flight, or (full) of all. It returns how
-// many it settled.
-func (w *Window[P]) collect(full bool) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	before := len(w.inflight)
-	acked := w.scratch[:0]
-	kept := w.inflight[:0]
-	for i, e := range w.inflight {
-		if !full && len(kept) > 0 {
-			kept = append(kept, w.inflight[i:]...)
-			break
-		}
-		switch {
-		case isClosed(e.sent.Acked()):
-			acked = append(acked, e)
-		case isClosed(e.sent.Nacked()):
-			// The decision may do I/O (the poll source counts the attempt in
-			// the database): not on the sweeper. Nacks are rare.
-			m := e.sent
-			go func() {
-				defer w.outstanding.Done()
-				w.nack(e, m)
-			}()
-		default:
-			kept = append(kept, e)
-		}
-	}
-	clear(w.inflight[len(kept):])
-	w.inflight = kept
-	// After inflight is rebuilt: an ack may dispatch its lane's next message.
-	for _, e := range acked {
-		w.ackLocked(e)
-		w.outstanding.Done()
-	}
-	clear(acked)
-	w.scratch = acked[:0]
-	return before - len(kept)
-}
-
-func isClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
-}
-
 // Idle waits until every message sent to the router was acked or nacked —
 // also those still in flight when Close was called — or ctx ends. A source
 // that stops calls it after Close, so a restarted pipeline never races its
@@ -494,101 +300,6 @@ func (w *Window[P]) Idle(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func (w *Window[P]) ackLocked(e *entry[P]) {
-	w.stats.Acked++
-	w.resolveLocked()
-	if w.cfg.TrackAcked {
-		w.acked = append(w.acked, e.pos)
-	}
-	w.nextInLaneLocked(e.key)
-	w.settleLocked(e)
-}
-
-// settleLocked marks e done and moves the prefix over every done message at
-// its head.
-func (w *Window[P]) settleLocked(e *entry[P]) {
-	e.done = true
-	moved := false
-	for w.head < len(w.entries) && w.entries[w.head].done {
-		w.prefix, w.hasPrefix = w.entries[w.head].pos, true
-		w.entries[w.head] = nil
-		w.head++
-		w.popped++
-		moved = true
-	}
-	if !moved {
-		return
-	}
-	if w.head > cap(w.entries)/2 {
-		// Compact so the backing array stays at MaxInFlight.
-		n := copy(w.entries, w.entries[w.head:])
-		clear(w.entries[n:])
-		w.entries = w.entries[:n]
-		w.head = 0
-	}
-	signal(w.progressed)
-}
-
-func (w *Window[P]) nack(e *entry[P], m *message.Message) {
-	w.mu.Lock()
-	e.attempts++
-	attempt, decide := e.attempts, w.nacked
-	w.mu.Unlock()
-	select {
-	case <-w.done:
-		decide = nil // closed: the source is gone, nothing to decide
-	default:
-	}
-	decision := Redeliver
-	if decide != nil {
-		decision = decide(e.pos, attempt, m)
-	}
-
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.resolveLocked()
-	if decision != Redeliver {
-		w.giveUpLocked(e, decision == GiveUpLane)
-		return
-	}
-	if w.draining {
-		return
-	}
-	delay := w.redeliveryDelay(attempt)
-	w.dispatched++ // reserved now so Drain waits for the timer's decision
-	time.AfterFunc(delay, func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.dispatched--
-		if w.draining {
-			signal(w.resolved)
-			return
-		}
-		w.stats.Redeliveries++
-		w.dispatchLocked(e)
-	})
-}
-
-func (w *Window[P]) giveUpLocked(e *entry[P], wholeLane bool) {
-	w.stats.GivenUp++
-	if wholeLane && e.key != "" {
-		if waiting, ok := w.lanes[e.key]; ok {
-			for _, q := range waiting {
-				w.stats.GivenUp++
-				w.settleLocked(q)
-			}
-			w.lanes[e.key] = nil
-		}
-	}
-	w.nextInLaneLocked(e.key)
-	w.settleLocked(e)
-}
-
-func (w *Window[P]) resolveLocked() {
-	w.dispatched--
-	signal(w.resolved)
 }
 
 // nextInLaneLocked dispatches the next waiting message of key, or frees the lane.
@@ -610,18 +321,6 @@ func (w *Window[P]) nextInLaneLocked(key string) {
 	waiting[0] = nil
 	w.lanes[key] = waiting[1:]
 	w.dispatchLocked(next)
-}
-
-// redeliveryDelay is exponential in attempts with ±25% jitter, so nacked
-// messages of many aggregates do not come back in one burst.
-func (w *Window[P]) redeliveryDelay(attempts int) time.Duration {
-	d := w.cfg.RedeliveryMin
-	for i := 1; i < attempts && d < w.cfg.RedeliveryMax; i++ {
-		d *= 2
-	}
-	d = min(d, w.cfg.RedeliveryMax)
-	jitter := time.Duration(rand.Int64N(int64(d)/2+1)) - d/4
-	return d + jitter
 }
 
 func signal(c chan struct{}) {

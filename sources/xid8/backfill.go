@@ -60,6 +60,11 @@ func (c *Config) Backfill(ctx context.Context, pipeline string, f plugins.Backfi
 
 var _ plugins.Backfiller = (*Config)(nil)
 
+// backfillCheckEvery, when set, replaces how often the runner reads the
+// request table unprompted (tests: one that is never due again shows what
+// a notification alone starts).
+var backfillCheckEvery time.Duration
+
 // backfillStep records the progress of the backfill chunks the window
 // acked and admits the next chunk of the pending backfill, if any, beside
 // the live rows: at most half the window's room, so live rows keep room.
@@ -67,13 +72,14 @@ var _ plugins.Backfiller = (*Config)(nil)
 // behind it), so the recorded cursor never moves back. It reports whether
 // a backfill is under way (the read loop then polls at poll_interval).
 func (s *Source) backfillStep(ctx context.Context, pool *pgsource.Pool) bool {
-	if s.backfill == nil {
-		s.backfill = backfill.NewRunner(s.cfg.Table, s.cfg.joinColumn(), s.env.Pipeline)
-		s.backfill.Exists = func(ctx context.Context, table string) (bool, error) {
-			return pool.RelationExists(ctx, table, s.backfill.CheckEvery)
-		}
+	bf := s.backfillRunner(pool)
+	if s.backfillQueued.Swap(false) {
+		// The notification's wake-up must reach the request now: the
+		// reader of a quiet table goes idle a second after its last
+		// wake-up, and the shared check it then parks on asks about rows,
+		// not requests.
+		bf.Queued()
 	}
-	bf := s.backfill
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
 	_, mark, _ := s.win.Prefix()
@@ -98,24 +104,8 @@ func (s *Source) backfillStep(ctx context.Context, pool *pgsource.Pool) bool {
 	if !bf.Pending() || limit <= 0 {
 		return true
 	}
-	xact := "o." + pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
-	sql := bf.ChunkSQL(s.cfg.Columns.Select("o", "b.seq", xact+"::text", "clock_timestamp()"))
-	rows, err := pool.Query(ctx, sql, bf.Args(limit)...)
+	chunk, err := s.readBackfillChunk(ctx, pool, bf, limit)
 	if err != nil {
-		s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
-		return true
-	}
-	var chunk []backfillRow
-	for rows.Next() {
-		var r backfillRow
-		if err := rows.Scan(s.cfg.Columns.Scan(&r.Row, &r.seq, &r.xact, &r.DBReadAt)...); err != nil {
-			rows.Close()
-			s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
-			return true
-		}
-		chunk = append(chunk, r)
-	}
-	if err := rows.Err(); err != nil {
 		s.log.Warn("read backfill rows; will retry", "backfill", req.ID, "err", redact.Error(err))
 		return true
 	}
@@ -133,6 +123,49 @@ func (s *Source) backfillStep(ctx context.Context, pool *pgsource.Pool) bool {
 	}
 	bf.ChunkRead(len(chunk), limit)
 	return true
+}
+
+// backfillRunner is the source's backfill runner, made at the first step.
+func (s *Source) backfillRunner(pool *pgsource.Pool) *backfill.Runner {
+	if s.backfill != nil {
+		return s.backfill
+	}
+	s.backfill = backfill.NewRunner(s.cfg.Table, s.cfg.joinColumn(), s.env.Pipeline)
+	if backfillCheckEvery > 0 {
+		s.backfill.CheckEvery = backfillCheckEvery
+	}
+	s.backfill.Exists = func(ctx context.Context, table string) (bool, error) {
+		// Fresher than the runner's own period: a reading is stamped
+		// when its query returns, after the runner noted its check, so
+		// at a fresh-as-period bound the runner's next check would get
+		// its own previous answer back and see a new table a period late.
+		return pool.RelationExists(ctx, table, s.backfill.CheckEvery/2)
+	}
+	return s.backfill
+}
+
+// readBackfillChunk reads the next chunk of up to limit rows of bf's
+// list, each with its transaction id.
+func (s *Source) readBackfillChunk(ctx context.Context, pool *pgsource.Pool, bf *backfill.Runner, limit int) ([]backfillRow, error) {
+	xact := "o." + pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
+	sql := bf.ChunkSQL(s.cfg.Columns.Select("o", "b.seq", xact+"::text", "clock_timestamp()"))
+	rows, err := pool.Query(ctx, sql, bf.Args(limit)...)
+	if err != nil {
+		return nil, err
+	}
+	var chunk []backfillRow
+	for rows.Next() {
+		var r backfillRow
+		if err := rows.Scan(s.cfg.Columns.Scan(&r.Row, &r.seq, &r.xact, &r.DBReadAt)...); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		chunk = append(chunk, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return chunk, nil
 }
 
 // recordBackfill records the backfill's progress at shutdown, after the

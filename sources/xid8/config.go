@@ -64,6 +64,7 @@ func (c *Config) Validate() error {
 func (c *Config) HA() plugins.HA { return plugins.HA{LockDSN: c.DSN} }
 
 var (
-	_ plugins.OutboxSource = (*Config)(nil)
-	_ plugins.HASource     = (*Config)(nil)
+	_ plugins.OutboxSource     = (*Config)(nil)
+	_ plugins.HASource         = (*Config)(nil)
+	_ plugins.HealthIntervaler = (*Config)(nil)
 )

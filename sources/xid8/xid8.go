@@ -28,11 +28,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
-	"github.com/ferryhq/ferry/internal/retry"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/backfill"
 	"github.com/ferryhq/ferry/sources/internal/pgsource"
@@ -83,21 +81,27 @@ type Source struct {
 	listening atomic.Bool // notifications arrive: a quiet table may be polled rarely
 
 	cursorMu sync.Mutex // guards committed, read by the health and retention loops
-	health   pgsource.LastHealth
+	backlog  pgsource.Backlog
 	batches  *pgsource.BatchMetrics
 
 	backfill *backfill.Runner // owned by readLoop; see backfill.go
+	// backfillQueued is set by a backfill's notification, for readLoop to
+	// pass on to the runner (see backfillStep).
+	backfillQueued atomic.Bool
 }
 
 // New returns a source; it does no I/O until Subscribe.
 func New(cfg *Config, env plugins.Env) *Source {
 	env = pgsource.Env(env)
+	log := env.Logger.With("source", Name)
 	return &Source{
 		cfg:  cfg,
 		env:  env,
-		log:  env.Logger.With("source", Name),
+		log:  log,
 		win:  window.New[Position](window.Config{MaxInFlight: env.MaxInFlight}),
 		life: pgsource.NewLifecycle(Name),
+		// The oldest transaction holds the cursor back: name it.
+		backlog: pgsource.Backlog{Interval: cfg.MetricsInterval, Timeout: cfg.QueryTimeout, HolderDetails: true, Log: log},
 	}
 }
 
@@ -135,13 +139,20 @@ func (s *Source) run(readCtx context.Context) {
 				// A change wakes the reader too: an idle reader relies on
 				// notifications for what its shared check does not ask
 				// (a backfill request), so when they stop it polls again.
-				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func() { pgsource.Signal(wake) },
-					func(on bool) { s.listening.Store(on); pgsource.Signal(wake) })
+				pgsource.Listen(readCtx, pool, s.cfg.Channel(s.cfg.Table), s.log, func(payload string) {
+					if payload == backfill.Notification {
+						s.backfillQueued.Store(true) // before the wake-up, which reads it
+					}
+					pgsource.Signal(wake)
+				}, func(on bool) { s.listening.Store(on); pgsource.Signal(wake) })
 			}()
 		}
 		wg.Add(2)
 		go func() { defer wg.Done(); s.commitLoop(readCtx, pool) }()
-		go func() { defer wg.Done(); s.healthLoop(readCtx, pool) }()
+		go func() {
+			defer wg.Done()
+			s.backlog.Watch(readCtx, pool, func() pgsource.BacklogQuery { return s.backlogQuery(s.committedCursor()) })
+		}()
 		if r := s.cfg.Retention; r != nil {
 			wg.Add(1)
 			go func() {
@@ -245,427 +256,40 @@ func (s *Source) prepare(ctx context.Context, pool *pgsource.Pool) error {
 	return nil
 }
 
-// readLoop reads batches past the read cursor and admits them to the window.
-// A full batch is followed at once by the next; otherwise it waits for the
-// poll interval or a notification.
-func (s *Source) readLoop(ctx context.Context, pool *pgsource.Pool, wake chan struct{}) {
-	bo := retry.Backoff()
-	failing := false
-	rows := make([]row, 0, s.cfg.BatchSize)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	// Quiet while notifications flow, the reader sleeps without a timer: the
-	// database's shared loop asks, with every other idle pipeline's check in
-	// one batch, whether anything is past the cursor, and wakes it.
-	var idleMu sync.Mutex
-	var idleFrom Position
-	var found bool
-	idle := pool.AddCheck(pgsource.Check{SQL: s.pendingSQL, Timeout: s.cfg.QueryTimeout,
-		Args: func() []any {
-			idleMu.Lock()
-			defer idleMu.Unlock()
-			return []any{strconv.FormatUint(idleFrom.XactID, 10), idleFrom.ID}
-		},
-		Scan: func(r pgx.Row) error { return r.Scan(&found) },
-		Done: func(err error) {
-			// An error wakes the reader too: its own read reports it.
-			if err != nil || found {
-				pgsource.Signal(wake)
-			}
-		}})
-	defer idle.Remove()
-	var lastWake time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		case <-wake:
-			lastWake = time.Now()
-		}
-		idle.Disarm()
-		if err := s.win.WaitRoom(ctx); err != nil {
-			return
-		}
-		var err error
-		start := time.Now()
-		// Idle while notifications flow, a read that finds nothing is
-		// followed by the check for rows held back: both go in one round
-		// trip and one transaction (`ferry-bench` idle at 1,000 pipelines).
-		withHeld := s.listening.Load() && time.Since(lastWake) > time.Second
-		var held bool
-		rows, held, err = s.readBatch(ctx, pool, rows[:0], withHeld)
-		if err == nil {
-			s.batches.Observe(len(rows), time.Since(start))
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			d := bo.NextBackOff()
-			s.env.Report.Failing(fmt.Errorf("read outbox: %w", err), d)
-			s.log.Error("read outbox", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
-			failing = true
-			timer.Reset(d)
-			continue
-		}
-		if failing {
-			s.env.Report.Recovered()
-			failing = false
-		}
-		bo.Reset()
-		readAt := time.Now()
-		for i := range rows {
-			r := &rows[i]
-			pos := Position{XactID: r.xact, ID: r.ID}
-			if err := s.win.Admit(ctx, r.Key(), pos, s.table.Message(&r.Row, pos.String(), readAt)); err != nil {
-				return
-			}
-			s.read = pos
-		}
-		d := nextPoll(len(rows), s.cfg.BatchSize, s.listening.Load(), lastWake, s.cfg.PollInterval, s.cfg.IdlePollInterval)
-		if s.backfillStep(ctx, pool) {
-			d = min(d, s.cfg.PollInterval)
-		}
-		if d > s.cfg.PollInterval && (withHeld && held || !withHeld && s.heldBack(ctx, pool)) {
-			// Committed rows wait behind an open transaction, whose end
-			// sends no notification: keep polling.
-			d = s.cfg.PollInterval
-		}
-		if d > s.cfg.PollInterval {
-			idleMu.Lock()
-			idleFrom = s.read
-			idleMu.Unlock()
-			idle.Arm(d, d)
-			continue
-		}
-		timer.Reset(d)
-	}
-}
-
-// nextPoll is when to read again: at once after a full batch; after
-// idle once nothing came and no notification arrived for a second while
-// notifications are flowing (a commit will wake the reader); else after
-// poll. The second of fast polls after a notification catches rows that
-// become visible just after their commit was notified.
-func nextPoll(rows, batch int, listening bool, lastWake time.Time, poll, idle time.Duration) time.Duration {
-	switch {
-	case rows == batch:
-		return 0
-	case rows == 0 && listening && time.Since(lastWake) > time.Second:
-		return max(idle, poll)
-	}
-	return poll
-}
-
-// pendingQuery asks whether any row of table lies past the cursor ($1
-// transaction id as text, $2 id), visible to the read or not; xact and id
-// are the alias-qualified columns.
-func pendingQuery(table, xact, id string) string {
-	return fmt.Sprintf(`SELECT (SELECT true FROM %s AS o WHERE (%s, %s) > ($1::text::xid8, $2) ORDER BY %s, %s LIMIT 1) IS NOT NULL`,
-		table, xact, id, xact, id)
-}
-
-// heldBack reports whether rows past the cursor exist that the last read
-// did not return — committed, but behind the oldest running transaction (or
-// not committed yet). An error counts as yes: poll rather than sleep.
-func (s *Source) heldBack(ctx context.Context, pool *pgsource.Pool) bool {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	var held bool
-	err := pool.QueryRow(ctx, s.pendingSQL, strconv.FormatUint(s.read.XactID, 10), s.read.ID).Scan(&held)
-	return err != nil || held
-}
-
-type row struct {
-	outbox.Row
-	xact uint64
-}
-
-// readBatch reads the rows past the read cursor; withHeld also asks, in
-// the same round trip, whether rows past it exist that the read did not
-// return (what heldBack asks).
-func (s *Source) readBatch(ctx context.Context, pool *pgsource.Pool, out []row, withHeld bool) (_ []row, held bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	xactText := strconv.FormatUint(s.read.XactID, 10)
-	var rows pgx.Rows
-	if withHeld {
-		b := &pgx.Batch{}
-		b.Queue(s.readSQL, xactText, s.read.ID, s.cfg.BatchSize)
-		b.Queue(s.pendingSQL, xactText, s.read.ID)
-		var br pgx.BatchResults
-		if br, err = pool.SendBatch(ctx, b); err != nil {
-			return out, false, err
-		}
-		defer func() {
-			if cerr := br.Close(); err == nil {
-				err = cerr
-			}
-		}()
-		if rows, err = br.Query(); err != nil {
-			return out, false, err
-		}
-		if out, err = s.scanRows(rows, out); err != nil {
-			return out, false, err
-		}
-		err = br.QueryRow().Scan(&held)
-		return out, held, err
-	}
-	if rows, err = pool.Query(ctx, s.readSQL, xactText, s.read.ID, s.cfg.BatchSize); err != nil {
-		return out, false, err
-	}
-	out, err = s.scanRows(rows, out)
-	return out, false, err
-}
-
-// scanRows appends the read's rows to out and closes rows.
-func (s *Source) scanRows(rows pgx.Rows, out []row) ([]row, error) {
-	defer rows.Close()
-	var xactText string
-	for rows.Next() {
-		var r row
-		var err error
-		if err = rows.Scan(s.cfg.Columns.Scan(&r.Row, &xactText, &r.DBReadAt)...); err != nil {
-			return out, err
-		}
-		if r.xact, err = strconv.ParseUint(xactText, 10, 64); err != nil {
-			return out, fmt.Errorf("bad xact_id %q", xactText)
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
-// commitLoop writes the acked prefix to the offsets table every
-// CommitInterval, and at once when half the window waits on it: the window
-// counts acked-but-unrecorded messages as held, which bounds re-sends after a
-// crash by max_in_flight.
-//
-// With nothing left to record the ticker stops until the prefix moves again:
-// an idle pipeline's loop does not wake five times a second for nothing
-// (`ferry bench` idle: a tenth of the CPU of 100 idle pipelines).
-func (s *Source) commitLoop(ctx context.Context, pool *pgsource.Pool) {
-	t := time.NewTicker(s.cfg.CommitInterval)
-	defer t.Stop()
-	ticking := true
-	failing := false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.win.Progressed():
-			if !ticking {
-				t.Reset(s.cfg.CommitInterval)
-				ticking = true
-			}
-			if s.win.Unrecorded() < s.env.MaxInFlight/2 {
-				continue
-			}
-		}
-		err := s.commit(ctx, pool)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			// Events still flow, but a restart would send them again: the
-			// pipeline is not healthy until progress is recorded (a dropped
-			// offsets table, a read-only database).
-			s.log.Warn("record progress; will retry", "err", redact.Error(err))
-			s.env.Report.Failing(fmt.Errorf("record progress: %w", err), s.cfg.CommitInterval)
-			failing = true
-		case err == nil && failing:
-			s.env.Report.Recovered()
-			failing = false
-		}
-		if err == nil && s.win.Unrecorded() == 0 {
-			// Recorded up to the prefix; the next ack that moves it signals
-			// Progressed (one pending signal is kept, so none is lost).
-			t.Stop()
-			ticking = false
-		}
-	}
-}
-
-func (s *Source) commit(ctx context.Context, pool *pgsource.Pool) error {
-	pos, mark, ok := s.win.Prefix()
-	if !ok {
-		return nil
-	}
-	if pos == s.committed {
-		s.win.Recorded(mark)
-		return nil
-	}
-	// Only forwards: an incarnation still draining after its successor
-	// started (a restart, an ownership hand-over) must not move the cursor
-	// back over what the successor recorded.
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	offsets := outbox.Quote(s.cfg.OffsetsTable)
-	_, err := pool.Exec(ctx, `INSERT INTO `+offsets+` AS o (pipeline, xact_id, id, updated_at)
-		VALUES ($1, $2::text::xid8, $3, now())
-		ON CONFLICT (pipeline) DO UPDATE SET xact_id = EXCLUDED.xact_id, id = EXCLUDED.id, updated_at = now()
-		WHERE (o.xact_id, o.id) < (EXCLUDED.xact_id, EXCLUDED.id)`,
-		s.env.Pipeline, strconv.FormatUint(pos.XactID, 10), pos.ID)
-	if err != nil {
-		return err
-	}
-	s.cursorMu.Lock()
-	s.committed = pos
-	s.cursorMu.Unlock()
-	s.win.Recorded(mark)
-	return nil
-}
-
-// deleteDelivered deletes a batch of rows at or behind the recorded cursor
-// — delivered, by the cursor's guarantee — and older than retention.after.
-func (s *Source) deleteDelivered(ctx context.Context, pool *pgsource.Pool, r *pgsource.Retention) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	cursor := s.committedCursor()
-	if cursor == (Position{}) {
-		return 0, nil
-	}
-	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
-	id := pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
-	tbl := outbox.Quote(s.cfg.Table)
-	tag, err := pool.Exec(ctx, fmt.Sprintf(`DELETE FROM %[1]s WHERE %[2]s IN (
-		SELECT %[2]s FROM %[1]s WHERE (%[3]s, %[2]s) <= ($1::text::xid8, $2) AND %[4]s < now() - make_interval(secs => $3)
-		ORDER BY %[3]s, %[2]s LIMIT $4)`, tbl, id, xact, pgx.Identifier{s.cfg.Columns.CreatedAt}.Sanitize()),
-		strconv.FormatUint(cursor.XactID, 10), cursor.ID, r.After.Seconds(), r.Batch)
-	return tag.RowsAffected(), err
-}
-
 // Health is the last backlog measurement.
-func (s *Source) Health() plugins.Health { return s.health.Load() }
-
-// committedCursor is the position the offsets table holds.
-func (s *Source) committedCursor() Position {
-	s.cursorMu.Lock()
-	defer s.cursorMu.Unlock()
-	return s.committed
-}
+func (s *Source) Health() plugins.Health { return s.backlog.Health() }
 
 // Flow is the in-flight window's counters.
 func (s *Source) Flow() plugins.Flow { return pgsource.Flow(s.win.Stats()) }
 
 // Probe measures the backlog past the stored cursor once, without running
-// (ferry doctor, a pipeline starting or standing by), with one statement at
-// a time in the database's shared pool: a thousand pipelines starting
-// together do not open a thousand sessions to measure. It creates nothing:
+// (ferry doctor, a pipeline starting or standing by). It creates nothing:
 // a pipeline that never ran has its whole table as backlog.
 func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
-	pool, err := pgsource.OpenPool(ctx, s.cfg.DSN, s.env, 1, s.cfg.QueryTimeout, func(context.Context, *pgsource.Pool) error { return nil })
-	if err != nil {
-		return plugins.Health{}, err
-	}
-	defer pgsource.ClosePool(pool)
-	var xactText string
-	var pos Position
-	err = pool.QueryRow(ctx, `SELECT xact_id::text, id FROM `+outbox.Quote(s.cfg.OffsetsTable)+` WHERE pipeline = $1`, s.env.Pipeline).Scan(&xactText, &pos.ID)
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		pos.XactID, _ = strconv.ParseUint(xactText, 10, 64)
-	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.Code == "42P01": // no cursor yet
-	default:
-		return plugins.Health{}, fmt.Errorf("read cursor: %w", err)
-	}
-	h, err := s.measure(ctx, pool, pos)
-	if err != nil {
-		return h, err
-	}
-	hz, ok, err := pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
-	return withHorizon(h, hz, ok), err
+	return s.backlog.Probe(ctx, s.cfg.DSN, s.env, func(ctx context.Context, pool *pgsource.Pool) (pgsource.BacklogQuery, error) {
+		pos, err := s.storedCursor(ctx, pool)
+		return s.backlogQuery(pos), err
+	})
 }
 
-// measure counts the rows past pos and the age of the oldest.
-func (s *Source) measure(ctx context.Context, pool pgsource.QueryRower, pos Position) (plugins.Health, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	var n int64
-	var age float64
-	if err := pool.QueryRow(ctx, s.measureSQL(), measureArgs(pos)...).Scan(&n, &age); err != nil {
-		return plugins.Health{}, err
-	}
-	return backlog(n, age, pos), nil
-}
-
-// measureSQL counts the rows past a cursor ($1, $2) and the age of the
-// oldest.
-func (s *Source) measureSQL() string {
+// backlogQuery counts the rows past pos and the age of the oldest.
+func (s *Source) backlogQuery(pos Position) pgsource.BacklogQuery {
 	xact := pgx.Identifier{s.cfg.XactIDColumn}.Sanitize()
 	id := pgx.Identifier{s.cfg.Columns.OrderColumn()}.Sanitize()
-	return fmt.Sprintf(`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8
+	return pgsource.BacklogQuery{
+		SQL: fmt.Sprintf(`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(%s)), 0)::float8
 		FROM %s WHERE (%s, %s) > ($1::text::xid8, $2)`, pgx.Identifier{s.cfg.Columns.CreatedAt}.Sanitize(),
-		outbox.Quote(s.cfg.Table), xact, id)
-}
-
-func measureArgs(pos Position) []any { return []any{strconv.FormatUint(pos.XactID, 10), pos.ID} }
-
-func backlog(n int64, age float64, pos Position) plugins.Health {
-	return plugins.Health{Backlog: n, BacklogUnit: "events", OldestAge: time.Duration(age * float64(time.Second)),
-		CheckedAt: time.Now(), Details: map[string]any{"cursor": pos.String()}}
-}
-
-// withHorizon adds the oldest running transaction — what holds the cursor
-// back — to h.
-func withHorizon(h plugins.Health, hz pgsource.Horizon, ok bool) plugins.Health {
-	if ok {
-		h.Details[plugins.DetailXminHorizonAge] = hz.Age
-		h.Details["oldest_transaction"] = hz.Details()
-	}
-	return h
-}
-
-// healthLoop refreshes Health on a slow timer: the count goes out with the
-// other pipelines' on the database in one batch (see pgsource.Check), and
-// one horizon query per database and interval serves every pipeline on it.
-func (s *Source) healthLoop(ctx context.Context, pool *pgsource.Pool) {
-	var pos Position
-	var n int64
-	var age float64
-	type measurement struct {
-		h   plugins.Health
-		err error
-	}
-	measured := make(chan measurement, 1)
-	check := pool.AddCheck(pgsource.Check{SQL: s.measureSQL(), Timeout: s.cfg.QueryTimeout,
-		Args: func() []any { pos = s.committedCursor(); return measureArgs(pos) },
-		Scan: func(r pgx.Row) error { return r.Scan(&n, &age) },
-		Done: func(err error) {
-			select {
-			case measured <- measurement{backlog(n, age, pos), err}:
-			default: // the last one is still being completed
+			outbox.Quote(s.cfg.Table), xact, id),
+		Args: []any{strconv.FormatUint(pos.XactID, 10), pos.ID},
+		Scan: func(r pgx.Row) (plugins.Health, error) {
+			var n int64
+			var age float64
+			if err := r.Scan(&n, &age); err != nil {
+				return plugins.Health{}, err
 			}
-		}})
-	defer check.Remove()
-	check.Arm(0, s.cfg.MetricsInterval)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case m := <-measured:
-			err := m.err
-			if err == nil {
-				err = s.storeHealth(ctx, pool, m.h)
-			}
-			if err != nil && ctx.Err() == nil {
-				s.log.Warn("measure backlog", "err", redact.Error(err))
-			}
-		}
+			return pgsource.EventBacklog(n, age, map[string]any{"cursor": pos.String()}), nil
+		},
 	}
-}
-
-// storeHealth adds the oldest running transaction to h and keeps it.
-func (s *Source) storeHealth(ctx context.Context, pool *pgsource.Pool, h plugins.Health) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
-	defer cancel()
-	hz, ok, err := pool.OldestTransaction(ctx, s.cfg.MetricsInterval/2)
-	if err != nil {
-		return err
-	}
-	s.health.Store(withHorizon(h, hz, ok))
-	return nil
 }
 
 // What the pipeline asks a running source for: its health (doctor, the

@@ -17,7 +17,9 @@ import (
 	"github.com/ferryhq/ferry/internal/redact"
 )
 
-// apiFlags are the flags of the commands that talk to a running ferry's API.
+// apiFlags are the flags of the commands that talk to a running ferry's
+// API (pipelines, tokens, tenants, secrets, lag, doctor): one way to say
+// where it runs and with which token, with or without its --store.
 type apiFlags struct {
 	url, tokenFile, output string
 }
@@ -25,7 +27,7 @@ type apiFlags struct {
 func (a *apiFlags) register(fs *flag.FlagSet) {
 	def := os.Getenv("FERRY_URL")
 	if def == "" {
-		def = "http://127.0.0.1:9090"
+		def = defaultURL
 	}
 	fs.StringVar(&a.url, "url", def, "a running ferry's --http address: a URL, host:port, :port or a port (else $FERRY_URL)")
 	fs.StringVar(&a.tokenFile, "token-file", "", "file holding the API token (else the token itself in $FERRY_TOKEN)")

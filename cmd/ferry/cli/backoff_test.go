@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 )
@@ -60,7 +61,7 @@ func TestReconnectWithoutProgressIsNotRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &logBuffer{}
-	sup, err := pipelines.NewSupervisor(pipelines.Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), DrainTimeout: 2 * time.Second})
+	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), DrainTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,13 +87,13 @@ func TestReconnectWithoutProgressIsNotRecovery(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if logs.count("wal source cannot stream; retrying") >= 1 && st.State == pipelines.StateRunning {
+		if logs.count("wal source cannot stream; retrying") >= 1 && st.State == engine.StateRunning {
 			sawRunning = true
 		}
 		return logs.count("wal source cannot stream; retrying") >= attempts
 	})
 	st, _ := sup.Status("undecodable")
-	if st.State != pipelines.StateBackingOff || !strings.Contains(st.LastError, `has no column "headers"`) || st.NextRetry.IsZero() {
+	if st.State != engine.StateBackingOff || !strings.Contains(st.LastError, `has no column "headers"`) || st.NextRetry.IsZero() {
 		t.Errorf("status %s, last error %q, next retry %v; want backing_off with the decode error and a next retry", st.State, st.LastError, st.NextRetry)
 	}
 	if sawRunning {

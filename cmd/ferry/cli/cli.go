@@ -1,11 +1,15 @@
 // Package cli is the ferry command line: run, validate, pipelines, tokens,
 // lag, doctor, schema, migrate, demo, version. It is thin — each command
-// parses flags and calls the packages that do the work — and importable, so
-// a custom ferry binary is main.go plus blank imports of extra components.
+// parses flags and calls the packages that do the work; `run` maps its
+// flags onto package service, which is the relay — and importable, so a
+// custom ferry binary with every subcommand is main.go plus blank imports
+// of extra components (one that only runs pipelines needs service.Main
+// alone).
 //
 // It may import any product package but no lab package (bench, chaos,
 // plugins/plugintest, the test harnesses), so the ferry binary links none of
-// them; internal/layout's test checks it.
+// them; no product package imports it (plugin binaries and system tests
+// build on service). internal/layout's test checks both.
 package cli
 
 import (
@@ -14,23 +18,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strings"
 
 	"github.com/ferryhq/ferry/internal/redact"
-
-	// Ferry's built-in components.
-	_ "github.com/ferryhq/ferry/sinks/kafka"
-	_ "github.com/ferryhq/ferry/sinks/nats"
-	_ "github.com/ferryhq/ferry/sinks/rabbitmq"
-	_ "github.com/ferryhq/ferry/sources/poll"
-	_ "github.com/ferryhq/ferry/sources/wal"
-	_ "github.com/ferryhq/ferry/sources/watermillsql"
-	_ "github.com/ferryhq/ferry/sources/xid8"
-	_ "github.com/ferryhq/ferry/transforms/canary"
-	_ "github.com/ferryhq/ferry/transforms/filter"
-	_ "github.com/ferryhq/ferry/transforms/headers"
-	_ "github.com/ferryhq/ferry/transforms/router"
+	// The relay; linking it registers Ferry's built-in components.
+	"github.com/ferryhq/ferry/service"
 )
 
 // Version is set at build time with -ldflags "-X github.com/ferryhq/ferry/cmd/ferry/cli.Version=v1.2.3".
@@ -46,8 +38,8 @@ func commands() []command {
 	return []command{
 		{"run", "run pipelines until SIGINT/SIGTERM", runCmd},
 		{"validate", "check pipeline files; --connect also checks each outbox table", validateCmd},
-		{"pipelines", "list, change, plan and apply the pipelines of a running ferry --store", pipelinesCmd},
-		{"tokens", "create, list, rotate and delete API tokens of a running ferry --store", tokensCmd},
+		{"pipelines", "list, change, plan and apply the pipelines of a running ferry (changes: with --store)", pipelinesCmd},
+		{"tokens", "create, list, rotate and delete API tokens of a running ferry (creating: with --store)", tokensCmd},
 		{"tenants", "list tenants; set their limits and what their pipelines may reach (admin)", tenantsCmd},
 		{"secrets", "set, list and delete a tenant's secrets (what its ${NAME} references resolve to)", func(args []string, stdout, stderr io.Writer) int {
 			return secretsCmd(args, os.Stdin, stdout, stderr)
@@ -179,14 +171,5 @@ func version() string {
 	if Version != "" {
 		return Version
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v := bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v += " (" + s.Value[:12] + ")"
-			}
-		}
-		return v
-	}
-	return "(devel)"
+	return service.BuildVersion()
 }

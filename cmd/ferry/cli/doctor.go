@@ -3,9 +3,14 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
+	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/ferryhq/ferry/doctor"
@@ -13,48 +18,117 @@ import (
 	"github.com/ferryhq/ferry/plugins"
 )
 
+// doctorCmd walks each pipeline's path and names the first unhealthy
+// stage. Without -c it asks a running ferry (GET /api/v1/pipelines, then
+// GET /api/v1/pipelines/{name}/doctor for each, the walk done where the
+// pipeline runs), the same with or without its --store; with -c it walks
+// the files' pipelines from here, reading their state from --url when
+// something answers there.
 func doctorCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("doctor", "-c PATH [-c PATH…] [--url http://127.0.0.1:9090] [--json]", stderr)
-	var files paths
-	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable)")
-	url := fs.String("url", defaultURL, "a running ferry's --http address (a URL, or what --http takes), to read its coordination database and each pipeline's state there; when nothing answers at the default, the doctor looks for the relay's sessions on the source databases")
+	fs := newFlags("doctor", "[-c PATH…] [--url URL] [--token-file F] [--pipeline NAME…] [--json]", stderr)
+	var files, names paths
+	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable): walk these from here; without it, the running ferry at --url walks its own")
+	fs.Var(&names, "pipeline", "without -c: only this pipeline (repeatable; default every one the token may see)")
+	var af apiFlags
+	af.register(fs)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	tokenFile := fs.String("token-file", "", "file holding the API token for --url (else $FERRY_TOKEN)")
 	var o doctor.Options
-	fs.DurationVar(&o.MaxAge, "max-age", time.Minute, "oldest undelivered event age that is unhealthy")
-	fs.DurationVar(&o.MaxTransactionAge, "max-transaction-age", 5*time.Minute, "oldest running transaction age that blocks xid8")
-	fs.Int64Var(&o.MaxConsumerLag, "max-consumer-lag", 1000, "unconsumed messages per consumer group that are unhealthy")
-	fs.DurationVar(&o.Sample, "sample", 2*time.Second, "gap between two backlog measurements (0: one)")
+	fs.DurationVar(&o.MaxAge, "max-age", time.Minute, "with -c: oldest undelivered event age that is unhealthy")
+	fs.DurationVar(&o.MaxTransactionAge, "max-transaction-age", 5*time.Minute, "with -c: oldest running transaction age that blocks xid8")
+	fs.Int64Var(&o.MaxConsumerLag, "max-consumer-lag", 1000, "with -c: unconsumed messages per consumer group that are unhealthy")
+	fs.DurationVar(&o.Sample, "sample", 2*time.Second, "with -c: gap between two backlog measurements (0: one)")
 	fs.DurationVar(&o.Timeout, "timeout", 10*time.Second, "bound on each check")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
 	files = append(files, fs.Args()...)
-	specs, err := pipelines.Load(files...)
+	c, err := af.client()
 	if err != nil {
-		for _, e := range plugins.Flatten(err) {
-			fmt.Fprintln(stderr, e)
-		}
-		return 2
-	}
-	o.URL = apiURL(*url)
-	if o.Token, err = apiToken(*tokenFile); err != nil {
 		fmt.Fprintf(stderr, "ferry doctor: %v\n", err)
 		return 2
 	}
-	o.URLIsDefault = true
+	o.URL, o.Token = apiURL(af.url), c.token
+	// Asked for neither by flag nor by $FERRY_URL: when nothing answers
+	// there, the doctor looks for the relay's sessions on the databases.
+	o.URLIsDefault = os.Getenv("FERRY_URL") == ""
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "url" {
 			o.URLIsDefault = false
 		}
 	})
-	r := doctor.Run(context.Background(), specs, o)
-	if *asJSON {
+	var r doctor.Report
+	if len(files) == 0 {
+		if r, err = remoteDoctor(c, o, names); err != nil {
+			fmt.Fprintf(stderr, "ferry doctor: %v\n", err)
+			return 2
+		}
+	} else {
+		specs, err := pipelines.Load(files...)
+		if err != nil {
+			for _, e := range plugins.Flatten(err) {
+				fmt.Fprintln(stderr, e)
+			}
+			return 2
+		}
+		r = doctor.Run(context.Background(), specs, o)
+	}
+	switch {
+	case *asJSON || af.output == "json":
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(r)
-	} else {
+	case af.output == "yaml":
+		_ = printAs(stdout, "yaml", r)
+	default:
 		r.Print(stdout)
 	}
 	return r.ExitCode()
+}
+
+// remoteDoctor asks the running ferry to walk its pipelines (those named,
+// else every one the token may see), a few at once: each walk takes
+// seconds. The instance's coordination database is judged from its list,
+// as doctor.Run judges it.
+func remoteDoctor(c *apiClient, o doctor.Options, names []string) (doctor.Report, error) {
+	var list struct {
+		Pipelines []struct {
+			Name   string `json:"name"`
+			Tenant string `json:"tenant"`
+		} `json:"pipelines"`
+	}
+	if _, err := c.call("GET", "/pipelines", "", nil, &list); err != nil {
+		var netErr *url.Error
+		if errors.As(err, &netErr) {
+			err = fmt.Errorf("%w\n  nothing answers at %s: give the running ferry's --http address with --url (or $FERRY_URL), or -c FILES to walk them from here", err, o.URL)
+		}
+		return doctor.Report{}, err
+	}
+	o.URLIsDefault = false // it answered
+	r := doctor.Run(context.Background(), nil, o)
+	var todo []doctor.Diagnosis
+	for _, p := range list.Pipelines {
+		if len(names) == 0 || slices.Contains(names, p.Name) {
+			todo = append(todo, doctor.Diagnosis{Pipeline: p.Name, Tenant: p.Tenant})
+		}
+	}
+	for _, n := range names {
+		if !slices.ContainsFunc(todo, func(d doctor.Diagnosis) bool { return d.Pipeline == n }) {
+			return r, fmt.Errorf("no pipeline %q at %s (or the token may not see it)", n, o.URL)
+		}
+	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, 4)
+	for i := range todo {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func(d *doctor.Diagnosis) {
+			defer func() { <-slots; wg.Done() }()
+			if _, err := c.call("GET", "/pipelines/"+url.PathEscape(d.Pipeline)+"/doctor", "", nil, d); err != nil {
+				d.Checks = []doctor.Check{{Stage: doctor.StageBacklog, Status: doctor.Unknown, Evidence: []string{"the running ferry could not walk it: " + err.Error()}}}
+			}
+		}(&todo[i])
+	}
+	wg.Wait()
+	r.Pipelines = todo
+	return r, nil
 }

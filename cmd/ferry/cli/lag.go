@@ -1,45 +1,59 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/plugins"
 )
 
+// lagCmd prints a running ferry's pipelines as GET /api/v1/pipelines
+// answers them — the same with or without --store: a table for people,
+// -o json or yaml for scripts.
 func lagCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("lag", "[--url http://127.0.0.1:9090] [--watch 2s]", stderr)
-	url := fs.String("url", defaultURL, "a running ferry's --http address: a URL, or what --http takes (9090, :9090, 127.0.0.1:9090)")
+	fs := newFlags("lag", "[--url URL] [--token-file F] [--watch 2s] [-o table|json|yaml]", stderr)
+	var af apiFlags
+	af.register(fs)
 	watch := fs.Duration("watch", 0, "refresh in place at this interval (0: print once)")
-	tokenFile := fs.String("token-file", "", "file holding the API token (else $FERRY_TOKEN)")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	*url = apiURL(*url)
-	token, err := apiToken(*tokenFile)
+	c, err := af.client()
 	if err != nil {
 		fmt.Fprintf(stderr, "ferry lag: %v\n", err)
 		return 2
 	}
 	for {
-		sts, coord, err := fetchPipelines(*url, token)
-		if err != nil {
+		var raw []byte
+		if _, err := c.call("GET", "/pipelines", "", nil, &raw); err != nil {
 			fmt.Fprintf(stderr, "ferry lag: %v\n", err)
+			return 2
+		}
+		var body lagList
+		if err := json.Unmarshal(raw, &body); err != nil {
+			fmt.Fprintf(stderr, "ferry lag: GET /api/v1/pipelines: %v\n", err)
 			return 2
 		}
 		if *watch > 0 {
 			fmt.Fprint(stdout, "\033[H\033[2J") // clear and home: refresh in place
-			fmt.Fprintf(stdout, "%s  %s  (every %s, Ctrl-C to stop)\n\n", time.Now().Format(time.TimeOnly), *url, *watch)
+			fmt.Fprintf(stdout, "%s  %s  (every %s, Ctrl-C to stop)\n\n", time.Now().Format(time.TimeOnly), apiURL(af.url), *watch)
 		}
-		printCoordination(stdout, coord)
-		printLag(stdout, sts)
+		if af.output == "table" {
+			printCoordination(stdout, body.Coordination)
+			printLag(stdout, body.Pipelines)
+		} else {
+			var generic any
+			_ = json.Unmarshal(raw, &generic)
+			if err := printAs(stdout, af.output, generic); err != nil {
+				fmt.Fprintf(stderr, "ferry lag: %v\n", err)
+				return 2
+			}
+		}
 		if *watch <= 0 {
 			return 0
 		}
@@ -47,8 +61,15 @@ func lagCmd(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-// defaultURL is where lag and doctor look for a running ferry: `ferry run
-// --http 9090`.
+// lagList is the part of GET /api/v1/pipelines the table shows: each
+// pipeline's status on the instance asked, file and store pipelines alike.
+type lagList struct {
+	Pipelines    []engine.Status      `json:"pipelines"`
+	Coordination *engine.Coordination `json:"coordination"`
+}
+
+// defaultURL is where the API commands look for a running ferry when
+// neither --url nor $FERRY_URL says: `ferry run --http 9090`.
 const defaultURL = "http://127.0.0.1:9090"
 
 // apiURL accepts what --http accepts — a bare port, :port, host:port — as
@@ -60,35 +81,9 @@ func apiURL(s string) string {
 	return "http://" + listenAddr(s)
 }
 
-func fetchPipelines(url, token string) ([]pipelines.Status, *pipelines.Coordination, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(url, "/")+"/api/v1/pipelines", nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, nil, fmt.Errorf("%s from %s", resp.Status, url)
-	}
-	var body struct {
-		Pipelines    []pipelines.Status      `json:"pipelines"`
-		Coordination *pipelines.Coordination `json:"coordination"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&body)
-	return body.Pipelines, body.Coordination, err
-}
-
 // printCoordination says, above the table, when high availability runs
 // degraded: every pipeline's row may look fine while the instance is not.
-func printCoordination(w io.Writer, c *pipelines.Coordination) {
+func printCoordination(w io.Writer, c *engine.Coordination) {
 	if c == nil || c.Up {
 		return
 	}
@@ -98,7 +93,7 @@ func printCoordination(w io.Writer, c *pipelines.Coordination) {
 
 // printLag writes one row per pipeline: state, backlog, oldest age, and
 // each lag segment's p50/p99 over the last minute.
-func printLag(w io.Writer, sts []pipelines.Status) {
+func printLag(w io.Writer, sts []engine.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
 	for _, s := range sts {
@@ -109,7 +104,7 @@ func printLag(w io.Writer, sts []pipelines.Status) {
 			measured = time.Since(h.CheckedAt).Round(time.Second).String() + " ago"
 		}
 		state := string(s.State)
-		if s.State == pipelines.StateStandby && s.Owner != "" {
+		if s.State == engine.StateStandby && s.Owner != "" {
 			state += " (on " + s.Owner + ")"
 		}
 		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured}
@@ -122,7 +117,7 @@ func printLag(w io.Writer, sts []pipelines.Status) {
 			row = append(row, fmt.Sprintf("%s / %s", seconds(l.P50), seconds(l.P99)))
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
-		if s.LastError != "" && s.State != pipelines.StateRunning {
+		if s.LastError != "" && s.State != engine.StateRunning {
 			next := ""
 			if !s.NextRetry.IsZero() {
 				next = fmt.Sprintf(" (next retry in %s)", max(time.Until(s.NextRetry), 0).Round(100*time.Millisecond))

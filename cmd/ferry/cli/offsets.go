@@ -42,219 +42,276 @@ func registerOffsetFlags(fs interface {
 	return &o
 }
 
-// offsetsSub runs pipelines offsets, reset and dead-letters.
+// offsetsSub runs pipelines offsets, reset, backfill and dead-letters.
 func offsetsSub(sub, name string, o *offsetFlags, c *apiClient, format string, stdout, stderr io.Writer) int {
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "ferry pipelines %s: %v\n", sub, err)
-		return 1
-	}
-	base := "/pipelines/" + url.PathEscape(name)
+	r := offsetsRun{name: name, base: "/pipelines/" + url.PathEscape(name), o: o, c: c, format: format, stdout: stdout, stderr: stderr,
+		fail: func(err error) int {
+			fmt.Fprintf(stderr, "ferry pipelines %s: %v\n", sub, err)
+			return 1
+		}}
 	switch sub {
 	case "offsets":
-		var out map[string]any
-		if _, err := c.call("GET", base+"/offsets", "", nil, &out); err != nil {
-			return fail(err)
-		}
-		if format != "table" {
-			return exitOf(printAs(stdout, format, out))
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "pipeline\t%v\nsource\t%v\n", out["pipeline"], out["source"])
-		pos, _ := out["position"].(map[string]any)
-		keys := make([]string, 0, len(pos))
-		for k := range pos {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			fmt.Fprintf(tw, "%s\t%v\n", k, orDash(pos[k]))
-		}
-		fmt.Fprintf(tw, "newest_delivered_created_at\t%v\n", orDash(out["newest_delivered_created_at"]))
-		if bfs, ok := out["backfills"].([]any); ok {
-			for _, b := range bfs {
-				m, _ := b.(map[string]any)
-				what := "backfill"
-				if m["reset"] == true {
-					what = "reset to a time"
-				}
-				fmt.Fprintf(tw, "%s %v\t%v of %v events sent (%s)\n", what, m["id"], m["sent_events"], m["total_events"], compact(m["filter"]))
-			}
-		}
-		if n, ok := out["note"].(string); ok && n != "" {
-			fmt.Fprintf(tw, "note\t%s\n", n)
-		}
-		return exitOf(tw.Flush())
+		return r.offsets()
 	case "reset":
-		body := map[string]any{}
-		set := 0
-		if o.toTime != "" {
-			if _, err := time.Parse(time.RFC3339Nano, o.toTime); err != nil {
-				fmt.Fprintf(stderr, "ferry pipelines reset: --to-time %q is not an RFC 3339 time (e.g. 2026-11-30T12:00:00Z)\n", o.toTime)
-				return 2
-			}
-			body["to"], body["time"] = "time", o.toTime
-			set++
-		}
-		if o.toPosition != "" {
-			var pos map[string]any
-			dec := json.NewDecoder(strings.NewReader(o.toPosition))
-			dec.UseNumber()
-			if err := dec.Decode(&pos); err != nil {
-				fmt.Fprintf(stderr, "ferry pipelines reset: --to-position must be a JSON object: %v\n", err)
-				return 2
-			}
-			body["to"], body["position"] = "position", pos
-			set++
-		}
-		if o.toLatest {
-			body["to"] = "latest"
-			set++
-		}
-		if set != 1 {
-			fmt.Fprintln(stderr, "ferry pipelines reset: give exactly one of --to-time, --to-position, --to-latest")
-			return 2
-		}
-		raw, _ := json.Marshal(body)
-		path := base + "/offsets"
-		if o.dryRun {
-			path += "?dry_run=true"
-		}
-		var out map[string]any
-		if _, err := c.call("PATCH", path, "application/json", raw, &out); err != nil {
-			return fail(err)
-		}
-		if format != "table" {
-			return exitOf(printAs(stdout, format, out))
-		}
-		verb := "reset"
-		if o.dryRun {
-			verb = "dry run (nothing changed)"
-		}
-		fmt.Fprintf(stdout, "%s: %s: %v events re-sent, %v skipped\n  from %s\n  to   %s\n", name, verb,
-			out["resend_events"], out["skip_events"], compact(out["from"]), compact(out["to"]))
-		if n, ok := out["note"].(string); ok && n != "" {
-			fmt.Fprintln(stdout, "  note:", n)
-		}
-		if !o.dryRun {
-			fmt.Fprintf(stdout, "resume it to deliver from there: ferry pipelines resume %s\n", name)
-		}
+		return r.reset()
 	case "backfill":
-		body := map[string]any{}
-		for k, v := range map[string]string{"from": o.from, "to": o.to, "aggregate_type": o.aggType, "aggregate_id": o.aggID, "type": o.eventType} {
-			if v != "" {
-				body[k] = v
-			}
-		}
-		if len(body) == 0 {
-			fmt.Fprintln(stderr, "ferry pipelines backfill: give --from/--to or --aggregate-type, --aggregate-id, --type")
-			return 2
-		}
-		raw, _ := json.Marshal(body)
-		path := base + "/backfill"
-		if o.dryRun {
-			path += "?dry_run=true"
-		}
-		var out map[string]any
-		if _, err := c.call("POST", path, "application/json", raw, &out); err != nil {
-			return fail(err)
-		}
-		if format != "table" {
-			return exitOf(printAs(stdout, format, out))
-		}
-		verb := "queued for sending again (header ferry-replay: true)"
-		if o.dryRun {
-			verb = "would be sent again (dry run)"
-		}
-		fmt.Fprintf(stdout, "%s: %v events %s\n", name, out["backfill_events"], verb)
+		return r.backfill()
 	case "dead-letters":
-		q := url.Values{}
-		if o.reason != "" {
-			q.Set("reason", o.reason)
-		}
-		if o.limit > 0 {
-			q.Set("limit", strconv.Itoa(o.limit))
-		}
-		if o.replay && o.dryRun {
-			q.Set("dry_run", "true")
-		}
-		qs := ""
-		if len(q) > 0 {
-			qs = "?" + q.Encode()
-		}
 		if o.replay {
-			var out map[string]any
-			if _, err := c.call("POST", base+"/dead-letters/replay"+qs, "", nil, &out); err != nil {
-				return fail(err)
-			}
-			if format != "table" {
-				return exitOf(printAs(stdout, format, out))
-			}
-			verb := "replayed"
-			if o.dryRun {
-				verb = "would replay"
-			}
-			fmt.Fprintf(stdout, "%s: %s %v dead letters: outbox ids %s\n", name, verb, out["replayed_events"], compact(out["outbox_ids"]))
-			if d, ok := out["dead_letter_topic"].(map[string]any); ok {
-				fmt.Fprintf(stdout, "dead-letter topic %v: %s %v, kept %v, event ids %s\n", d["topic"], verb, d["replayed_events"], d["kept_events"], compact(d["event_ids"]))
-				if n, _ := d["note"].(string); n != "" {
-					fmt.Fprintf(stdout, "note: %s\n", n)
-				}
-			}
-			return 0
+			return r.replayDeadLetters()
 		}
-		var out struct {
-			Total           int64 `json:"total"`
-			Note            string
-			DeadLetterTopic *struct {
-				Topic string `json:"topic"`
-				Count *int64 `json:"count"`
-				Note  string `json:"note"`
-			} `json:"dead_letter_topic"`
-			DeadLetters []struct {
-				OutboxID      int64     `json:"outbox_id"`
-				AggregateType string    `json:"aggregate_type"`
-				AggregateID   string    `json:"aggregate_id"`
-				Type          string    `json:"type"`
-				CreatedAt     time.Time `json:"created_at"`
-				Attempts      int       `json:"attempts"`
-				Reason        string    `json:"reason"`
-			} `json:"dead_letters"`
-		}
-		var raw []byte
-		if _, err := c.call("GET", base+"/dead-letters"+qs, "", nil, &raw); err != nil {
-			return fail(err)
-		}
-		if format != "table" {
-			var v any
-			_ = json.Unmarshal(raw, &v)
-			return exitOf(printAs(stdout, format, v))
-		}
-		if err := json.Unmarshal(raw, &out); err != nil {
-			return fail(err)
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "OUTBOX_ID\tAGGREGATE\tTYPE\tCREATED_AT\tATTEMPTS\tREASON")
-		for _, d := range out.DeadLetters {
-			fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%d\t%s\n", d.OutboxID, d.AggregateType, d.AggregateID, d.Type,
-				d.CreatedAt.UTC().Format(time.RFC3339), d.Attempts, d.Reason)
-		}
-		_ = tw.Flush()
-		fmt.Fprintf(stdout, "%d shown of %d", len(out.DeadLetters), out.Total)
-		if out.Note != "" {
-			fmt.Fprintf(stdout, " (%s)", out.Note)
-		}
-		if d := out.DeadLetterTopic; d != nil {
-			count := "unknown"
-			if d.Count != nil {
-				count = strconv.FormatInt(*d.Count, 10)
-			}
-			fmt.Fprintf(stdout, "\ndead-letter topic %s: %s waiting", d.Topic, count)
-			if d.Note != "" {
-				fmt.Fprintf(stdout, " (%s)", d.Note)
-			}
-		}
-		fmt.Fprintf(stdout, "\nreplay them with: ferry pipelines dead-letters %s --replay\n", name)
+		return r.deadLetters()
 	}
+	return 0
+}
+
+// offsetsRun is one run of an offsets subcommand on one pipeline.
+type offsetsRun struct {
+	name, base     string // the pipeline, and its API path
+	o              *offsetFlags
+	c              *apiClient
+	format         string
+	stdout, stderr io.Writer
+	fail           func(error) int
+}
+
+// offsets prints the pipeline's position and backfills.
+func (r offsetsRun) offsets() int {
+	var out map[string]any
+	if _, err := r.c.call("GET", r.base+"/offsets", "", nil, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.format != "table" {
+		return exitOf(printAs(r.stdout, r.format, out))
+	}
+	tw := tabwriter.NewWriter(r.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "pipeline\t%v\nsource\t%v\n", out["pipeline"], out["source"])
+	pos, _ := out["position"].(map[string]any)
+	keys := make([]string, 0, len(pos))
+	for k := range pos {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(tw, "%s\t%v\n", k, orDash(pos[k]))
+	}
+	fmt.Fprintf(tw, "newest_delivered_created_at\t%v\n", orDash(out["newest_delivered_created_at"]))
+	if bfs, ok := out["backfills"].([]any); ok {
+		for _, b := range bfs {
+			m, _ := b.(map[string]any)
+			what := "backfill"
+			if m["reset"] == true {
+				what = "reset to a time"
+			}
+			fmt.Fprintf(tw, "%s %v\t%v of %v events sent (%s)\n", what, m["id"], m["sent_events"], m["total_events"], compact(m["filter"]))
+		}
+	}
+	if n, ok := out["note"].(string); ok && n != "" {
+		fmt.Fprintf(tw, "note\t%s\n", n)
+	}
+	return exitOf(tw.Flush())
+}
+
+// resetBody is the PATCH /offsets body the reset flags say, or the exit
+// code of a usage error (printed).
+func (r offsetsRun) resetBody() (map[string]any, int) {
+	o := r.o
+	body := map[string]any{}
+	set := 0
+	if o.toTime != "" {
+		if _, err := time.Parse(time.RFC3339Nano, o.toTime); err != nil {
+			fmt.Fprintf(r.stderr, "ferry pipelines reset: --to-time %q is not an RFC 3339 time (e.g. 2026-11-30T12:00:00Z)\n", o.toTime)
+			return nil, 2
+		}
+		body["to"], body["time"] = "time", o.toTime
+		set++
+	}
+	if o.toPosition != "" {
+		var pos map[string]any
+		dec := json.NewDecoder(strings.NewReader(o.toPosition))
+		dec.UseNumber()
+		if err := dec.Decode(&pos); err != nil {
+			fmt.Fprintf(r.stderr, "ferry pipelines reset: --to-position must be a JSON object: %v\n", err)
+			return nil, 2
+		}
+		body["to"], body["position"] = "position", pos
+		set++
+	}
+	if o.toLatest {
+		body["to"] = "latest"
+		set++
+	}
+	if set != 1 {
+		fmt.Fprintln(r.stderr, "ferry pipelines reset: give exactly one of --to-time, --to-position, --to-latest")
+		return nil, 2
+	}
+	return body, 0
+}
+
+// reset moves the pipeline's position (it must be paused).
+func (r offsetsRun) reset() int {
+	body, code := r.resetBody()
+	if body == nil {
+		return code
+	}
+	raw, _ := json.Marshal(body)
+	path := r.base + "/offsets"
+	if r.o.dryRun {
+		path += "?dry_run=true"
+	}
+	var out map[string]any
+	if _, err := r.c.call("PATCH", path, "application/json", raw, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.format != "table" {
+		return exitOf(printAs(r.stdout, r.format, out))
+	}
+	verb := "reset"
+	if r.o.dryRun {
+		verb = "dry run (nothing changed)"
+	}
+	fmt.Fprintf(r.stdout, "%s: %s: %v events re-sent, %v skipped\n  from %s\n  to   %s\n", r.name, verb,
+		out["resend_events"], out["skip_events"], compact(out["from"]), compact(out["to"]))
+	if n, ok := out["note"].(string); ok && n != "" {
+		fmt.Fprintln(r.stdout, "  note:", n)
+	}
+	if !r.o.dryRun {
+		fmt.Fprintf(r.stdout, "resume it to deliver from there: ferry pipelines resume %s\n", r.name)
+	}
+	return 0
+}
+
+// backfill queues past events for sending again.
+func (r offsetsRun) backfill() int {
+	o := r.o
+	body := map[string]any{}
+	for k, v := range map[string]string{"from": o.from, "to": o.to, "aggregate_type": o.aggType, "aggregate_id": o.aggID, "type": o.eventType} {
+		if v != "" {
+			body[k] = v
+		}
+	}
+	if len(body) == 0 {
+		fmt.Fprintln(r.stderr, "ferry pipelines backfill: give --from/--to or --aggregate-type, --aggregate-id, --type")
+		return 2
+	}
+	raw, _ := json.Marshal(body)
+	path := r.base + "/backfill"
+	if o.dryRun {
+		path += "?dry_run=true"
+	}
+	var out map[string]any
+	if _, err := r.c.call("POST", path, "application/json", raw, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.format != "table" {
+		return exitOf(printAs(r.stdout, r.format, out))
+	}
+	verb := "queued for sending again (header ferry-replay: true)"
+	if o.dryRun {
+		verb = "would be sent again (dry run)"
+	}
+	fmt.Fprintf(r.stdout, "%s: %v events %s\n", r.name, out["backfill_events"], verb)
+	return 0
+}
+
+// deadLetterQuery is the query string of the dead-letter routes.
+func (r offsetsRun) deadLetterQuery() string {
+	q := url.Values{}
+	if r.o.reason != "" {
+		q.Set("reason", r.o.reason)
+	}
+	if r.o.limit > 0 {
+		q.Set("limit", strconv.Itoa(r.o.limit))
+	}
+	if r.o.replay && r.o.dryRun {
+		q.Set("dry_run", "true")
+	}
+	if len(q) > 0 {
+		return "?" + q.Encode()
+	}
+	return ""
+}
+
+// replayDeadLetters unparks and republishes the dead letters.
+func (r offsetsRun) replayDeadLetters() int {
+	var out map[string]any
+	if _, err := r.c.call("POST", r.base+"/dead-letters/replay"+r.deadLetterQuery(), "", nil, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.format != "table" {
+		return exitOf(printAs(r.stdout, r.format, out))
+	}
+	verb := "replayed"
+	if r.o.dryRun {
+		verb = "would replay"
+	}
+	fmt.Fprintf(r.stdout, "%s: %s %v dead letters: outbox ids %s\n", r.name, verb, out["replayed_events"], compact(out["outbox_ids"]))
+	if d, ok := out["dead_letter_topic"].(map[string]any); ok {
+		fmt.Fprintf(r.stdout, "dead-letter topic %v: %s %v, kept %v, event ids %s\n", d["topic"], verb, d["replayed_events"], d["kept_events"], compact(d["event_ids"]))
+		if n, _ := d["note"].(string); n != "" {
+			fmt.Fprintf(r.stdout, "note: %s\n", n)
+		}
+	}
+	return 0
+}
+
+// deadLetterList is GET /dead-letters' answer.
+type deadLetterList struct {
+	Total           int64 `json:"total"`
+	Note            string
+	DeadLetterTopic *struct {
+		Topic string `json:"topic"`
+		Count *int64 `json:"count"`
+		Note  string `json:"note"`
+	} `json:"dead_letter_topic"`
+	DeadLetters []struct {
+		OutboxID      int64     `json:"outbox_id"`
+		AggregateType string    `json:"aggregate_type"`
+		AggregateID   string    `json:"aggregate_id"`
+		Type          string    `json:"type"`
+		CreatedAt     time.Time `json:"created_at"`
+		Attempts      int       `json:"attempts"`
+		Reason        string    `json:"reason"`
+	} `json:"dead_letters"`
+}
+
+// deadLetters lists the dead letters.
+func (r offsetsRun) deadLetters() int {
+	var raw []byte
+	if _, err := r.c.call("GET", r.base+"/dead-letters"+r.deadLetterQuery(), "", nil, &raw); err != nil {
+		return r.fail(err)
+	}
+	if r.format != "table" {
+		var v any
+		_ = json.Unmarshal(raw, &v)
+		return exitOf(printAs(r.stdout, r.format, v))
+	}
+	var out deadLetterList
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return r.fail(err)
+	}
+	tw := tabwriter.NewWriter(r.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "OUTBOX_ID\tAGGREGATE\tTYPE\tCREATED_AT\tATTEMPTS\tREASON")
+	for _, d := range out.DeadLetters {
+		fmt.Fprintf(tw, "%d\t%s/%s\t%s\t%s\t%d\t%s\n", d.OutboxID, d.AggregateType, d.AggregateID, d.Type,
+			d.CreatedAt.UTC().Format(time.RFC3339), d.Attempts, d.Reason)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(r.stdout, "%d shown of %d", len(out.DeadLetters), out.Total)
+	if out.Note != "" {
+		fmt.Fprintf(r.stdout, " (%s)", out.Note)
+	}
+	if d := out.DeadLetterTopic; d != nil {
+		count := "unknown"
+		if d.Count != nil {
+			count = strconv.FormatInt(*d.Count, 10)
+		}
+		fmt.Fprintf(r.stdout, "\ndead-letter topic %s: %s waiting", d.Topic, count)
+		if d.Note != "" {
+			fmt.Fprintf(r.stdout, " (%s)", d.Note)
+		}
+	}
+	fmt.Fprintf(r.stdout, "\nreplay them with: ferry pipelines dead-letters %s --replay\n", r.name)
 	return 0
 }
 

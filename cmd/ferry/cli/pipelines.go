@@ -55,147 +55,172 @@ func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("pipelines "+sub, "", stderr)
-	var af apiFlags
-	af.register(fs)
-	tenant := fs.String("tenant", "", "list: only this tenant's pipelines")
-	config := fs.Bool("config", false, "get: print the pipeline's YAML as stored")
-	purge := fs.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
-	dir := fs.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
-	prune := fs.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
-	offsetFlags := registerOffsetFlags(fs)
+	r := pipelinesRun{sub: sub, stdout: stdout, stderr: stderr}
+	r.af.register(fs)
+	r.tenant = fs.String("tenant", "", "list: only this tenant's pipelines")
+	r.config = fs.Bool("config", false, "get: print the pipeline's YAML as stored")
+	r.purge = fs.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
+	r.dir = fs.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
+	r.prune = fs.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
+	r.offsets = registerOffsetFlags(fs)
 	// Flags may follow the pipeline name: ferry pipelines get orders -o json.
-	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		name, args = args[0], args[1:]
+		r.name, args = args[0], args[1:]
 	}
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	if name == "" && fs.NArg() > 0 {
-		name = fs.Arg(0)
+	if r.name == "" && fs.NArg() > 0 {
+		r.name = fs.Arg(0)
 	}
-	c, err := af.client()
-	if err != nil {
+	var err error
+	if r.c, err = r.af.client(); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	needName := func() bool {
-		if name == "" {
-			fmt.Fprintf(stderr, "ferry pipelines %s: which pipeline? ferry pipelines %s NAME\n", sub, sub)
-			return false
-		}
-		return true
-	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "ferry pipelines %s: %v\n", sub, err)
-		return 1
-	}
-	switch sub {
+	return r.run()
+}
+
+// pipelinesRun is one `ferry pipelines` subcommand with its flags.
+type pipelinesRun struct {
+	sub, name      string
+	af             apiFlags
+	c              *apiClient
+	tenant, dir    *string
+	config, purge  *bool
+	prune          *bool
+	offsets        *offsetFlags
+	stdout, stderr io.Writer
+}
+
+func (r pipelinesRun) run() int {
+	switch r.sub {
 	case "list":
-		path := "/pipelines"
-		if *tenant != "" {
-			path += "?tenant=" + url.QueryEscape(*tenant)
-		}
-		var body struct {
-			Pipelines []remotePipeline `json:"pipelines"`
-			Stale     bool             `json:"stale"`
-		}
-		if _, err := c.call("GET", path, "", nil, &body); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, body))
-		}
-		printPipelines(stdout, body.Pipelines)
-		if body.Stale {
-			fmt.Fprintln(stdout, "\n(stale: the store is unavailable; this is what the instance last read)")
-		}
-	case "get":
-		if !needName() {
+		return r.list()
+	case "get", "delete", "pause", "resume", "offsets", "reset", "dead-letters", "backfill":
+		if r.name == "" {
+			fmt.Fprintf(r.stderr, "ferry pipelines %s: which pipeline? ferry pipelines %s NAME\n", r.sub, r.sub)
 			return 2
 		}
-		if *config {
-			var raw []byte
-			if _, err := c.call("GET", "/pipelines/"+url.PathEscape(name)+"/config", "", nil, &raw); err != nil {
-				return fail(err)
-			}
-			_, _ = stdout.Write(raw)
-			return 0
-		}
-		var p map[string]any
-		if _, err := c.call("GET", "/pipelines/"+url.PathEscape(name), "", nil, &p); err != nil {
-			return fail(err)
-		}
-		if af.output == "table" {
-			var rp remotePipeline
-			b, _ := jsonRoundTrip(p, &rp)
-			if b {
-				printPipelines(stdout, []remotePipeline{rp})
-			}
-			return 0
-		}
-		return exitOf(printAs(stdout, af.output, p))
-	case "delete", "pause", "resume":
-		if !needName() {
-			return 2
-		}
-		method, path := "POST", "/pipelines/"+url.PathEscape(name)+"/"+sub
-		if sub == "delete" {
-			method, path = "DELETE", "/pipelines/"+url.PathEscape(name)
-			if *purge {
-				path += "?purge=true"
-			}
-		}
-		var out map[string]any
-		if _, err := c.call(method, path, "", nil, &out); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, out))
-		}
-		if w, ok := out["warning"].(string); ok && w != "" {
-			fmt.Fprintln(stdout, "warning:", w)
-		}
-		fmt.Fprintf(stdout, "%s: %s\n", name, map[string]string{"delete": "deleted", "pause": "paused", "resume": "resumed"}[sub])
-	case "offsets", "reset", "dead-letters", "backfill":
-		if !needName() {
-			return 2
-		}
-		return offsetsSub(sub, name, offsetFlags, c, af.output, stdout, stderr)
 	case "plan", "apply":
-		if *dir == "" {
-			fmt.Fprintf(stderr, "ferry pipelines %s: -f DIR is required\n", sub)
-			return 2
-		}
-		local, err := readLocalPipelines(*dir)
-		if err != nil {
-			return fail(err)
-		}
-		plan, err := makePlan(c, local, *prune)
-		if err != nil {
-			return fail(err)
-		}
-		if sub == "plan" {
-			if af.output != "table" {
-				return exitOf(printAs(stdout, af.output, plan))
-			}
-			printPlan(stdout, plan, "Plan")
-			return 0
-		}
-		done, err := applyPlan(c, plan)
-		if af.output != "table" {
-			if perr := printAs(stdout, af.output, done); perr != nil {
-				return fail(perr)
-			}
-		} else {
-			printPlan(stdout, done, "Applied")
-		}
-		if err != nil {
-			return fail(err)
-		}
+		return r.planApply()
 	default:
-		fmt.Fprintf(stderr, "ferry pipelines: unknown subcommand %q (%s)\n", sub, pipelinesUsage)
+		fmt.Fprintf(r.stderr, "ferry pipelines: unknown subcommand %q (%s)\n", r.sub, pipelinesUsage)
 		return 2
+	}
+	switch r.sub {
+	case "get":
+		return r.get()
+	case "delete", "pause", "resume":
+		return r.act()
+	}
+	return offsetsSub(r.sub, r.name, r.offsets, r.c, r.af.output, r.stdout, r.stderr)
+}
+
+func (r pipelinesRun) fail(err error) int {
+	fmt.Fprintf(r.stderr, "ferry pipelines %s: %v\n", r.sub, err)
+	return 1
+}
+
+func (r pipelinesRun) list() int {
+	path := "/pipelines"
+	if *r.tenant != "" {
+		path += "?tenant=" + url.QueryEscape(*r.tenant)
+	}
+	var body struct {
+		Pipelines []remotePipeline `json:"pipelines"`
+		Stale     bool             `json:"stale"`
+	}
+	if _, err := r.c.call("GET", path, "", nil, &body); err != nil {
+		return r.fail(err)
+	}
+	if r.af.output != "table" {
+		return exitOf(printAs(r.stdout, r.af.output, body))
+	}
+	printPipelines(r.stdout, body.Pipelines)
+	if body.Stale {
+		fmt.Fprintln(r.stdout, "\n(stale: the store is unavailable; this is what the instance last read)")
+	}
+	return 0
+}
+
+func (r pipelinesRun) get() int {
+	if *r.config {
+		var raw []byte
+		if _, err := r.c.call("GET", "/pipelines/"+url.PathEscape(r.name)+"/config", "", nil, &raw); err != nil {
+			return r.fail(err)
+		}
+		_, _ = r.stdout.Write(raw)
+		return 0
+	}
+	var p map[string]any
+	if _, err := r.c.call("GET", "/pipelines/"+url.PathEscape(r.name), "", nil, &p); err != nil {
+		return r.fail(err)
+	}
+	if r.af.output == "table" {
+		var rp remotePipeline
+		b, _ := jsonRoundTrip(p, &rp)
+		if b {
+			printPipelines(r.stdout, []remotePipeline{rp})
+		}
+		return 0
+	}
+	return exitOf(printAs(r.stdout, r.af.output, p))
+}
+
+// act deletes, pauses or resumes the pipeline.
+func (r pipelinesRun) act() int {
+	method, path := "POST", "/pipelines/"+url.PathEscape(r.name)+"/"+r.sub
+	if r.sub == "delete" {
+		method, path = "DELETE", "/pipelines/"+url.PathEscape(r.name)
+		if *r.purge {
+			path += "?purge=true"
+		}
+	}
+	var out map[string]any
+	if _, err := r.c.call(method, path, "", nil, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.af.output != "table" {
+		return exitOf(printAs(r.stdout, r.af.output, out))
+	}
+	if w, ok := out["warning"].(string); ok && w != "" {
+		fmt.Fprintln(r.stdout, "warning:", w)
+	}
+	fmt.Fprintf(r.stdout, "%s: %s\n", r.name, map[string]string{"delete": "deleted", "pause": "paused", "resume": "resumed"}[r.sub])
+	return 0
+}
+
+func (r pipelinesRun) planApply() int {
+	if *r.dir == "" {
+		fmt.Fprintf(r.stderr, "ferry pipelines %s: -f DIR is required\n", r.sub)
+		return 2
+	}
+	local, err := readLocalPipelines(*r.dir)
+	if err != nil {
+		return r.fail(err)
+	}
+	plan, err := makePlan(r.c, local, *r.prune)
+	if err != nil {
+		return r.fail(err)
+	}
+	if r.sub == "plan" {
+		if r.af.output != "table" {
+			return exitOf(printAs(r.stdout, r.af.output, plan))
+		}
+		printPlan(r.stdout, plan, "Plan")
+		return 0
+	}
+	done, err := applyPlan(r.c, plan)
+	if r.af.output != "table" {
+		if perr := printAs(r.stdout, r.af.output, done); perr != nil {
+			return r.fail(perr)
+		}
+	} else {
+		printPlan(r.stdout, done, "Applied")
+	}
+	if err != nil {
+		return r.fail(err)
 	}
 	return 0
 }
@@ -279,72 +304,95 @@ func readLocalPipelines(dir string) ([]localPipeline, error) {
 			return nil, fmt.Errorf("%s: no *.yaml pipeline files", dir)
 		}
 	}
-	var out []localPipeline
-	seen := map[string]string{}
-	var errs []error
+	r := localReader{seen: map[string]string{}}
 	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
+		if err := r.file(f); err != nil {
 			return nil, err
 		}
-		dec := yaml.NewDecoder(bytes.NewReader(data))
-		for {
-			var root yaml.Node
-			err := dec.Decode(&root)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", f, err)
-			}
-			if len(root.Content) != 1 || root.Content[0].Kind != yaml.MappingNode {
-				continue
-			}
-			doc := root.Content[0]
-			var head struct{ Kind, Name string }
-			_ = doc.Decode(&head)
-			where := fmt.Sprintf("%s:%d", f, doc.Line)
-			if head.Kind == "tenant" {
-				var td struct {
-					Kind   string             `yaml:"kind"`
-					Name   string             `yaml:"name"`
-					Limits store.TenantLimits `yaml:"limits"`
-					Policy *policy.Policy     `yaml:"policy"`
-				}
-				if err := doc.Decode(&td); err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", where, err))
-					continue
-				}
-				key := tenantStep + td.Name
-				if first, dup := seen[key]; dup {
-					errs = append(errs, fmt.Errorf("%s: name: tenant %q is already defined at %s", where, td.Name, first))
-					continue
-				}
-				seen[key] = where
-				out = append(out, localPipeline{Name: key, File: f, Line: doc.Line, Tenant: &td.Limits, Policy: td.Policy})
-				continue
-			}
-			if head.Name == "" {
-				errs = append(errs, fmt.Errorf("%s: name: must not be empty", where))
-				continue
-			}
-			if first, dup := seen[head.Name]; dup {
-				errs = append(errs, fmt.Errorf("%s: name: pipeline %q is already defined at %s", where, head.Name, first))
-				continue
-			}
-			seen[head.Name] = where
-			text, err := yaml.Marshal(doc)
-			if err != nil {
-				return nil, err
-			}
-			_, sum, err := store.Canonical(text)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", where, err)
-			}
-			out = append(out, localPipeline{Name: head.Name, File: f, Line: doc.Line, Text: text, SHA256: sum})
+	}
+	return r.out, errors.Join(r.errs...)
+}
+
+// localReader collects the documents of the files read so far.
+type localReader struct {
+	out  []localPipeline
+	seen map[string]string // name (tenant/NAME for tenants) → where first defined
+	errs []error           // problems of single documents, reported together
+}
+
+// file reads the documents of f; the error is one that stops the read.
+func (r *localReader) file(f string) error {
+	data, err := os.ReadFile(f)
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var root yaml.Node
+		err := dec.Decode(&root)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		if len(root.Content) != 1 || root.Content[0].Kind != yaml.MappingNode {
+			continue
+		}
+		doc := root.Content[0]
+		var head struct{ Kind, Name string }
+		_ = doc.Decode(&head)
+		where := fmt.Sprintf("%s:%d", f, doc.Line)
+		if head.Kind == "tenant" {
+			r.tenant(f, where, doc)
+			continue
+		}
+		if err := r.pipeline(f, where, head.Name, doc); err != nil {
+			return err
 		}
 	}
-	return out, errors.Join(errs...)
+}
+
+func (r *localReader) tenant(f, where string, doc *yaml.Node) {
+	var td struct {
+		Kind   string             `yaml:"kind"`
+		Name   string             `yaml:"name"`
+		Limits store.TenantLimits `yaml:"limits"`
+		Policy *policy.Policy     `yaml:"policy"`
+	}
+	if err := doc.Decode(&td); err != nil {
+		r.errs = append(r.errs, fmt.Errorf("%s: %w", where, err))
+		return
+	}
+	key := tenantStep + td.Name
+	if first, dup := r.seen[key]; dup {
+		r.errs = append(r.errs, fmt.Errorf("%s: name: tenant %q is already defined at %s", where, td.Name, first))
+		return
+	}
+	r.seen[key] = where
+	r.out = append(r.out, localPipeline{Name: key, File: f, Line: doc.Line, Tenant: &td.Limits, Policy: td.Policy})
+}
+
+func (r *localReader) pipeline(f, where, name string, doc *yaml.Node) error {
+	if name == "" {
+		r.errs = append(r.errs, fmt.Errorf("%s: name: must not be empty", where))
+		return nil
+	}
+	if first, dup := r.seen[name]; dup {
+		r.errs = append(r.errs, fmt.Errorf("%s: name: pipeline %q is already defined at %s", where, name, first))
+		return nil
+	}
+	r.seen[name] = where
+	text, err := yaml.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	_, sum, err := store.Canonical(text)
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	r.out = append(r.out, localPipeline{Name: name, File: f, Line: doc.Line, Text: text, SHA256: sum})
+	return nil
 }
 
 // planStep is one thing apply does (or did).

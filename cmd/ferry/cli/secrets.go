@@ -47,79 +47,108 @@ func secretsCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "ferry secrets %s: %v\n", sub, err)
-		return 1
-	}
 	if sub != "reencrypt" && *tenant == "" {
 		fmt.Fprintf(stderr, "ferry secrets %s: --tenant is required\n", sub)
 		return 2
 	}
-	base := "/tenants/" + url.PathEscape(*tenant) + "/secrets"
+	r := secretsRun{sub: sub, tenant: *tenant, name: name, output: af.output, c: c, stdout: stdout, stderr: stderr,
+		base: "/tenants/" + url.PathEscape(*tenant) + "/secrets"}
 	switch sub {
 	case "set":
-		if name == "" {
-			fmt.Fprintln(stderr, "ferry secrets set: which secret? ferry secrets set --tenant T NAME")
-			return 2
-		}
-		value, err := secretValue(*fromFile, *fromEnv, stdin)
-		if err != nil {
-			fmt.Fprintf(stderr, "ferry secrets set: %v\n", err)
-			return 2
-		}
-		body, _ := json.Marshal(map[string]string{"value": value})
-		var out map[string]any
-		if _, err := c.call("PUT", base+"/"+url.PathEscape(name), "application/json", body, &out); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, out))
-		}
-		fmt.Fprintf(stdout, "%s/%s: stored (version %v)\n", *tenant, name, out["version"])
+		return r.set(*fromFile, *fromEnv, stdin)
 	case "list":
-		var out struct {
-			Secrets []struct {
-				Name      string    `json:"name"`
-				Version   int64     `json:"version"`
-				KeyID     string    `json:"key_id"`
-				UpdatedBy string    `json:"updated_by"`
-				UpdatedAt time.Time `json:"updated_at"`
-			} `json:"secrets"`
-		}
-		if _, err := c.call("GET", base, "", nil, &out); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, out))
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tVERSION\tKEY\tUPDATED\tBY")
-		for _, s := range out.Secrets {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", s.Name, s.Version, s.KeyID, s.UpdatedAt.UTC().Format(time.RFC3339), s.UpdatedBy)
-		}
-		tw.Flush()
+		return r.list()
 	case "delete":
-		if name == "" {
-			fmt.Fprintln(stderr, "ferry secrets delete: which secret? ferry secrets delete --tenant T NAME")
-			return 2
-		}
-		if _, err := c.call("DELETE", base+"/"+url.PathEscape(name), "", nil, nil); err != nil {
-			return fail(err)
-		}
-		fmt.Fprintf(stdout, "%s/%s: deleted\n", *tenant, name)
+		return r.delete()
 	case "reencrypt":
-		var out map[string]any
-		if _, err := c.call("POST", "/secrets/reencrypt", "", nil, &out); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, out))
-		}
-		fmt.Fprintf(stdout, "re-encrypted %v secrets with the first key of the key ring\n", out["reencrypted"])
-	default:
-		fmt.Fprintf(stderr, "ferry secrets: unknown subcommand %q (%s)\n", sub, secretsUsage)
+		return r.reencrypt()
+	}
+	fmt.Fprintf(stderr, "ferry secrets: unknown subcommand %q (%s)\n", sub, secretsUsage)
+	return 2
+}
+
+// secretsRun is one `ferry secrets` subcommand on one tenant.
+type secretsRun struct {
+	sub, tenant, name string
+	base              string // the tenant's secrets in the API
+	output            string
+	c                 *apiClient
+	stdout, stderr    io.Writer
+}
+
+func (r secretsRun) fail(err error) int {
+	fmt.Fprintf(r.stderr, "ferry secrets %s: %v\n", r.sub, err)
+	return 1
+}
+
+func (r secretsRun) set(fromFile, fromEnv string, stdin io.Reader) int {
+	if r.name == "" {
+		fmt.Fprintln(r.stderr, "ferry secrets set: which secret? ferry secrets set --tenant T NAME")
 		return 2
 	}
+	value, err := secretValue(fromFile, fromEnv, stdin)
+	if err != nil {
+		fmt.Fprintf(r.stderr, "ferry secrets set: %v\n", err)
+		return 2
+	}
+	body, _ := json.Marshal(map[string]string{"value": value})
+	var out map[string]any
+	if _, err := r.c.call("PUT", r.base+"/"+url.PathEscape(r.name), "application/json", body, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.output != "table" {
+		return exitOf(printAs(r.stdout, r.output, out))
+	}
+	fmt.Fprintf(r.stdout, "%s/%s: stored (version %v)\n", r.tenant, r.name, out["version"])
+	return 0
+}
+
+func (r secretsRun) list() int {
+	var out struct {
+		Secrets []struct {
+			Name      string    `json:"name"`
+			Version   int64     `json:"version"`
+			KeyID     string    `json:"key_id"`
+			UpdatedBy string    `json:"updated_by"`
+			UpdatedAt time.Time `json:"updated_at"`
+		} `json:"secrets"`
+	}
+	if _, err := r.c.call("GET", r.base, "", nil, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.output != "table" {
+		return exitOf(printAs(r.stdout, r.output, out))
+	}
+	tw := tabwriter.NewWriter(r.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tVERSION\tKEY\tUPDATED\tBY")
+	for _, s := range out.Secrets {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", s.Name, s.Version, s.KeyID, s.UpdatedAt.UTC().Format(time.RFC3339), s.UpdatedBy)
+	}
+	tw.Flush()
+	return 0
+}
+
+func (r secretsRun) delete() int {
+	if r.name == "" {
+		fmt.Fprintln(r.stderr, "ferry secrets delete: which secret? ferry secrets delete --tenant T NAME")
+		return 2
+	}
+	if _, err := r.c.call("DELETE", r.base+"/"+url.PathEscape(r.name), "", nil, nil); err != nil {
+		return r.fail(err)
+	}
+	fmt.Fprintf(r.stdout, "%s/%s: deleted\n", r.tenant, r.name)
+	return 0
+}
+
+func (r secretsRun) reencrypt() int {
+	var out map[string]any
+	if _, err := r.c.call("POST", "/secrets/reencrypt", "", nil, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.output != "table" {
+		return exitOf(printAs(r.stdout, r.output, out))
+	}
+	fmt.Fprintf(r.stdout, "re-encrypted %v secrets with the first key of the key ring\n", out["reencrypted"])
 	return 0
 }
 

@@ -46,110 +46,140 @@ func tenantsCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlags("tenants "+sub, "", stderr)
-	var af apiFlags
-	af.register(fs)
-	var dbs, brokers, dests paths
-	fs.Var(&dbs, "allow-database", "set: a database the tenant's sources may read, host:port/database[/user] or host:port/* (repeatable; replaces the list)")
-	fs.Var(&brokers, "allow-broker", "set: a broker the tenant's sinks may publish to, host:port (repeatable; replaces the list)")
-	fs.Var(&dests, "allow-destination", "set: a topic/subject/exchange prefix the tenant may publish to (repeatable; replaces the list)")
-	allowFiles := fs.Bool("allow-files", false, "set: the tenant's pipelines may name files on the server (TLS files, NATS credentials)")
-	shared := fs.Bool("shared-databases", false, "set: the tenant may read a database another tenant's pipeline reads")
-	limits := map[string]*int{}
+	r := tenantsRun{sub: sub, fs: fs, stdout: stdout, stderr: stderr, limits: map[string]*int{}}
+	r.af.register(fs)
+	fs.Var(&r.dbs, "allow-database", "set: a database the tenant's sources may read, host:port/database[/user] or host:port/* (repeatable; replaces the list)")
+	fs.Var(&r.brokers, "allow-broker", "set: a broker the tenant's sinks may publish to, host:port (repeatable; replaces the list)")
+	fs.Var(&r.dests, "allow-destination", "set: a topic/subject/exchange prefix the tenant may publish to (repeatable; replaces the list)")
+	r.allowFiles = fs.Bool("allow-files", false, "set: the tenant's pipelines may name files on the server (TLS files, NATS credentials)")
+	r.shared = fs.Bool("shared-databases", false, "set: the tenant may read a database another tenant's pipeline reads")
 	for _, l := range []string{"max-pipelines", "rate", "max-in-flight", "max-connections"} {
-		limits[l] = fs.Int(l, 0, "set: limits."+strings.ReplaceAll(l, "-", "_")+" (0: no cap)")
+		r.limits[l] = fs.Int(l, 0, "set: limits."+strings.ReplaceAll(l, "-", "_")+" (0: no cap)")
 	}
-	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		name, args = args[0], args[1:]
+		r.name, args = args[0], args[1:]
 	}
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	c, err := af.client()
-	if err != nil {
+	var err error
+	if r.c, err = r.af.client(); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "ferry tenants %s: %v\n", sub, err)
-		return 1
-	}
-	if sub != "list" && name == "" {
+	if sub != "list" && r.name == "" {
 		fmt.Fprintf(stderr, "ferry tenants %s: which tenant? ferry tenants %s NAME\n", sub, sub)
 		return 2
 	}
 	switch sub {
 	case "list":
-		var out struct {
-			Tenants []tenantRecord `json:"tenants"`
-		}
-		if _, err := c.call("GET", "/tenants", "", nil, &out); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, out))
-		}
-		printTenants(stdout, out.Tenants)
+		return r.list()
 	case "get":
-		var t tenantRecord
-		if _, err := c.call("GET", "/tenants/"+url.PathEscape(name), "", nil, &t); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, t))
-		}
-		printTenants(stdout, []tenantRecord{t})
+		return r.get()
 	case "set":
-		var t tenantRecord
-		h, err := c.call("GET", "/tenants/"+url.PathEscape(name), "", nil, &t)
-		var ae *apiError
-		if err != nil && !(errors.As(err, &ae) && ae.Status == 404) {
-			return fail(err)
-		}
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		for flagName, dst := range map[string]*int{"max-pipelines": &t.Limits.MaxPipelines, "rate": &t.Limits.Rate,
-			"max-in-flight": &t.Limits.MaxInFlight, "max-connections": &t.Limits.MaxConnections} {
-			if set[flagName] {
-				*dst = *limits[flagName]
-			}
-		}
-		if set["allow-database"] {
-			t.Policy.Databases = dbs
-		}
-		if set["allow-broker"] {
-			t.Policy.Brokers = brokers
-		}
-		if set["allow-destination"] {
-			t.Policy.Destinations = dests
-		}
-		if set["allow-files"] {
-			t.Policy.AllowFiles = *allowFiles
-		}
-		if set["shared-databases"] {
-			t.Policy.SharedDatabases = *shared
-		}
-		body, _ := json.Marshal(struct {
-			Limits any `json:"limits"`
-			Policy any `json:"policy"`
-		}{t.Limits, t.Policy})
-		var hdr []string
-		if etag := h.Get("ETag"); err == nil && etag != "" {
-			hdr = []string{"If-Match", etag} // a change made since the read is refused, not overwritten
-		}
-		var out tenantRecord
-		if _, err := c.call("PUT", "/tenants/"+url.PathEscape(name), "application/json", body, &out, hdr...); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, out))
-		}
-		printTenants(stdout, []tenantRecord{out})
-	default:
-		fmt.Fprintf(stderr, "ferry tenants: unknown subcommand %q (%s)\n", sub, tenantsUsage)
-		return 2
+		return r.set()
 	}
+	fmt.Fprintf(stderr, "ferry tenants: unknown subcommand %q (%s)\n", sub, tenantsUsage)
+	return 2
+}
+
+// tenantsRun is one `ferry tenants` subcommand with its flags.
+type tenantsRun struct {
+	sub, name          string
+	fs                 *flag.FlagSet
+	af                 apiFlags
+	c                  *apiClient
+	dbs, brokers       paths
+	dests              paths
+	allowFiles, shared *bool
+	limits             map[string]*int
+	stdout, stderr     io.Writer
+}
+
+func (r tenantsRun) fail(err error) int {
+	fmt.Fprintf(r.stderr, "ferry tenants %s: %v\n", r.sub, err)
+	return 1
+}
+
+func (r tenantsRun) list() int {
+	var out struct {
+		Tenants []tenantRecord `json:"tenants"`
+	}
+	if _, err := r.c.call("GET", "/tenants", "", nil, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.af.output != "table" {
+		return exitOf(printAs(r.stdout, r.af.output, out))
+	}
+	printTenants(r.stdout, out.Tenants)
 	return 0
+}
+
+func (r tenantsRun) get() int {
+	var t tenantRecord
+	if _, err := r.c.call("GET", "/tenants/"+url.PathEscape(r.name), "", nil, &t); err != nil {
+		return r.fail(err)
+	}
+	if r.af.output != "table" {
+		return exitOf(printAs(r.stdout, r.af.output, t))
+	}
+	printTenants(r.stdout, []tenantRecord{t})
+	return 0
+}
+
+// set reads the tenant, changes what the flags name and writes it back.
+func (r tenantsRun) set() int {
+	var t tenantRecord
+	h, err := r.c.call("GET", "/tenants/"+url.PathEscape(r.name), "", nil, &t)
+	var ae *apiError
+	if err != nil && !(errors.As(err, &ae) && ae.Status == 404) {
+		return r.fail(err)
+	}
+	r.apply(&t)
+	body, _ := json.Marshal(struct {
+		Limits any `json:"limits"`
+		Policy any `json:"policy"`
+	}{t.Limits, t.Policy})
+	var hdr []string
+	if etag := h.Get("ETag"); err == nil && etag != "" {
+		hdr = []string{"If-Match", etag} // a change made since the read is refused, not overwritten
+	}
+	var out tenantRecord
+	if _, err := r.c.call("PUT", "/tenants/"+url.PathEscape(r.name), "application/json", body, &out, hdr...); err != nil {
+		return r.fail(err)
+	}
+	if r.af.output != "table" {
+		return exitOf(printAs(r.stdout, r.af.output, out))
+	}
+	printTenants(r.stdout, []tenantRecord{out})
+	return 0
+}
+
+// apply sets in t what the flags given say.
+func (r tenantsRun) apply(t *tenantRecord) {
+	set := map[string]bool{}
+	r.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for flagName, dst := range map[string]*int{"max-pipelines": &t.Limits.MaxPipelines, "rate": &t.Limits.Rate,
+		"max-in-flight": &t.Limits.MaxInFlight, "max-connections": &t.Limits.MaxConnections} {
+		if set[flagName] {
+			*dst = *r.limits[flagName]
+		}
+	}
+	if set["allow-database"] {
+		t.Policy.Databases = r.dbs
+	}
+	if set["allow-broker"] {
+		t.Policy.Brokers = r.brokers
+	}
+	if set["allow-destination"] {
+		t.Policy.Destinations = r.dests
+	}
+	if set["allow-files"] {
+		t.Policy.AllowFiles = *r.allowFiles
+	}
+	if set["shared-databases"] {
+		t.Policy.SharedDatabases = *r.shared
+	}
 }
 
 func printTenants(w io.Writer, ts []tenantRecord) {

@@ -74,30 +74,7 @@ func tokensCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		return printNewToken(stdout, af.output, out)
 	case "list":
-		var out struct {
-			Tokens []struct {
-				ID          string     `json:"id"`
-				Scope       string     `json:"scope"`
-				Description string     `json:"description"`
-				CreatedBy   string     `json:"created_by"`
-				CreatedAt   time.Time  `json:"created_at"`
-				ExpiresAt   *time.Time `json:"expires_at"`
-				LastUsedAt  *time.Time `json:"last_used_at"`
-			} `json:"tokens"`
-		}
-		if _, err := c.call("GET", "/tokens", "", nil, &out); err != nil {
-			return fail(err)
-		}
-		if af.output != "table" {
-			return exitOf(printAs(stdout, af.output, out))
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSCOPE\tCREATED\tEXPIRES\tLAST USED\tBY\tDESCRIPTION")
-		for _, t := range out.Tokens {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Scope, t.CreatedAt.UTC().Format(time.RFC3339),
-				timeOrDash(t.ExpiresAt, "never"), timeOrDash(t.LastUsedAt, "-"), t.CreatedBy, t.Description)
-		}
-		tw.Flush()
+		return listTokens(c, af.output, stdout, fail)
 	case "delete":
 		if id == "" {
 			fmt.Fprintln(stderr, "ferry tokens delete: which token? ferry tokens delete ID")
@@ -107,10 +84,39 @@ func tokensCmd(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		fmt.Fprintf(stdout, "%s: deleted\n", id)
-	default:
-		fmt.Fprintf(stderr, "ferry tokens: unknown subcommand %q (%s)\n", sub, tokensUsage)
-		return 2
+		return 0
 	}
+	fmt.Fprintf(stderr, "ferry tokens: unknown subcommand %q (%s)\n", sub, tokensUsage)
+	return 2
+}
+
+// listTokens prints the tokens (never their values: the API has only
+// their hashes).
+func listTokens(c *apiClient, output string, stdout io.Writer, fail func(error) int) int {
+	var out struct {
+		Tokens []struct {
+			ID          string     `json:"id"`
+			Scope       string     `json:"scope"`
+			Description string     `json:"description"`
+			CreatedBy   string     `json:"created_by"`
+			CreatedAt   time.Time  `json:"created_at"`
+			ExpiresAt   *time.Time `json:"expires_at"`
+			LastUsedAt  *time.Time `json:"last_used_at"`
+		} `json:"tokens"`
+	}
+	if _, err := c.call("GET", "/tokens", "", nil, &out); err != nil {
+		return fail(err)
+	}
+	if output != "table" {
+		return exitOf(printAs(stdout, output, out))
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSCOPE\tCREATED\tEXPIRES\tLAST USED\tBY\tDESCRIPTION")
+	for _, t := range out.Tokens {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Scope, t.CreatedAt.UTC().Format(time.RFC3339),
+			timeOrDash(t.ExpiresAt, "never"), timeOrDash(t.LastUsedAt, "-"), t.CreatedBy, t.Description)
+	}
+	tw.Flush()
 	return 0
 }
 

@@ -17,8 +17,10 @@ import (
 // Module is the module path the keys start with.
 const Module = "github.com/ferryhq/ferry"
 
-// Dirs are the trees holding component configs.
-var Dirs = []string{"plugins", "sinks", "sources", "transforms"}
+// Dirs are the trees holding component configs, the blocks they share
+// (internal/tlsconf: the tls: block of every sink), and the pipeline model,
+// whose own sections (canary:) the reference describes too.
+var Dirs = []string{"plugins", "sinks", "sources", "transforms", "internal/tlsconf", "pipelines"}
 
 // FieldDocs parses the non-test Go files under root's Dirs and returns each
 // struct field's doc comment by "importpath.Type.Field".

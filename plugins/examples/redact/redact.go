@@ -10,11 +10,15 @@
 //	import (
 //		"os"
 //
-//		"github.com/ferryhq/ferry/cmd/ferry/cli"
+//		"github.com/ferryhq/ferry/plugins"
 //		_ "github.com/ferryhq/ferry/plugins/examples/redact"
+//		"github.com/ferryhq/ferry/service"
 //	)
 //
-//	func main() { os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr)) }
+//	func main() { os.Exit(service.Main(plugins.Default)) }
+//
+// (ferry-redis, beside it, is such a binary; a binary with every ferry
+// subcommand calls cmd/ferry/cli's Main instead.)
 //
 // and write it in a pipeline:
 //

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,22 +77,105 @@ func target(t testing.TB, url string) *plugintest.Target {
 	return tg
 }
 
-// harness runs the suite on the machine's Redis. Its target has no Stop:
-// other tests share that Redis, so the broker-down scenario is skipped
-// there (TestConformanceOwnServer runs it).
+// contract is the contract tier on the Redis at url: a topic is a stream,
+// read entry by entry by another client the way a Watermill redisstream
+// subscriber decodes them. No PostgreSQL, no pipeline.
+func contract(url string) plugintest.SinkContract {
+	return plugintest.SinkContract{
+		New: func(t testing.TB, topic string) plugins.Sink {
+			cfg := redisstream.DefaultConfig()
+			cfg.URL, cfg.Stream, cfg.Timeout = url, topic, 2*time.Second
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			s := redisstream.New(cfg, plugins.Env{Pipeline: "contract", Logger: plugintest.Logger()})
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+		Read: func(t testing.TB, topic string) <-chan plugintest.Record {
+			return plugintest.Poll(t, readStream(t, url, topic))
+		},
+		// XADD keeps a re-sent event id as a second entry; streams have no
+		// record key.
+		Features: plugintest.SinkFeatures{},
+		Timeout:  2 * time.Second,
+	}
+}
+
+// readStream returns what the stream holds so far, reading only the
+// entries added since its last call; the stream is deleted when the test
+// ends.
+func readStream(t testing.TB, url, stream string) func() []plugintest.Record {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(opts)
+	if err := client.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("Redis at %s: %v (start it, or set $REDIS_URL)", opts.Addr, err)
+	}
+	t.Cleanup(func() {
+		client.Del(context.Background(), stream)
+		client.Close()
+	})
+	var mu sync.Mutex
+	var recs []plugintest.Record
+	from := "-"
+	return func() []plugintest.Record {
+		mu.Lock()
+		defer mu.Unlock()
+		// An error (Redis down) leaves what was read; the next call
+		// carries on from there.
+		entries, _ := client.XRangeN(context.Background(), stream, from, "+", 1000).Result()
+		for _, e := range entries {
+			from = "(" + e.ID
+			m, err := wmredis.DefaultMarshallerUnmarshaller{}.Unmarshal(e.Values)
+			if err != nil {
+				t.Errorf("entry %s of %s: %v", e.ID, stream, err)
+				continue
+			}
+			recs = append(recs, plugintest.Record{Destination: stream, Stream: stream, ID: m.UUID, Payload: m.Payload, Headers: m.Metadata})
+		}
+		return slices.Clone(recs)
+	}
+}
+
+// TestContract runs the contract tier on the machine's Redis. It cannot be
+// stopped (other tests share it), so the broker-down scenario is skipped
+// there; TestContractOwnServer runs it.
+func TestContract(t *testing.T) { plugintest.RunSinkContract(t, contract(redisURL())) }
+
+// TestContractOwnServer runs the contract tier on a redis-server of its
+// own, which the broker-down scenario stops and starts.
+func TestContractOwnServer(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed")
+	}
+	srv := startRedis(t)
+	c := contract(srv.url())
+	c.Stop = func(t testing.TB) func(testing.TB) {
+		srv.stop(t)
+		return srv.start
+	}
+	plugintest.RunSinkContract(t, c)
+}
+
+// harness runs the pipeline tier (an xid8 outbox on PostgreSQL) on the
+// machine's Redis.
 var harness = plugintest.SinkHarness{
-	Type: redisstream.Name,
-	// XADD keeps a re-sent event id as a second entry; streams have no
-	// record key and accept any name.
+	Type:     redisstream.Name,
 	Features: plugintest.SinkFeatures{},
 	Target:   func(t testing.TB) *plugintest.Target { return target(t, redisURL()) },
 }
 
-func TestConformance(t *testing.T) { plugintest.RunSink(t, harness) }
+// TestPipeline runs the pipeline tier on the machine's Redis, whose target
+// has no Stop: the broker-down scenario is skipped there
+// (TestPipelineOwnServer runs it).
+func TestPipeline(t *testing.T) { plugintest.RunSinkPipeline(t, harness) }
 
-// TestConformanceOwnServer runs the suite on a redis-server of each
+// TestPipelineOwnServer runs the pipeline tier on a redis-server of each
 // scenario's own, which the broker-down scenario stops and starts.
-func TestConformanceOwnServer(t *testing.T) {
+func TestPipelineOwnServer(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server is not installed")
 	}
@@ -105,7 +189,7 @@ func TestConformanceOwnServer(t *testing.T) {
 		}
 		return tg
 	}
-	plugintest.RunSink(t, h)
+	plugintest.RunSinkPipeline(t, h)
 }
 
 // ownRedis is a redis-server on a free port, its data in a temporary

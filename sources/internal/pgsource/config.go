@@ -126,6 +126,11 @@ func DefaultUpkeep() Upkeep {
 	return Upkeep{MetricsInterval: 15 * time.Second, QueryTimeout: 30 * time.Second}
 }
 
+// HealthInterval is metrics_interval: how often the source measures its
+// health (plugins.HealthIntervaler, promoted to the configs that embed
+// Upkeep).
+func (c *Upkeep) HealthInterval() time.Duration { return c.MetricsInterval }
+
 // Validate adds the problems of metrics_interval, query_timeout and
 // retention to p, filling retention's defaults first.
 func (c *Upkeep) Validate(p *plugins.Problems) {

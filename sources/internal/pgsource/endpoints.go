@@ -130,65 +130,23 @@ func parseConnURI(uri string) (map[string]string, error) {
 		p, _ = strings.CutPrefix(uri, "postgres://")
 	}
 	s := map[string]string{}
-	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
-		user, password, hasPassword := strings.Cut(p[:i], ":")
-		p = p[i+1:]
-		if user != "" {
-			v, err := uriDecode(user)
-			if err != nil {
-				return nil, errors.New("its user is not well encoded")
-			}
-			s["user"] = v
-		}
-		if hasPassword && password != "" {
-			s["password"] = "set" // never read: only its presence matters here
-		}
+	p, err := cutUserInfo(p, s)
+	if err != nil {
+		return nil, err
 	}
-	var hosts, ports strings.Builder
-	for {
-		if strings.HasPrefix(p, "[") {
-			end := strings.IndexByte(p, ']')
-			if end <= 1 {
-				return nil, errors.New("it has a malformed IPv6 host")
-			}
-			hosts.WriteString(p[1:end])
-			p = p[end+1:]
-			if p != "" && !strings.ContainsAny(p[:1], ":/?,") {
-				return nil, errors.New("it has a malformed IPv6 host")
-			}
-		} else {
-			i := strings.IndexAny(p, ":/?,")
-			if i < 0 {
-				i = len(p)
-			}
-			hosts.WriteString(p[:i])
-			p = p[i:]
-		}
-		if strings.HasPrefix(p, ":") {
-			p = p[1:]
-			i := strings.IndexAny(p, "/?,")
-			if i < 0 {
-				i = len(p)
-			}
-			ports.WriteString(p[:i])
-			p = p[i:]
-		}
-		if !strings.HasPrefix(p, ",") {
-			break
-		}
-		p = p[1:]
-		hosts.WriteByte(',')
-		ports.WriteByte(',')
+	hosts, ports, p, err := cutHostList(p)
+	if err != nil {
+		return nil, err
 	}
-	if hosts.Len() > 0 {
-		v, err := uriDecode(hosts.String())
+	if hosts != "" {
+		v, err := uriDecode(hosts)
 		if err != nil {
 			return nil, errors.New("its host is not well encoded")
 		}
 		s["host"] = v
 	}
-	if ports.Len() > 0 {
-		v, err := uriDecode(ports.String())
+	if ports != "" {
+		v, err := uriDecode(ports)
 		if err != nil {
 			return nil, errors.New("its port is not well encoded")
 		}
@@ -209,30 +167,104 @@ func parseConnURI(uri string) (map[string]string, error) {
 		}
 	}
 	if rest, ok := strings.CutPrefix(p, "?"); ok {
-		for rest != "" {
-			var pair string
-			pair, rest, _ = strings.Cut(rest, "&")
-			rawKey, rawValue, found := strings.Cut(pair, "=")
-			if !found || strings.Contains(rawValue, "=") {
-				return nil, errors.New("it has a query parameter that is not key=value")
-			}
-			key, err := uriDecode(rawKey)
-			if err != nil {
-				return nil, errors.New("it has a query parameter that is not well encoded")
-			}
-			if key == "dbname" {
-				key = "database"
-			}
-			value, err := uriDecode(rawValue)
-			if err != nil {
-				return nil, errors.New("it has a query parameter that is not well encoded")
-			}
-			s[key] = value
+		if err := parseURIQuery(rest, s); err != nil {
+			return nil, err
 		}
 	} else if p != "" {
 		return nil, errors.New("it has text after its hosts that is neither a /database nor a ?query")
 	}
 	return s, nil
+}
+
+// cutUserInfo takes the user info off the front of p, into s: it ends at
+// the first '@' before any '/'. Of the password, only its presence is
+// noted.
+func cutUserInfo(p string, s map[string]string) (string, error) {
+	i := strings.IndexAny(p, "@/")
+	if i < 0 || p[i] != '@' {
+		return p, nil
+	}
+	user, password, hasPassword := strings.Cut(p[:i], ":")
+	if user != "" {
+		v, err := uriDecode(user)
+		if err != nil {
+			return "", errors.New("its user is not well encoded")
+		}
+		s["user"] = v
+	}
+	if hasPassword && password != "" {
+		s["password"] = "set" // never read: only its presence matters here
+	}
+	return p[i+1:], nil
+}
+
+// cutHostList takes the comma-separated host[:port] list off the front of
+// p (an IPv6 host in brackets) and returns its hosts and its ports as
+// comma-separated lists, still encoded: libpq decodes each list as a
+// whole.
+func cutHostList(p string) (hosts, ports, rest string, err error) {
+	var hb, pb strings.Builder
+	for {
+		if strings.HasPrefix(p, "[") {
+			end := strings.IndexByte(p, ']')
+			if end <= 1 {
+				return "", "", "", errors.New("it has a malformed IPv6 host")
+			}
+			hb.WriteString(p[1:end])
+			p = p[end+1:]
+			if p != "" && !strings.ContainsAny(p[:1], ":/?,") {
+				return "", "", "", errors.New("it has a malformed IPv6 host")
+			}
+		} else {
+			i := strings.IndexAny(p, ":/?,")
+			if i < 0 {
+				i = len(p)
+			}
+			hb.WriteString(p[:i])
+			p = p[i:]
+		}
+		if strings.HasPrefix(p, ":") {
+			p = p[1:]
+			i := strings.IndexAny(p, "/?,")
+			if i < 0 {
+				i = len(p)
+			}
+			pb.WriteString(p[:i])
+			p = p[i:]
+		}
+		if !strings.HasPrefix(p, ",") {
+			return hb.String(), pb.String(), p, nil
+		}
+		p = p[1:]
+		hb.WriteByte(',')
+		pb.WriteByte(',')
+	}
+}
+
+// parseURIQuery reads a URI's query parameters (after the '?') into s,
+// "dbname" as "database"; they win over the URI's parts.
+func parseURIQuery(query string, s map[string]string) error {
+	for rest := query; rest != ""; {
+		var pair string
+		pair, rest, _ = strings.Cut(rest, "&")
+		rawKey, rawValue, found := strings.Cut(pair, "=")
+		if !found || strings.Contains(rawValue, "=") {
+			return errors.New("it has a query parameter that is not key=value")
+		}
+		key, err := uriDecode(rawKey)
+		if err != nil {
+			return errors.New("it has a query parameter that is not well encoded")
+		}
+		if key == "dbname" {
+			key = "database"
+		}
+		value, err := uriDecode(rawValue)
+		if err != nil {
+			return errors.New("it has a query parameter that is not well encoded")
+		}
+		s[key] = value
+	}
+	return nil
 }
 
 // uriDecode percent-decodes one URI component as libpq does: leading and

@@ -40,7 +40,7 @@ type Configured interface {
 // subscriber is one pipeline's interest in a channel.
 type subscriber struct {
 	channel   string
-	wake      func()
+	wake      func(payload string)
 	listening func(bool)
 	on        bool // told listening(true) in the current session
 }
@@ -57,7 +57,8 @@ type listener struct {
 	subs map[*subscriber]struct{}
 }
 
-// Listen calls wake on every notification on channel, until ctx ends.
+// Listen calls wake with the payload of every notification on channel,
+// until ctx ends.
 // Notifications are hints: they are lost while the shared session
 // reconnects (with backoff), which is why sources keep polling.
 //
@@ -66,7 +67,7 @@ type listener struct {
 //
 // The session connects with pool's configuration (application_name
 // ferry:listen) and is not one of pool's connections.
-func Listen(ctx context.Context, pool Configured, channel string, log *slog.Logger, wake func(), listening func(bool)) {
+func Listen(ctx context.Context, pool Configured, channel string, log *slog.Logger, wake func(payload string), listening func(bool)) {
 	if listening == nil {
 		listening = func(bool) {}
 	}
@@ -199,7 +200,7 @@ func (l *listener) session(ctx context.Context, connected func()) error {
 		l.mu.Lock()
 		for sub := range l.subs {
 			if sub.channel == n.Channel {
-				sub.wake()
+				sub.wake(n.Payload)
 			}
 		}
 		l.mu.Unlock()

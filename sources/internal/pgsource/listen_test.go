@@ -30,7 +30,7 @@ func subscribe(pool *pgxpool.Pool, channel string) *tap {
 	t := &tap{stop: stop, done: make(chan struct{})}
 	go func() {
 		defer close(t.done)
-		Listen(ctx, pool, channel, slog.Default(), func() { t.wakes.Add(1) }, t.listening.Store)
+		Listen(ctx, pool, channel, slog.Default(), func(string) { t.wakes.Add(1) }, t.listening.Store)
 	}()
 	return t
 }

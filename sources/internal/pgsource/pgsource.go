@@ -2,7 +2,8 @@
 // watermill_sql through xid8) share, so that each source package holds only
 // what makes it different: the Subscribe/Close lifecycle, opening and
 // closing the pool, resolving the outbox table, the shared LISTEN session,
-// retention, the health loop and the read metrics, the backoff on an
+// retention, the backlog measurement and its loop (Backlog: each source
+// brings only its count) and the read metrics, the backoff on an
 // unreachable database, and the config fields they have in common (Outbox,
 // Polling, Upkeep: embedded inline, so the YAML keys stay the sources' own).
 //

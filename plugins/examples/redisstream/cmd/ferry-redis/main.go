@@ -1,17 +1,20 @@
-// Command ferry-redis is the ferry command with the Redis Streams sink
-// added: every ferry subcommand, and `type: redis_stream` in pipelines.
+// Command ferry-redis runs Ferry's pipelines with the Redis Streams sink
+// added: `ferry run`'s flags, and `type: redis_stream` in pipelines.
 //
 //	go build -o ferry-redis ./plugins/examples/redisstream/cmd/ferry-redis
+//	ferry-redis -c pipelines/ --http :8080
 //
-// It imports only cmd/ferry/cli and the sink, as a platform team's own
-// binary would.
+// It imports only service and the sink, as a platform team's own binary
+// would: service.Main links the built-in components and the relay, never
+// the ferry command line (cmd/ferry/cli).
 package main
 
 import (
 	"os"
 
-	"github.com/ferryhq/ferry/cmd/ferry/cli"
+	"github.com/ferryhq/ferry/plugins"
 	_ "github.com/ferryhq/ferry/plugins/examples/redisstream"
+	"github.com/ferryhq/ferry/service"
 )
 
-func main() { os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() { os.Exit(service.Main(plugins.Default)) }
