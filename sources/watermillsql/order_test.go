@@ -372,8 +372,8 @@ func (w *heldWriter) order(topic string) []string {
 	return ids
 }
 
-// startPipelines runs the pipelines of yaml until the test ends.
-func startPipelines(t *testing.T, yaml string) {
+// startPipelines runs the pipelines of yaml until stop, or the test's end.
+func startPipelines(t testing.TB, yaml string) (stop func()) {
 	t.Helper()
 	specs, err := pipelines.Loader{}.LoadBytes("pipelines.yaml", []byte(yaml))
 	if err != nil {
@@ -384,13 +384,18 @@ func startPipelines(t *testing.T, yaml string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sup.Run(ctx, specs) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("supervisor: %v", err)
-		}
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("supervisor: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }

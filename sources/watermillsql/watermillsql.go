@@ -61,8 +61,9 @@ type Config struct {
 	// PartitionKey is a metadata key whose value orders events: events with
 	// the same value are never in flight together and reach the broker in
 	// transaction-id order (and it is the Kafka key). Default
-	// "partition_key". Messages without it are ordered as UnkeyedOrder says;
-	// "" orders every message that way (by topic, as the forwarder did).
+	// "partition_key". Messages without it are ordered as unkeyed_order
+	// says; "" orders every message that way (by topic, as the forwarder
+	// did).
 	PartitionKey string `yaml:"partition_key"`
 	// UnkeyedOrder orders the messages without a partition key: "topic"
 	// keeps each topic's messages in transaction-id order, as Watermill's
@@ -70,7 +71,7 @@ type Config struct {
 	// time, and the topic name is their Kafka key, so they share one
 	// partition); "none" delivers them in parallel, in no order, with no
 	// key. The topic is the envelope's destination with forwarder, else
-	// Topic. Default "topic".
+	// topic. Default "topic".
 	UnkeyedOrder string `yaml:"unkeyed_order"`
 	// BatchSize is the most rows one read returns. Default 500.
 	BatchSize int `yaml:"batch_size"`
