@@ -6,7 +6,9 @@
 // or where an event router sends them). It is the xid8 source on
 // watermill-sql's own table layout (its transaction_id xid8 column), so it
 // has xid8's guarantees: no row skipped under out-of-order commits, and
-// per-key order when the messages carry a partition key in their metadata.
+// per-key order when the messages carry a partition key in their metadata;
+// messages without one keep per-topic order by default, as the forwarder
+// published them.
 //
 // It owns the mapping of watermill-sql's schema and of the forwarder's
 // envelope onto Ferry's events; reading, windowing and progress are the xid8
