@@ -72,6 +72,12 @@ func TestValidate(t *testing.T) {
 		{"unkeyed_order unknown", func(c *watermillsql.Config) { c.UnkeyedOrder = "partition" }, []string{"unkeyed_order"}},
 		{"unkeyed_order empty", func(c *watermillsql.Config) { c.UnkeyedOrder = "" }, []string{"unkeyed_order"}},
 		{"no topic, no dsn", func(c *watermillsql.Config) { c.Topic, c.DSN = "", "" }, []string{"topic", "dsn"}},
+		// watermill-sql allows a dot; Ferry would read the table
+		// "created" in the schema "watermill_orders".
+		{"topic with a dot", func(c *watermillsql.Config) { c.Topic = "orders.created" }, []string{"topic"}},
+		{"topic with a dot, in a schema", func(c *watermillsql.Config) { c.Topic, c.Schema = "orders.created", "shop" }, []string{"topic"}},
+		{"topic with a dash", func(c *watermillsql.Config) { c.Topic = "orders-created" }, []string{"topic"}},
+		{"schema", func(c *watermillsql.Config) { c.Schema = "shop" }, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := watermillsql.DefaultConfig()

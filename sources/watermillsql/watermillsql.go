@@ -50,7 +50,8 @@ type Config struct {
 	DSN string `yaml:"dsn"`
 	// Topic is the Watermill topic the service publishes to; its table is
 	// the one watermill-sql's DefaultPostgreSQLSchema names for it
-	// (watermill_<topic>). Required.
+	// (watermill_<topic>). Required; letters, digits and _ (watermill-sql
+	// also allows . - $ :, which Ferry cannot name a table with yet).
 	Topic string `yaml:"topic"`
 	// Schema is the PostgreSQL schema of the table. Default "" (the
 	// search_path's, as watermill-sql uses it).
@@ -117,8 +118,12 @@ func (c *Config) Validate() error {
 	var p plugins.Problems
 	if c.Topic == "" {
 		p.Add("topic", "must not be empty")
-	} else if _, _, err := outbox.ParseTable(c.Table()); err != nil {
+	} else if _, table, err := outbox.ParseTable(c.Table()); err != nil {
 		p.Add("topic", "%q makes the table %s, which Ferry cannot name: %v", c.Topic, c.Table(), err)
+	} else if want := strings.Trim(wsql.DefaultPostgreSQLSchema{}.MessagesTable(c.Topic), `"`); table != want {
+		// A dot in the topic (watermill-sql allows it) would make Ferry
+		// read a table of another schema than watermill-sql writes.
+		p.Add("topic", "%q makes the table %q, which Ferry cannot name: want letters, digits and _", c.Topic, want)
 	}
 	if c.PartitionKey != "" && strings.ContainsAny(c.PartitionKey, "\x00") {
 		p.Add("partition_key", "must not contain NUL")
