@@ -6,7 +6,9 @@
 // or where an event router sends them). It is the xid8 source on
 // watermill-sql's own table layout (its transaction_id xid8 column), so it
 // has xid8's guarantees: no row skipped under out-of-order commits, and
-// per-key order when the messages carry a partition key in their metadata.
+// per-key order when the messages carry a partition key in their metadata;
+// messages without one keep per-topic order by default, as the forwarder
+// published them.
 //
 // It owns the mapping of watermill-sql's schema and of the forwarder's
 // envelope onto Ferry's events; reading, windowing and progress are the xid8
@@ -48,7 +50,8 @@ type Config struct {
 	DSN string `yaml:"dsn"`
 	// Topic is the Watermill topic the service publishes to; its table is
 	// the one watermill-sql's DefaultPostgreSQLSchema names for it
-	// (watermill_<topic>). Required.
+	// (watermill_<topic>). Required; letters, digits and _ (watermill-sql
+	// also allows . - $ :, which Ferry cannot name a table with yet).
 	Topic string `yaml:"topic"`
 	// Schema is the PostgreSQL schema of the table. Default "" (the
 	// search_path's, as watermill-sql uses it).
@@ -60,9 +63,19 @@ type Config struct {
 	Forwarder bool `yaml:"forwarder"`
 	// PartitionKey is a metadata key whose value orders events: events with
 	// the same value are never in flight together and reach the broker in
-	// commit order (and it is the Kafka key). Default "partition_key".
-	// Messages without it are delivered in parallel.
+	// transaction-id order (and it is the Kafka key). Default
+	// "partition_key". Messages without it are ordered as unkeyed_order
+	// says; "" orders every message that way (by topic, as the forwarder
+	// did).
 	PartitionKey string `yaml:"partition_key"`
+	// UnkeyedOrder orders the messages without a partition key: "topic"
+	// keeps each topic's messages in transaction-id order, as Watermill's
+	// forwarder published them (one message of the topic in flight at a
+	// time, and the topic name is their Kafka key, so they share one
+	// partition); "none" delivers them in parallel, in no order, with no
+	// key. The topic is the envelope's destination with forwarder, else
+	// topic. Default "topic".
+	UnkeyedOrder string `yaml:"unkeyed_order"`
 	// BatchSize is the most rows one read returns. Default 500.
 	BatchSize int `yaml:"batch_size"`
 	// PollInterval is how often the table is read. Default 100ms.
@@ -74,10 +87,19 @@ type Config struct {
 	QueryTimeout time.Duration `yaml:"query_timeout"`
 }
 
+// The values of Config.UnkeyedOrder.
+const (
+	// UnkeyedOrderTopic orders messages without a partition key per topic.
+	UnkeyedOrderTopic = "topic"
+	// UnkeyedOrderNone delivers messages without a partition key in
+	// parallel.
+	UnkeyedOrderNone = "none"
+)
+
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
 	x := xid8.DefaultConfig()
-	return &Config{PartitionKey: "partition_key", BatchSize: x.BatchSize, PollInterval: x.PollInterval,
+	return &Config{PartitionKey: "partition_key", UnkeyedOrder: UnkeyedOrderTopic, BatchSize: x.BatchSize, PollInterval: x.PollInterval,
 		OffsetsTable: x.OffsetsTable, QueryTimeout: x.QueryTimeout}
 }
 
@@ -96,11 +118,18 @@ func (c *Config) Validate() error {
 	var p plugins.Problems
 	if c.Topic == "" {
 		p.Add("topic", "must not be empty")
-	} else if _, _, err := outbox.ParseTable(c.Table()); err != nil {
+	} else if _, table, err := outbox.ParseTable(c.Table()); err != nil {
 		p.Add("topic", "%q makes the table %s, which Ferry cannot name: %v", c.Topic, c.Table(), err)
+	} else if want := strings.Trim(wsql.DefaultPostgreSQLSchema{}.MessagesTable(c.Topic), `"`); table != want {
+		// A dot in the topic (watermill-sql allows it) would make Ferry
+		// read a table of another schema than watermill-sql writes.
+		p.Add("topic", "%q makes the table %q, which Ferry cannot name: want letters, digits and _", c.Topic, want)
 	}
 	if c.PartitionKey != "" && strings.ContainsAny(c.PartitionKey, "\x00") {
 		p.Add("partition_key", "must not contain NUL")
+	}
+	if c.UnkeyedOrder != UnkeyedOrderTopic && c.UnkeyedOrder != UnkeyedOrderNone {
+		p.Add("unkeyed_order", "%q: must be %s or %s", c.UnkeyedOrder, UnkeyedOrderTopic, UnkeyedOrderNone)
 	}
 	p = append(p, plugins.Flatten(c.xid8().Validate())...) // dsn, batch_size, … under the same keys
 	return p.Err()
@@ -118,11 +147,11 @@ func (c *Config) xid8() *xid8.Config {
 	// watermill-sql sends no notifications: poll.
 	x.Listen = false
 	x.BatchSize, x.PollInterval, x.OffsetsTable, x.QueryTimeout = c.BatchSize, c.PollInterval, c.OffsetsTable, c.QueryTimeout
-	key, forwarder := c.PartitionKey, c.Forwarder
+	ord := ordering{key: c.PartitionKey, forwarder: c.Forwarder, byTopic: c.UnkeyedOrder == UnkeyedOrderTopic, topic: c.Topic}
 	x.Columns.Derive = func(r *outbox.Row) {
-		if key != "" {
-			r.AggregateID = partitionKey(r, key, forwarder)
-		}
+		// The ordering key is the aggregate id: the window keeps one
+		// message of it in flight, and the sink keys the message by it.
+		r.AggregateID = ord.of(r)
 		// The metadata as stored, for shape: Ferry's own metadata keys
 		// (aggregate_id, created_at, …) must not replace the message's.
 		r.ExtraNames = append(r.ExtraNames, rawMetadata)
@@ -156,25 +185,47 @@ type envelope struct {
 	Metadata         map[string]string `json:"metadata"`
 }
 
-// partitionKey is the row's ordering key: the metadata value under key, in
-// the forwarder's envelope or in the metadata column.
-func partitionKey(r *outbox.Row, key string, forwarder bool) outbox.Text {
+// ordering derives a row's ordering key.
+type ordering struct {
+	key       string // the partition key's metadata key; "" for none
+	forwarder bool   // the rows are forwarder envelopes
+	byTopic   bool   // unkeyed rows are ordered by their topic
+	topic     string // the Watermill topic of the table
+}
+
+// of is the row's ordering key: the metadata value under the partition
+// key, in the forwarder's envelope or in the metadata column; else, when
+// unkeyed messages keep topic order, the message's topic (the envelope's
+// destination, or the table's Watermill topic), so that each topic's
+// unkeyed messages form one lane, as the forwarder published them one
+// after another. A partition key equal to a topic's name shares that
+// topic's lane: it is then serialized with it, never reordered.
+//
+// An envelope that does not parse has no key: shape makes it a dead letter.
+func (o ordering) of(r *outbox.Row) outbox.Text {
 	var md map[string]string
-	if forwarder {
+	topic := o.topic
+	if o.forwarder {
 		var e struct {
-			Metadata map[string]string `json:"metadata"`
+			DestinationTopic string            `json:"destination_topic"`
+			Metadata         map[string]string `json:"metadata"`
 		}
 		if json.Unmarshal(r.Payload, &e) != nil {
 			return outbox.Text{}
 		}
-		md = e.Metadata
-	} else if r.Headers.Valid {
+		md, topic = e.Metadata, e.DestinationTopic
+	} else if r.Headers.Valid && o.key != "" {
 		if json.Unmarshal([]byte(r.Headers.String), &md) != nil {
-			return outbox.Text{}
+			md = nil // unreadable metadata: unkeyed
 		}
 	}
-	v, ok := md[key]
-	return outbox.Text{String: v, Valid: ok && v != ""}
+	if v := md[o.key]; o.key != "" && v != "" {
+		return outbox.Text{String: v, Valid: true}
+	}
+	if o.byTopic && topic != "" {
+		return outbox.Text{String: topic, Valid: true}
+	}
+	return outbox.Text{}
 }
 
 // Source is the watermill_sql source: the xid8 source on watermill-sql's
