@@ -49,6 +49,9 @@ type Status struct {
 	Health *plugins.Health `json:"health,omitempty"`
 	// Flow is the source's in-flight window.
 	Flow *plugins.Flow `json:"flow,omitempty"`
+	// Progress is the delivery and drain rates and the backlog's ETA; nil
+	// until the pipeline has been watched for two readings.
+	Progress *Progress `json:"progress,omitempty"`
 	// Lag is each segment's p50/p99 over the last minute.
 	Lag map[string]LagSummary `json:"lag"`
 	// Owner is the instance that runs the pipeline, with high availability:
@@ -70,6 +73,7 @@ type entry struct {
 	lock         *ownership.Claim // held while this instance owns the pipeline
 	ownerChecked time.Time        // when status.Owner was last looked up (standby)
 	probe        probeState       // the supervisor's own backlog measurement (health.go)
+	progress     progressTracker  // readings for Status.Progress (progress.go)
 }
 
 func (e *entry) setState(st State) {
@@ -181,38 +185,66 @@ func (es *entries) statuses() []Status {
 
 // status is e's status: its state, with the canary's verdict, the
 // source's health (or the supervisor's measurement, whichever is newer
-// while the source does not measure), its window and its lag.
+// while the source does not measure), its window, its progress and its
+// lag.
 func (es *entries) status(e *entry) Status {
 	es.mu.Lock()
-	st, p, probed, running := e.status, e.pipeline(), e.probe.last, e.running()
+	st, p := e.status, e.pipeline()
 	es.mu.Unlock()
-	if !probed.CheckedAt.IsZero() {
-		st.Health = &probed
-	}
-	if p != nil {
-		// The canary's verdict wins over running and backing_off: whatever the
-		// pipeline thinks of itself, events do not make it through.
-		if st.State == StateRunning || st.State == StateBackingOff {
-			if stalled, why := p.Stalled(); stalled {
-				if st.LastError != "" && st.State == StateBackingOff {
-					why += "; last error: " + st.LastError
-				}
-				st.State, st.LastError = StateStalled, why
+	st.Health, st.Flow = es.measures(e)
+	// The canary's verdict wins over running and backing_off: whatever the
+	// pipeline thinks of itself, events do not make it through.
+	if p != nil && (st.State == StateRunning || st.State == StateBackingOff) {
+		if stalled, why := p.Stalled(); stalled {
+			if st.LastError != "" && st.State == StateBackingOff {
+				why += "; last error: " + st.LastError
 			}
-		}
-		if h, ok := p.Source.(plugins.HealthReporter); ok {
-			hv := h.Health()
-			if !running || hv.CheckedAt.IsZero() {
-				// The source does not measure now, or not yet.
-				hv = freshest(hv, probed)
-			}
-			st.Health = &hv
-		}
-		if f, ok := p.Source.(plugins.FlowReporter); ok {
-			fv := f.Flow()
-			st.Flow = &fv
+			st.State, st.LastError = StateStalled, why
 		}
 	}
+	es.mu.Lock()
+	st.Progress = e.progress.progress(st.Health)
+	es.mu.Unlock()
 	st.Lag = e.rep.lagSummaries()
 	return st
+}
+
+// measures is e's backlog (the source's measurement, or the supervisor's
+// while the source does not measure) and in-flight window; nil for what
+// nobody measured.
+func (es *entries) measures(e *entry) (*plugins.Health, *plugins.Flow) {
+	es.mu.Lock()
+	p, probed, running := e.pipeline(), e.probe.last, e.running()
+	es.mu.Unlock()
+	var health *plugins.Health
+	var flow *plugins.Flow
+	if !asOf(probed).IsZero() {
+		health = &probed
+	}
+	if p == nil {
+		return health, nil
+	}
+	if h, ok := p.Source.(plugins.HealthReporter); ok {
+		hv := h.Health()
+		if !running || asOf(hv).IsZero() {
+			// The source does not measure now, or not yet.
+			hv = freshest(hv, probed)
+		}
+		health = &hv
+	}
+	if f, ok := p.Source.(plugins.FlowReporter); ok {
+		fv := f.Flow()
+		flow = &fv
+	}
+	return health, flow
+}
+
+// observeProgress records every pipeline's counters for its Progress.
+func (es *entries) observeProgress(now time.Time) {
+	for _, e := range es.all() {
+		h, f := es.measures(e)
+		es.mu.Lock()
+		e.progress.observe(now, f, h)
+		es.mu.Unlock()
+	}
 }

@@ -35,7 +35,8 @@ func healthInterval(spec *pipelines.Spec) time.Duration {
 // probeState is an entry's own backlog measurement, under entries.mu.
 type probeState struct {
 	last    plugins.Health
-	running bool // a measurement is under way
+	tried   time.Time // when the last measurement ended, good or failed
+	running bool      // a measurement is under way
 	// unable: the entry's source cannot be measured (no plugins.Prober);
 	// not tried again until the spec changes.
 	unable *pipelines.Spec
@@ -60,12 +61,16 @@ func (es *entries) probe(e *entry, log *slog.Logger) {
 		defer cancel()
 		h, err := probeOnce(ctx, spec, log)
 		es.mu.Lock()
-		e.probe.running = false
+		e.probe.running, e.probe.tried = false, time.Now()
 		switch {
 		case err == nil:
 			e.probe.last = h
 		case errors.Is(err, errNotProber):
 			e.probe.unable = spec
+		default:
+			// The last measurement is no longer current: say so rather than
+			// show it (or a never-measured zero) as the backlog.
+			e.probe.last = e.probe.last.Failed(spec.Mask(redact.Error(err).Error()), time.Now())
 		}
 		es.mu.Unlock()
 		if err != nil && !errors.Is(err, errNotProber) {
@@ -87,8 +92,8 @@ func (es *entries) refreshHealth(leftToOthers func(*entry) bool, log *slog.Logge
 		if e.running() || (!paused && (e.inc == nil || leftToOthers(e))) {
 			continue
 		}
-		pausedSince := paused && e.probe.last.CheckedAt.Before(e.status.Since)
-		if pausedSince || time.Since(e.probe.last.CheckedAt) >= healthInterval(e.spec) {
+		pausedSince := paused && e.probe.tried.Before(e.status.Since)
+		if pausedSince || time.Since(e.probe.tried) >= healthInterval(e.spec) {
 			due = append(due, e)
 		}
 	}
@@ -99,12 +104,21 @@ func (es *entries) refreshHealth(leftToOthers func(*entry) bool, log *slog.Logge
 }
 
 // freshest is the newer of the running source's measurement and the
-// supervisor's.
+// supervisor's: a failure counts from when it began, after the last good
+// measurement.
 func freshest(a, b plugins.Health) plugins.Health {
-	if b.CheckedAt.After(a.CheckedAt) {
+	if asOf(b).After(asOf(a)) {
 		return b
 	}
 	return a
+}
+
+// asOf is when h last said something: its measurement, or its failure.
+func asOf(h plugins.Health) time.Time {
+	if h.Failing() {
+		return h.MeasureFailingSince
+	}
+	return h.CheckedAt
 }
 
 var errNotProber = errors.New("the source cannot be measured")

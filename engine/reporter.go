@@ -163,7 +163,7 @@ func (r *reporter) checkProgress(src message.Subscriber) {
 		progressed = true
 	}
 	if h, ok := src.(plugins.HealthReporter); ok {
-		if hv := h.Health(); hv.CheckedAt.After(since) && hv.Backlog == 0 {
+		if hv := h.Health(); hv.CheckedAt.After(since) && hv.Backlog == 0 && !hv.Failing() {
 			progressed = true
 		}
 	}

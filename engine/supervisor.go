@@ -256,8 +256,9 @@ func (s *Supervisor) Status(name string) (Status, error) {
 func (s *Supervisor) Coordination() (Coordination, bool) { return s.ha.coordination() }
 
 // watchProgress ends the failing episodes whose sources show progress
-// (reporter.checkProgress) and measures the backlog of pipelines whose
-// source does not (refreshHealth), once a second until ctx ends.
+// (reporter.checkProgress), measures the backlog of pipelines whose
+// source does not (refreshHealth) and reads every pipeline's counters for
+// its progress (observeProgress), once a second until ctx ends.
 func (s *Supervisor) watchProgress(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -279,6 +280,7 @@ func (s *Supervisor) watchProgress(ctx context.Context) {
 			}
 		}
 		s.entries.refreshHealth(s.ha.leftToOthers, s.log)
+		s.entries.observeProgress(time.Now())
 	}
 }
 

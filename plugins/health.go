@@ -22,6 +22,27 @@ type Health struct {
 	Details map[string]any `json:"details,omitempty"`
 	// CheckedAt is when this was measured; zero if never.
 	CheckedAt time.Time `json:"checked_at"`
+	// MeasureError says why the measurements since MeasureFailingSince
+	// failed (a revoked grant, a statement timeout); empty while they
+	// succeed. Backlog, OldestAge and CheckedAt are then the last good
+	// measurement's, and no surface may show them as the current backlog:
+	// a count that cannot be taken is not a count of zero.
+	MeasureError        string    `json:"-"`
+	MeasureFailingSince time.Time `json:"-"`
+}
+
+// Failing reports whether the last measurement failed.
+func (h Health) Failing() bool { return h.MeasureError != "" }
+
+// Failed is h, the last good measurement, marked as no longer current:
+// the measurement at now failed with err (already redacted by the caller).
+// The failure's start is kept across repeated failures.
+func (h Health) Failed(err string, now time.Time) Health {
+	if !h.Failing() {
+		h.MeasureFailingSince = now
+	}
+	h.MeasureError = err
+	return h
 }
 
 // DetailXminHorizonAge is the Details key under which the PostgreSQL
@@ -57,6 +78,8 @@ type healthJSON struct {
 	XminHorizonAgeSeconds float64        `json:"xmin_horizon_age_seconds"`
 	Details               map[string]any `json:"details,omitempty"`
 	CheckedAt             time.Time      `json:"checked_at"`
+	MeasureError          string         `json:"measure_error,omitempty"`
+	MeasureFailingSince   *time.Time     `json:"measure_failing_since,omitempty"`
 }
 
 // MarshalJSON writes the ages in seconds (oldest_age_seconds,
@@ -67,8 +90,12 @@ func (h Health) MarshalJSON() ([]byte, error) {
 		details = maps.Clone(details)
 		delete(details, DetailXminHorizonAge)
 	}
-	return json.Marshal(healthJSON{Backlog: h.Backlog, BacklogUnit: h.BacklogUnit, OldestAgeSeconds: h.OldestAge.Seconds(),
-		XminHorizonAgeSeconds: h.XminHorizonAge().Seconds(), Details: details, CheckedAt: h.CheckedAt})
+	j := healthJSON{Backlog: h.Backlog, BacklogUnit: h.BacklogUnit, OldestAgeSeconds: h.OldestAge.Seconds(),
+		XminHorizonAgeSeconds: h.XminHorizonAge().Seconds(), Details: details, CheckedAt: h.CheckedAt, MeasureError: h.MeasureError}
+	if h.Failing() {
+		j.MeasureFailingSince = &h.MeasureFailingSince
+	}
+	return json.Marshal(j)
 }
 
 // UnmarshalJSON reads what MarshalJSON writes.
@@ -78,7 +105,10 @@ func (h *Health) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*h = Health{Backlog: j.Backlog, BacklogUnit: j.BacklogUnit, OldestAge: time.Duration(j.OldestAgeSeconds * float64(time.Second)),
-		Details: j.Details, CheckedAt: j.CheckedAt}
+		Details: j.Details, CheckedAt: j.CheckedAt, MeasureError: j.MeasureError}
+	if j.MeasureFailingSince != nil {
+		h.MeasureFailingSince = *j.MeasureFailingSince
+	}
 	if j.XminHorizonAgeSeconds != 0 {
 		if h.Details == nil {
 			h.Details = map[string]any{}

@@ -28,6 +28,8 @@ func TestHealthJSON(t *testing.T) {
 			`{"backlog":0,"backlog_unit":"events","oldest_age_seconds":0,"xmin_horizon_age_seconds":0.25,"checked_at":"2026-03-01T12:00:00Z"}`},
 		{"wal", plugins.Health{Backlog: 1024, BacklogUnit: "bytes", CheckedAt: at, Details: map[string]any{"slot": "ferry_orders"}},
 			`{"backlog":1024,"backlog_unit":"bytes","oldest_age_seconds":0,"xmin_horizon_age_seconds":0,"details":{"slot":"ferry_orders"},"checked_at":"2026-03-01T12:00:00Z"}`},
+		{"failing", plugins.Health{Backlog: 0, BacklogUnit: "events", CheckedAt: at}.Failed("permission denied for table outbox (SQLSTATE 42501)", at.Add(time.Minute)),
+			`{"backlog":0,"backlog_unit":"events","oldest_age_seconds":0,"xmin_horizon_age_seconds":0,"checked_at":"2026-03-01T12:00:00Z","measure_error":"permission denied for table outbox (SQLSTATE 42501)","measure_failing_since":"2026-03-01T12:01:00Z"}`},
 		{"never measured", plugins.Health{},
 			`{"backlog":0,"backlog_unit":"","oldest_age_seconds":0,"xmin_horizon_age_seconds":0,"checked_at":"0001-01-01T00:00:00Z"}`},
 	} {

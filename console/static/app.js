@@ -202,8 +202,11 @@
     $('.path', el).textContent = (p.source || '?') + ' → ' + (p.sink || '?') + (p.managed_by ? ' · ' + p.managed_by : '');
     $('.owner', el).textContent = where.owner;
     const h = p.health;
-    $('.backlog', el).textContent = h && h.checked_at && !h.checked_at.startsWith('0001') ? num(h.backlog) + ' ' + (h.backlog_unit || '') : '—';
-    $('.oldest', el).textContent = h && h.checked_at && !h.checked_at.startsWith('0001') ? dur(h.oldest_age_seconds) : '—';
+    const measured = h && h.checked_at && !h.checked_at.startsWith('0001');
+    const eta = p.progress && p.progress.eta_seconds != null ? ' · ETA ' + dur(p.progress.eta_seconds) : '';
+    $('.backlog', el).textContent = h && h.measure_error ? 'cannot be measured: ' + h.measure_error
+      : measured ? num(h.backlog) + ' ' + (h.backlog_unit || '') + eta : '—';
+    $('.oldest', el).textContent = measured && !h.measure_error ? dur(h.oldest_age_seconds) : '—';
     $('.inflight', el).textContent = p.flow ? num(p.flow.in_flight) : '—';
     const dead = c.hist ? c.hist.dead_lettered_events : null;
     const parked = p.flow && p.flow.given_up ? ' (+' + num(p.flow.given_up) + ' parked)' : '';

@@ -79,7 +79,7 @@ func (m *slotMetrics) register(reg prometheus.Registerer, log *slog.Logger) {
 // not confirmed (zero for none), the oldest undelivered event's age.
 func (m *slotManager) watch(ctx context.Context, oldest func() time.Time) {
 	last := ""
-	pgsource.WatchHealth(ctx, m.cfg.MetricsInterval, m.log, "measure replication slot", func(ctx context.Context) error {
+	pgsource.WatchHealth(ctx, m.cfg.MetricsInterval, m.log, "measure replication slot", &m.health, func(ctx context.Context) error {
 		sh, err := readSlotHealth(ctx, m.pool, m.slot)
 		if err != nil {
 			return err

@@ -91,23 +91,20 @@ func printCoordination(w io.Writer, c *engine.Coordination) {
 		c.Since.Format(time.RFC3339), c.Database, c.LastError, c.Degraded)
 }
 
-// printLag writes one row per pipeline: state, backlog, oldest age, and
-// each lag segment's p50/p99 over the last minute.
+// printLag writes one row per pipeline: state, backlog, oldest age, the
+// delivery rate and the backlog's ETA, and each lag segment's p50/p99 over
+// the last minute.
 func printLag(w io.Writer, sts []engine.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
+	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tRATE\tETA\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
 	for _, s := range sts {
-		backlog, oldest, measured := "-", "-", "-"
-		if h := s.Health; h != nil && !h.CheckedAt.IsZero() {
-			backlog = fmt.Sprintf("%d %s", h.Backlog, h.BacklogUnit)
-			oldest = h.OldestAge.Round(time.Millisecond).String()
-			measured = time.Since(h.CheckedAt).Round(time.Second).String() + " ago"
-		}
+		backlog, oldest, measured := backlogCells(s.Health)
+		rate, eta := progressCells(s.Progress)
 		state := string(s.State)
 		if s.State == engine.StateStandby && s.Owner != "" {
 			state += " (on " + s.Owner + ")"
 		}
-		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured}
+		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured, rate, eta}
 		for _, seg := range plugins.Segments {
 			l := s.Lag[seg]
 			if l.Count == 0 {
@@ -124,8 +121,41 @@ func printLag(w io.Writer, sts []engine.Status) {
 			}
 			fmt.Fprintf(tw, "  └ %s%s\n", s.LastError, next)
 		}
+		if h := s.Health; h != nil && h.Failing() {
+			fmt.Fprintf(tw, "  └ backlog cannot be measured: %s\n", h.MeasureError)
+		}
 	}
 	tw.Flush()
+}
+
+// backlogCells are the backlog, oldest-age and measured-ago cells: "-" for
+// a backlog never measured, and FAILING (with the last good measurement's
+// age) for one that cannot be measured now — never its last value.
+func backlogCells(h *plugins.Health) (backlog, oldest, measured string) {
+	switch {
+	case h == nil || (h.CheckedAt.IsZero() && !h.Failing()):
+		return "-", "-", "-"
+	case h.Failing():
+		measured = "never"
+		if !h.CheckedAt.IsZero() {
+			measured = time.Since(h.CheckedAt).Round(time.Second).String() + " ago"
+		}
+		return "FAILING", "?", measured
+	}
+	return fmt.Sprintf("%d %s", h.Backlog, h.BacklogUnit), h.OldestAge.Round(time.Millisecond).String(),
+		time.Since(h.CheckedAt).Round(time.Second).String() + " ago"
+}
+
+// progressCells are the delivery rate and the backlog's ETA cells.
+func progressCells(p *engine.Progress) (rate, eta string) {
+	if p == nil {
+		return "-", "-"
+	}
+	rate, eta = fmt.Sprintf("%.0f/s", p.DeliveredPerSecond), "-"
+	if p.ETASeconds != nil {
+		eta = time.Duration(*p.ETASeconds * float64(time.Second)).Round(time.Second).String()
+	}
+	return rate, eta
 }
 
 func seconds(s float64) string {

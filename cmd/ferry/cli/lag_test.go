@@ -238,3 +238,42 @@ func askDoctor(t *testing.T, name string) doctorVerdict {
 	}
 	return v
 }
+
+// A backlog that cannot be measured reads FAILING with the reason, never
+// its last value; a draining pipeline shows its delivery rate and ETA.
+func TestLagShowsFailingBacklogAndETA(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"pipelines": [
+			{"name": "revoked", "state": "backing_off", "since": "2026-01-01T00:00:00Z", "lag": {},
+			 "health": {"backlog": 0, "backlog_unit": "events", "oldest_age_seconds": 0, "xmin_horizon_age_seconds": 0, "checked_at": "2026-01-01T00:00:00Z",
+			  "measure_error": "ERROR: permission denied for table outbox (SQLSTATE 42501)", "measure_failing_since": "2026-01-01T00:01:00Z"}},
+			{"name": "draining", "state": "running", "since": "2026-01-01T00:00:00Z", "lag": {},
+			 "health": {"backlog": 20056, "backlog_unit": "events", "oldest_age_seconds": 40, "xmin_horizon_age_seconds": 0, "checked_at": "2026-01-01T00:00:00Z"},
+			 "progress": {"delivered_per_second": 5012.4, "backlog_drain_per_second": 5000, "eta_seconds": 4.0112}}]}`))
+	}))
+	defer srv.Close()
+	code, out, errOut := run("lag", "--url", srv.URL)
+	if code != 0 {
+		t.Fatalf("lag: exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(out, "\n")
+	var revoked, draining string
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "revoked "):
+			revoked = l
+		case strings.HasPrefix(l, "draining "):
+			draining = l
+		}
+	}
+	if !strings.Contains(revoked, "FAILING") || strings.Contains(revoked, "0 events") {
+		t.Errorf("the unmeasurable backlog's row: %q", revoked)
+	}
+	if !strings.Contains(out, "backlog cannot be measured: ERROR: permission denied for table outbox (SQLSTATE 42501)") {
+		t.Errorf("no reason for the failing measurement in:\n%s", out)
+	}
+	if !strings.Contains(draining, "5012/s") || !strings.Contains(draining, " 4s ") {
+		t.Errorf("the draining row lacks its rate and ETA: %q", draining)
+	}
+}

@@ -66,31 +66,38 @@ func EventBacklog(n int64, ageSeconds float64, details map[string]any) plugins.H
 func (b *Backlog) Health() plugins.Health { return b.last.Load() }
 
 // Watch measures every Interval until ctx ends, from its first moments on,
-// and keeps each measurement; one that fails is logged and the last good
-// one kept. query gives the count at each measurement (a cursor moves); it
-// is called from the database's check loop, and its SQL must be the same
-// every time.
+// and keeps each measurement; one that fails is logged and marks the last
+// good one as failing (plugins.Health.Failed) until one succeeds. query
+// gives the count at each measurement (a cursor moves); it is called from
+// the database's check loop, and its SQL must be the same every time.
+//
+// While a backlog remains it measures sooner (drainingInterval), so that
+// the end of a drain shows within a second or two, not a metrics_interval
+// later.
 func (b *Backlog) Watch(ctx context.Context, pool *Pool, query func() BacklogQuery) {
 	type measurement struct {
-		h   plugins.Health
-		err error
+		h    plugins.Health
+		err  error
+		took time.Duration
 	}
 	measured := make(chan measurement, 1)
 	// The check loop calls a run's Args, Scan and Done one after another:
-	// q and h are its.
+	// q, h and began are its.
 	var q BacklogQuery
 	var h plugins.Health
+	var began time.Time
 	check := pool.AddCheck(Check{SQL: query().SQL, Timeout: b.Timeout,
-		Args: func() []any { q = query(); return q.Args },
+		Args: func() []any { q, began = query(), time.Now(); return q.Args },
 		Scan: func(r pgx.Row) (err error) { h, err = q.Scan(r); return err },
 		Done: func(err error) {
 			select {
-			case measured <- measurement{h, err}:
+			case measured <- measurement{h, err, time.Since(began)}:
 			default: // the last one is still being completed
 			}
 		}})
 	defer check.Remove()
 	check.Arm(0, b.Interval)
+	draining := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -102,9 +109,29 @@ func (b *Backlog) Watch(ctx context.Context, pool *Pool, query func() BacklogQue
 			}
 			if err != nil && ctx.Err() == nil {
 				b.Log.Warn("measure backlog", "err", redact.Error(err))
+				b.last.Fail(err)
+			}
+			if next := drainingInterval(b.last.Load(), m.took, b.Interval); next < b.Interval {
+				check.Arm(next, b.Interval)
+				draining = true
+			} else if draining {
+				check.Arm(b.Interval, b.Interval)
+				draining = false
 			}
 		}
 	}
+}
+
+// drainingInterval is how soon to measure again after a measurement that
+// took took: every interval while nothing waits (or the count fails), at
+// most a second apart while a backlog remains — but never spending more
+// than a twentieth of the time counting, since a count of a large backlog
+// is itself work for the database.
+func drainingInterval(h plugins.Health, took, interval time.Duration) time.Duration {
+	if h.Failing() || h.Backlog == 0 {
+		return interval
+	}
+	return min(max(time.Second, 20*took), interval)
 }
 
 // store adds the horizon to h and keeps it.

@@ -118,16 +118,26 @@ func (l *LastHealth) Store(h plugins.Health) {
 	l.h = h
 }
 
+// Fail marks the last measurement as no longer current: measuring failed
+// with err (plugins.Health.Failed). The error is redacted here, since it
+// goes to the API and the metrics.
+func (l *LastHealth) Fail(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.h = l.h.Failed(redact.Error(err).Error(), time.Now())
+}
+
 // WatchHealth calls measure at once and then every interval until ctx ends:
 // on a slow timer, never per read, because measuring (counting a backlog,
 // reading a slot) is cheap but not free. A failed measurement is logged as
-// what (e.g. "measure backlog") and the last good one kept.
-func WatchHealth(ctx context.Context, every time.Duration, log *slog.Logger, what string, measure func(context.Context) error) {
+// what (e.g. "measure backlog") and marks last as failing (LastHealth.Fail).
+func WatchHealth(ctx context.Context, every time.Duration, log *slog.Logger, what string, last *LastHealth, measure func(context.Context) error) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		if err := measure(ctx); err != nil && ctx.Err() == nil {
 			log.Warn(what, "err", redact.Error(err))
+			last.Fail(err)
 		}
 		select {
 		case <-ctx.Done():
