@@ -39,7 +39,9 @@ func names(table string) (inbox, aggregates, index string) {
 
 // Schema returns the DDL of the inbox tables for table ("" for the default
 // "ferry_inbox"): the inbox, keyed by event id, and the applied version of
-// each aggregate. Run it once, in a migration.
+// each aggregate. Run it in a migration; it is idempotent, and run again
+// over tables an older version made it adds what they lack (the payload
+// hash).
 func Schema(table string) (string, error) {
 	if _, err := quoteTable(table, "ferry_inbox"); err != nil {
 		return "", err
@@ -54,8 +56,13 @@ CREATE TABLE IF NOT EXISTS %[1]s (
   aggregate_type    text        NOT NULL DEFAULT '',
   aggregate_id      text        NOT NULL DEFAULT '',
   aggregate_version bigint,
+  payload_sha256    bytea,
   processed_at      timestamptz NOT NULL DEFAULT now()
 );
+-- Migration from inbox tables made before the payload hash: a redelivery
+-- carries the payload recorded with its id, a collision another one. Rows
+-- from before it keep NULL and are compared on their aggregate only.
+ALTER TABLE %[1]s ADD COLUMN IF NOT EXISTS payload_sha256 bytea;
 -- Retention deletes by age.
 CREATE INDEX IF NOT EXISTS %[3]s ON %[1]s (processed_at);
 -- The last version applied per aggregate: the order guard. Never pruned.
@@ -70,14 +77,16 @@ CREATE TABLE IF NOT EXISTS %[2]s (
 }
 
 type statements struct {
-	insertInbox, ensureAggregate, lockAggregate, advance, prune string
+	insertInbox, selectInbox, ensureAggregate, lockAggregate, advance, prune string
 }
 
 func newStatements(table string) statements {
 	inbox, aggs, _ := names(table)
 	return statements{
-		insertInbox: fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_type, aggregate_id, aggregate_version)
-			VALUES ($1, $2, $3, $4) ON CONFLICT (event_id) DO NOTHING`, inbox),
+		insertInbox: fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_type, aggregate_id, aggregate_version, payload_sha256)
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING`, inbox),
+		selectInbox: fmt.Sprintf(`SELECT aggregate_type, aggregate_id, aggregate_version, payload_sha256
+			FROM %s WHERE event_id = $1`, inbox),
 		ensureAggregate: fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id) VALUES ($1, $2)
 			ON CONFLICT (aggregate_type, aggregate_id) DO NOTHING`, aggs),
 		lockAggregate: fmt.Sprintf(`SELECT applied_version FROM %s

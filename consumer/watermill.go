@@ -1,0 +1,50 @@
+package consumer
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+)
+
+// HandlerFunc adapts h for a Watermill router (AddConsumerHandler): a held
+// or failed event is nacked, every other one acknowledged.
+func (c *Consumer) HandlerFunc(h Handler) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		_, err := c.Process(msg.Context(), msg, h)
+		return err
+	}
+}
+
+type txKey struct{}
+
+// Tx is the inbox transaction of a message handled under Middleware.
+func Tx(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
+	return tx, ok
+}
+
+// Middleware is the Watermill middleware form: the wrapped handler runs
+// inside the inbox transaction, which it gets with Tx(msg.Context()); the
+// messages it returns are passed on only when that transaction committed.
+func (c *Consumer) Middleware(next message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		var produced []*message.Message
+		_, err := c.Process(msg.Context(), msg, func(ctx context.Context, tx pgx.Tx, m *message.Message) error {
+			orig := m.Context()
+			m.SetContext(context.WithValue(ctx, txKey{}, tx))
+			defer m.SetContext(orig)
+			out, err := next(m)
+			produced = out
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		return produced, nil
+	}
+}
+
+// Config returns the consumer's configuration with its defaults filled in:
+// what natsopts and amqpopts size a subscriber by.
+func (c *Consumer) Config() Config { return c.cfg }
