@@ -343,7 +343,7 @@ func (c *Consumer) processOnce(ctx context.Context, msg *message.Message, ev eve
 }
 
 // transact runs the event's transaction: the inbox row, the aggregate's
-// row lock and version check, the handler, the new version. It returns the
+// row lock, version check and new version, the handler. It returns the
 // aggregate's applied version when it read one.
 func (c *Consumer) transact(ctx context.Context, msg *message.Message, ev event, h Handler) (Outcome, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
@@ -353,33 +353,35 @@ func (c *Consumer) transact(ctx context.Context, msg *message.Message, ev event,
 		return 0, 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.Background())
-	var v *int64
-	if ev.ordered {
-		v = &ev.version
-	}
-	tag, err := tx.Exec(ctx, c.sql.insertInbox, ev.id, ev.agg.typ, ev.agg.id, v, ev.hash)
-	if err != nil {
-		return 0, 0, fmt.Errorf("record event %s in the inbox: %w", ev.id, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return c.seenBefore(ctx, tx, msg, ev)
-	}
-	var applied int64
-	if ev.ordered {
-		if _, err := tx.Exec(ctx, c.sql.ensureAggregate, ev.agg.typ, ev.agg.id); err != nil {
-			return 0, 0, fmt.Errorf("aggregate %s/%s: %w", ev.agg.typ, ev.agg.id, err)
+	if !ev.ordered {
+		tag, err := tx.Exec(ctx, c.sql.insertInbox, ev.id, ev.agg.typ, ev.agg.id, nil, ev.hash)
+		if err != nil {
+			return 0, 0, fmt.Errorf("record event %s in the inbox: %w", ev.id, err)
 		}
-		// The row lock serialises this aggregate's events across
-		// processes; inside one, its lane already does.
-		if err := tx.QueryRow(ctx, c.sql.lockAggregate, ev.agg.typ, ev.agg.id).Scan(&applied); err != nil {
-			return 0, 0, fmt.Errorf("aggregate %s/%s: %w", ev.agg.typ, ev.agg.id, err)
+		if tag.RowsAffected() == 0 {
+			return c.seenBefore(ctx, tx, msg, ev)
 		}
-		switch {
-		case ev.version <= applied:
-			c.metrics.Stale.Inc()
-			c.cfg.Logger.Debug("stale event skipped", "event_id", ev.id, "aggregate_type", ev.agg.typ, "aggregate_id", ev.agg.id, "version", ev.version, "applied_version", applied)
-			return Stale, applied, nil // rolled back: the inbox keeps no trace
-		case ev.version > applied+1:
+	} else {
+		var fresh bool
+		var advanced *int64
+		if err := tx.QueryRow(ctx, c.sql.recordOrdered, ev.id, ev.agg.typ, ev.agg.id, ev.version, ev.hash).Scan(&fresh, &advanced); err != nil {
+			return 0, 0, fmt.Errorf("record event %s of aggregate %s/%s: %w", ev.id, ev.agg.typ, ev.agg.id, err)
+		}
+		if !fresh {
+			return c.seenBefore(ctx, tx, msg, ev)
+		}
+		if advanced == nil || *advanced != ev.version {
+			// Not next. The row is locked (by this transaction, so this
+			// read does not wait): its version says stale or early.
+			var applied int64
+			if err := tx.QueryRow(ctx, c.sql.lockAggregate, ev.agg.typ, ev.agg.id).Scan(&applied); err != nil {
+				return 0, 0, fmt.Errorf("aggregate %s/%s: %w", ev.agg.typ, ev.agg.id, err)
+			}
+			if ev.version <= applied {
+				c.metrics.Stale.Inc()
+				c.cfg.Logger.Debug("stale event skipped", "event_id", ev.id, "aggregate_type", ev.agg.typ, "aggregate_id", ev.agg.id, "version", ev.version, "applied_version", applied)
+				return Stale, applied, nil // rolled back: the inbox keeps no trace
+			}
 			return Held, applied, nil
 		}
 	}
@@ -390,19 +392,15 @@ func (c *Consumer) transact(ctx context.Context, msg *message.Message, ev event,
 		}
 		return 0, 0, &handlerError{err: err}
 	}
-	// A handler that called Commit got ErrTxOwned and may have ignored it;
-	// one that ran COMMIT as SQL left the connection outside the
-	// transaction: the inbox row is then committed without the aggregate's
-	// new version, and every later version would wait for ever.
+	// A handler that called Commit got ErrTxOwned and may have ignored it:
+	// the event must fail, not commit what the handler meant to end. One
+	// that ran COMMIT as SQL committed the inbox row and the new version
+	// with its changes (they are written before the handler runs) and left
+	// the connection outside any transaction: say so.
 	if status := tx.Conn().PgConn().TxStatus(); guarded.ended || status != 'T' {
 		c.cfg.Logger.Error("handler ended the inbox transaction", "event_id", ev.id, "aggregate_type", ev.agg.typ,
 			"aggregate_id", ev.agg.id, "version", ev.version, "transaction_status", string(status))
 		return 0, 0, fmt.Errorf("event %s: %w", ev.id, ErrTxOwned)
-	}
-	if ev.ordered {
-		if _, err := tx.Exec(ctx, c.sql.advance, ev.agg.typ, ev.agg.id, ev.version); err != nil {
-			return 0, 0, fmt.Errorf("aggregate %s/%s: %w", ev.agg.typ, ev.agg.id, err)
-		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, 0, fmt.Errorf("commit: %w", err)

@@ -77,7 +77,7 @@ CREATE TABLE IF NOT EXISTS %[2]s (
 }
 
 type statements struct {
-	insertInbox, selectInbox, ensureAggregate, lockAggregate, advance, prune string
+	insertInbox, recordOrdered, selectInbox, lockAggregate, prune string
 }
 
 func newStatements(table string) statements {
@@ -85,14 +85,28 @@ func newStatements(table string) statements {
 	return statements{
 		insertInbox: fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_type, aggregate_id, aggregate_version, payload_sha256)
 			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING`, inbox),
+		// One round trip for an ordered event: the inbox row, and the
+		// aggregate's row created or locked and moved to $4 if $4 is next
+		// (the transaction rolls it back unless the handler commits).
+		// ON CONFLICT DO UPDATE locks the row even when its WHERE is false,
+		// and reads the latest committed version of it, as an UPDATE does:
+		// a NULL advanced means stale or early, and lockAggregate says
+		// which.
+		recordOrdered: fmt.Sprintf(`WITH recorded AS (
+			INSERT INTO %[1]s (event_id, aggregate_type, aggregate_id, aggregate_version, payload_sha256)
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING RETURNING true
+		), advanced AS (
+			INSERT INTO %[2]s AS a (aggregate_type, aggregate_id, applied_version)
+			VALUES ($2, $3, CASE WHEN $4::bigint = 1 THEN 1 ELSE 0 END)
+			ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE SET applied_version = $4, updated_at = now()
+			WHERE a.applied_version = $4::bigint - 1
+			RETURNING applied_version
+		)
+		SELECT EXISTS (SELECT FROM recorded), (SELECT applied_version FROM advanced)`, inbox, aggs),
 		selectInbox: fmt.Sprintf(`SELECT aggregate_type, aggregate_id, aggregate_version, payload_sha256
 			FROM %s WHERE event_id = $1`, inbox),
-		ensureAggregate: fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id) VALUES ($1, $2)
-			ON CONFLICT (aggregate_type, aggregate_id) DO NOTHING`, aggs),
 		lockAggregate: fmt.Sprintf(`SELECT applied_version FROM %s
 			WHERE aggregate_type = $1 AND aggregate_id = $2 FOR UPDATE`, aggs),
-		advance: fmt.Sprintf(`UPDATE %s SET applied_version = $3, updated_at = now()
-			WHERE aggregate_type = $1 AND aggregate_id = $2`, aggs),
 		// Oldest first, in batches, so a large backlog never holds one long
 		// transaction.
 		prune: fmt.Sprintf(`DELETE FROM %[1]s WHERE event_id IN (
