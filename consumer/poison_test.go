@@ -8,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -168,5 +171,28 @@ func TestFailingHandlerIsRetriedThenDeadLettered(t *testing.T) {
 		if effects(pool) != 0 || testutil.ToFloat64(c.Metrics().HandlerFailures) != 1 {
 			t.Errorf("dead letter %v: %d effects, handler failures %v", withDeadLetter, effects(pool), testutil.ToFloat64(c.Metrics().HandlerFailures))
 		}
+	}
+}
+
+// PublishDeadLetters puts the event on the dead-letter topic with its
+// reason where Watermill's poison queue puts it.
+func TestPublishDeadLetters(t *testing.T) {
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	c, _ := setup(t, consumer.Config{DeadLetter: consumer.PublishDeadLetters(pubsub, "dead")})
+	if got, err := c.Process(context.Background(), event("bad", "a", "v2", 1), apply); got != consumer.DeadLettered || err != nil {
+		t.Fatalf("%v, %v", got, err)
+	}
+	msgs, err := pubsub.Subscribe(context.Background(), "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-msgs:
+		m.Ack()
+		if m.UUID != "bad" || !strings.HasPrefix(m.Metadata.Get(middleware.ReasonForPoisonedKey), "poison: bad_version: ") {
+			t.Fatalf("dead letter %s, metadata %v", m.UUID, m.Metadata)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing on the dead-letter topic")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -48,3 +49,19 @@ func (c *Consumer) Middleware(next message.HandlerFunc) message.HandlerFunc {
 // Config returns the consumer's configuration with its defaults filled in:
 // what natsopts and amqpopts size a subscriber by.
 func (c *Consumer) Config() Config { return c.cfg }
+
+// PublishDeadLetters returns a DeadLetterFunc that publishes each event it
+// gets to topic with pub, its reason and origin in the metadata keys of
+// Watermill's poison queue (middleware.ReasonForPoisonedKey and the
+// others), so whatever reads a poison queue reads these. The event is
+// acknowledged once pub.Publish returned nil.
+func PublishDeadLetters(pub message.Publisher, topic string) DeadLetterFunc {
+	return func(ctx context.Context, msg *message.Message, reason string) error {
+		dead := msg.Copy()
+		dead.Metadata.Set(middleware.ReasonForPoisonedKey, reason)
+		dead.Metadata.Set(middleware.PoisonedTopicKey, message.SubscribeTopicFromCtx(msg.Context()))
+		dead.Metadata.Set(middleware.PoisonedHandlerKey, message.HandlerNameFromCtx(msg.Context()))
+		dead.Metadata.Set(middleware.PoisonedSubscriberKey, message.SubscriberNameFromCtx(msg.Context()))
+		return pub.Publish(topic, dead)
+	}
+}
