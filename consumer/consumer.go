@@ -316,18 +316,24 @@ func (c *Consumer) Process(ctx context.Context, msg *message.Message, h Handler)
 		return c.poisoned(ctx, msg, perr)
 	}
 	var out Outcome
+	attempts := 0
 	_, err := c.retry.Middleware(func(m *message.Message) ([]*message.Message, error) {
 		var err error
+		attempts++
 		out, err = c.processOnce(ctx, m, ev, h)
 		return nil, err
 	})(msg)
 	var herr *handlerError
-	if err != nil && errors.As(err, &herr) && c.cfg.DeadLetter != nil {
-		c.metrics.HandlerFailures.Inc()
-		return c.deadLetter(ctx, msg, fmt.Sprintf("handler: failed %d times, last: %v", c.cfg.Attempts, herr.err))
+	if err == nil || !errors.As(err, &herr) || !retryable(err) {
+		// Applied, skipped or held; or failing for a reason retrying
+		// cannot change or that is not the event's (the context ended).
+		return out, err
 	}
-	if err != nil && herr != nil {
-		c.metrics.HandlerFailures.Inc()
+	c.metrics.HandlerFailures.Inc()
+	c.cfg.Logger.Warn("handler failed every attempt", "event_id", ev.id, "attempts", attempts, "err", herr.err,
+		"dead_letter", c.cfg.DeadLetter != nil)
+	if c.cfg.DeadLetter != nil {
+		return c.deadLetter(ctx, msg, fmt.Sprintf("handler: failed %d times, last: %v", attempts, herr.err))
 	}
 	return out, err
 }

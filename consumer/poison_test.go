@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -170,6 +171,16 @@ func TestFailingHandlerIsRetriedThenDeadLettered(t *testing.T) {
 		}
 		if effects(pool) != 0 || testutil.ToFloat64(c.Metrics().HandlerFailures) != 1 {
 			t.Errorf("dead letter %v: %d effects, handler failures %v", withDeadLetter, effects(pool), testutil.ToFloat64(c.Metrics().HandlerFailures))
+		}
+		// A handler giving up because its context ended (a shutdown) is
+		// not the event's fault: no retry, no dead letter, a nack.
+		calls = 0
+		cancelled := func(context.Context, pgx.Tx, *message.Message) error {
+			calls++
+			return fmt.Errorf("call the bank: %w", context.Canceled)
+		}
+		if got, err := c.Process(context.Background(), event("e2", "b", "1", 1), cancelled); !errors.Is(err, context.Canceled) || got == consumer.DeadLettered || calls != 1 {
+			t.Errorf("dead letter %v, cancelled handler: %v, %v after %d calls; want the error, at once", withDeadLetter, got, err, calls)
 		}
 	}
 }
