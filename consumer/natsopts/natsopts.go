@@ -71,6 +71,13 @@ func SubscriberConfig(c *consumer.Consumer, cfg wmnats.SubscriberConfig) (wmnats
 
 // Check returns every option in cfg that would lose events or stall c's
 // order guard, each naming the option, joined; nil if there is none.
+//
+// The ack wait it asks for covers one attempt at an event (its wait on the
+// lane, its transaction, a hold delay), not every retry of a failing
+// handler: a longer wait would also delay the redelivery of what a crashed
+// consumer held. When retries outlast it, watermill-nats ends the
+// message's context, the retries stop, and with manual acks the server
+// redelivers the event: late, not lost.
 func Check(c *consumer.Consumer, cfg wmnats.SubscriberConfig) error {
 	cc := c.Config()
 	var errs []error
