@@ -333,3 +333,42 @@ func TestMiddlewareRunsTheHandlerInTheInboxTransaction(t *testing.T) {
 		t.Fatalf("handler ran %d times, state %+v", calls, state(t, pool, "a"))
 	}
 }
+
+// An early event waiting in memory sees another process apply its
+// predecessor (the lane re-reads the applied version) and applies without
+// going back to the broker.
+func TestEarlyEventSeesAnotherProcessApplyTheGap(t *testing.T) {
+	a, pool := setup(t, consumer.Config{MaxHeld: 1, HoldTimeout: time.Minute})
+	b, err := consumer.New(pool, consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	type result struct {
+		out consumer.Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := a.Process(ctx, event("e2", "x", "2", 2), apply)
+		done <- result{out, err}
+	}()
+	eventually(t, 30*time.Second, "v2 held in memory", func() bool { return testutil.ToFloat64(a.Metrics().HeldInMemory) == 1 })
+	if got, err := b.Process(ctx, event("e1", "x", "1", 1), apply); got != consumer.Applied || err != nil {
+		t.Fatalf("v1 in the other process: %v, %v", got, err)
+	}
+	select {
+	case r := <-done:
+		if r.out != consumer.Applied || r.err != nil {
+			t.Fatalf("v2: %v, %v; want applied", r.out, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("v2 still held 30s after v1 was applied")
+	}
+	if n := testutil.ToFloat64(a.Metrics().HeldNacked); n != 0 {
+		t.Errorf("%v held events nacked", n)
+	}
+	if f := state(t, pool, "x"); f != (fold{}).apply(1).apply(2) {
+		t.Errorf("state %+v", f)
+	}
+}
