@@ -49,6 +49,12 @@ type Status struct {
 	Health *plugins.Health `json:"health,omitempty"`
 	// Flow is the source's in-flight window.
 	Flow *plugins.Flow `json:"flow,omitempty"`
+	// Duplicates is how many publishes since the pipeline started the
+	// broker confirmed as duplicates of a message it already held, storing
+	// nothing new (a NATS stream's duplicate window): confirmed, yet not
+	// delivered again. Nil when the sink cannot tell
+	// (plugins.DuplicateCounter): Kafka and RabbitMQ never say.
+	Duplicates *uint64 `json:"duplicates_total,omitempty"`
 	// Lag is each segment's p50/p99 over the last minute.
 	Lag map[string]LagSummary `json:"lag"`
 	// Owner is the instance that runs the pipeline, with high availability:
@@ -211,6 +217,10 @@ func (es *entries) status(e *entry) Status {
 		if f, ok := p.Source.(plugins.FlowReporter); ok {
 			fv := f.Flow()
 			st.Flow = &fv
+		}
+		if d, ok := p.Sink.(plugins.DuplicateCounter); ok {
+			n := d.Duplicates()
+			st.Duplicates = &n
 		}
 	}
 	st.Lag = e.rep.lagSummaries()

@@ -111,6 +111,12 @@ import (
 //     ones that failed. Without it a batch is one Publish call, and when
 //     that fails every event of it is retried (those the broker had
 //     confirmed are sent again: at least once).
+//   - DuplicateCounter: the supervisor reads Duplicates for the pipeline's
+//     status (`duplicates_total` in /api/v1/pipelines, `ferry lag`, the
+//     console, `ferry doctor`) and ferry_sink_duplicates_total. Without it
+//     the status has no duplicates_total: the broker does not tell the
+//     client when it dropped a message as a duplicate (Kafka's idempotent
+//     producer, RabbitMQ), so nothing can be counted.
 
 // BatchPublisher is implemented by sinks that can publish many messages to
 // one topic with their confirmations pipelined (JetStream async publishes
@@ -122,6 +128,18 @@ import (
 // (Permanent for what no retry can fix).
 type BatchPublisher interface {
 	PublishBatch(topic string, msgs []*message.Message) (errs []error)
+}
+
+// DuplicateCounter is implemented by sinks whose broker may answer a
+// publish with "a duplicate of a message I already stored; not stored
+// again" (JetStream's PubAck.Duplicate, for a Nats-Msg-Id seen within the
+// stream's duplicate window). Such a publish is confirmed — the broker
+// holds an event with that id, so at-least-once holds — but nothing new
+// arrived, and the sink counts it here instead of passing it as a
+// delivery. Duplicates is the count since Start; it is called from any
+// goroutine, often, and must not block.
+type DuplicateCounter interface {
+	Duplicates() uint64
 }
 
 // HealthReporter is implemented by sources that measure their backlog.

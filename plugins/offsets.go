@@ -262,6 +262,11 @@ type DeadLetterTopicReplay struct {
 	Replayed int `json:"replayed_events"`
 	// EventIDs are the replayed events' ids, in replay order.
 	EventIDs []string `json:"event_ids"`
+	// Duplicates is how many of the replayed the destination's broker
+	// confirmed as duplicates of a message it already held, storing
+	// nothing new (JetStream's duplicate window); only a broker that says
+	// so counts them (NATS).
+	Duplicates int `json:"duplicate_events"`
 	// Kept is how many were read and left on the dead-letter topic: not
 	// matching the filter, past the limit, naming no destination, without
 	// their payload, or refused again by the broker.
