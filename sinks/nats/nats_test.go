@@ -119,7 +119,7 @@ func (r *streamReader) read() []plugintest.Record {
 			for k := range m.Headers() {
 				h[k] = m.Headers().Get(k)
 			}
-			r.recs = append(r.recs, plugintest.Record{Destination: m.Subject(), Stream: r.stream, ID: h[nats.MsgIdHdr], Payload: m.Data(), Headers: h})
+			r.recs = append(r.recs, plugintest.Record{Destination: m.Subject(), Stream: r.stream, ID: testenv.EventID(m.Headers()), Payload: m.Data(), Headers: h})
 			r.next = meta.Sequence.Stream + 1
 			got++
 		}
