@@ -158,6 +158,12 @@ func DecodePosition(raw json.RawMessage, dst any, want string) error {
 // pipeline delivered before, sent beside live traffic.
 const ReplayHeader = "ferry-replay"
 
+// ReplayRequestHeader names the backfill a backfilled event was sent
+// again by ("backfill-12"), beside ReplayHeader. A source that reads it
+// back from the outbox row (poll keeps it in the headers column) sets
+// MetaResend from it.
+const ReplayRequestHeader = "ferry-replay-request"
+
 // BackfillFilter selects the rows still in the outbox table to send again.
 // Every set field must match; at least one is set.
 type BackfillFilter struct {

@@ -520,7 +520,17 @@ type BackfillView struct {
 	Pipeline string `json:"pipeline"`
 	DryRun   bool   `json:"dry_run"`
 	Events   int64  `json:"backfill_events"`
+	// Note says what the count is: queued, not yet sent or stored.
+	Note string `json:"note,omitempty"`
 }
+
+// backfillNote is what a backfill's answer cannot say: the running
+// pipeline sends the events after it, so what the broker stored is not
+// known yet; it says where to look for what the broker did not store.
+const backfillNote = "queued: the running pipeline sends them beside live traffic after this answer; " +
+	"each carries a broker message id of its own request (NATS: Nats-Msg-Id <event id>:backfill-<id>) so the broker's deduplication " +
+	"does not drop it, and the event id stays in its headers; what a broker still answers as a duplicate is counted in the " +
+	"pipeline's duplicates_total (NATS; Kafka and RabbitMQ do not tell)"
 
 func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
 	var body backfillBody
@@ -558,5 +568,9 @@ func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
 		}
 		c.log().Info("backfill queued", "pipeline", v.Name, "tenant", v.Tenant, "events", n, "token_id", p.actor.TokenID)
 	}
-	writeJSON(w, http.StatusOK, BackfillView{Pipeline: v.Name, DryRun: dry, Events: n})
+	view := BackfillView{Pipeline: v.Name, DryRun: dry, Events: n}
+	if !dry && n > 0 {
+		view.Note = backfillNote
+	}
+	writeJSON(w, http.StatusOK, view)
 }

@@ -443,7 +443,8 @@ func Mark(md map[string]string, req *Request) {
 		return
 	}
 	md[plugins.ReplayHeader] = "true"
-	md[plugins.MetaResend] = "backfill-" + strconv.FormatInt(req.ID, 10)
+	md[plugins.ReplayRequestHeader] = "backfill-" + strconv.FormatInt(req.ID, 10)
+	md[plugins.MetaResend] = md[plugins.ReplayRequestHeader]
 }
 
 // CancelResets finishes the pipeline's resets not sent yet: a later reset

@@ -223,7 +223,9 @@ var (
 )
 
 // Backfill marks the matching published rows unpublished again, with the
-// replay header added to their headers column: the workers claim them in
+// replay headers added to their headers column (ReplayHeader, and
+// ReplayRequestHeader naming this backfill by its time, which the source
+// reads back as the re-send's request): the workers claim them in
 // id order with the live rows, so each aggregate's events, backfilled or
 // live, are sent in id order, and no backfilled event is sent after a
 // newer live one of its aggregate that was still waiting. Rows in flight
@@ -253,7 +255,8 @@ func (c *Config) Backfill(ctx context.Context, _ string, f plugins.BackfillFilte
 	}
 	h := col(c.Columns.Headers)
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`UPDATE %s SET published_at = NULL, claimed_until = NULL, claimed_by = NULL, attempts = 0, last_error = NULL,
-		%s = coalesce(%s::jsonb, '{}'::jsonb) || jsonb_build_object('%s', 'true') WHERE %s`, q.tbl, h, h, plugins.ReplayHeader, where), args...)
+		%s = coalesce(%s::jsonb, '{}'::jsonb) || jsonb_build_object('%s', 'true', '%s', $6::text) WHERE %s`, q.tbl, h, h, plugins.ReplayHeader, plugins.ReplayRequestHeader, where),
+		append(args, "backfill-"+strconv.FormatInt(time.Now().UnixMicro(), 10))...)
 	if err != nil {
 		return 0, fmt.Errorf("backfill: %w", redact.Error(err))
 	}
