@@ -93,6 +93,10 @@ import (
 //     dead letters of the pipeline's dead-letter topic, also while the
 //     pipeline does not run here. Without it those routes say to count
 //     and replay them with the broker's own tools.
+//   - DeduplicationScoper: `ferry validate` and the service, on loading
+//     pipelines, warn when two pipelines reading one outbox table name the
+//     same scope (pipelines.SharedDeduplication). Without it no such
+//     warning: the broker deduplicates per destination, or not at all.
 //
 // On a built sink (Start and Close are part of Sink):
 //
@@ -140,6 +144,16 @@ type BatchPublisher interface {
 // goroutine, often, and must not block.
 type DuplicateCounter interface {
 	Duplicates() uint64
+}
+
+// DeduplicationScoper is implemented by sink configs whose broker drops a
+// message whose id it saw before anywhere in a scope wider than one
+// destination (a NATS stream, for Nats-Msg-Id). DeduplicationScope names
+// the scope the config publishes into, as well as the config alone can
+// tell, without connecting and without credentials; "" when it cannot.
+// Two configs naming the same scope share it.
+type DeduplicationScoper interface {
+	DeduplicationScope() string
 }
 
 // HealthReporter is implemented by sources that measure their backlog.

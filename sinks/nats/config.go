@@ -197,3 +197,29 @@ func validSubject(s string, wildcards bool) bool {
 	}
 	return true
 }
+
+// DeduplicationScope is the stream the sink publishes into, as far as the
+// config tells without asking the server: the servers' hosts and the
+// create_stream name or, without one, the subject's prefix (the subject
+// without its last token; streams usually capture `prefix.>`). JetStream
+// drops a Nats-Msg-Id seen within the stream's duplicate window on any of
+// its subjects.
+func (c *Config) DeduplicationScope() string {
+	var hosts []string
+	for _, u := range strings.Split(c.URL, ",") {
+		if pu, err := url.Parse(strings.TrimSpace(u)); err == nil && pu.Host != "" {
+			hosts = append(hosts, pu.Host)
+		}
+	}
+	where := strings.Join(hosts, ",")
+	if c.CreateStream != nil && c.CreateStream.Name != "" {
+		return where + " stream " + c.CreateStream.Name
+	}
+	i := strings.LastIndexByte(c.Subject, '.')
+	if i <= 0 {
+		return where + " subject " + c.Subject
+	}
+	return where + " subjects " + c.Subject[:i] + ".>"
+}
+
+var _ plugins.DeduplicationScoper = (*Config)(nil)
