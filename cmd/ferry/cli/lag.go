@@ -91,11 +91,12 @@ func printCoordination(w io.Writer, c *engine.Coordination) {
 		c.Since.Format(time.RFC3339), c.Database, c.LastError, c.Degraded)
 }
 
-// printLag writes one row per pipeline: state, backlog, oldest age, and
-// each lag segment's p50/p99 over the last minute.
+// printLag writes one row per pipeline: state, backlog, oldest age, the
+// publishes the broker answered as duplicates ("-" where it cannot say),
+// and each lag segment's p50/p99 over the last minute.
 func printLag(w io.Writer, sts []engine.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
+	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tDUPLICATES\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
 	for _, s := range sts {
 		backlog, oldest, measured := "-", "-", "-"
 		if h := s.Health; h != nil && !h.CheckedAt.IsZero() {
@@ -107,7 +108,11 @@ func printLag(w io.Writer, sts []engine.Status) {
 		if s.State == engine.StateStandby && s.Owner != "" {
 			state += " (on " + s.Owner + ")"
 		}
-		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured}
+		dups := "-"
+		if s.Duplicates != nil {
+			dups = fmt.Sprint(*s.Duplicates)
+		}
+		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured, dups}
 		for _, seg := range plugins.Segments {
 			l := s.Lag[seg]
 			if l.Count == 0 {
