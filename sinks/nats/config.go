@@ -60,8 +60,13 @@ type StreamConfig struct {
 	Replicas int `yaml:"replicas"`
 	// MaxAge drops messages older than this; 0 keeps them. Default 0.
 	MaxAge time.Duration `yaml:"max_age"`
-	// DuplicateWindow is how long JetStream remembers event ids to drop
-	// re-sends. Default 2m.
+	// DuplicateWindow is how long JetStream remembers a Nats-Msg-Id (the
+	// event id) to drop re-sends of it, on any subject of the stream: a
+	// crash's re-sends, and every pipeline's but the first when several
+	// publish one outbox table's events into the stream (each is counted
+	// in duplicates_total). A backfill's, a wal reset's to a time and a
+	// dead-letter topic replay's events carry ids of their own and are
+	// stored. Default 2m.
 	DuplicateWindow time.Duration `yaml:"duplicate_window"`
 	// Retention is limits (keep until a limit is hit), interest (until every
 	// consumer acked) or workqueue (until one consumer acked). Default limits.
