@@ -208,6 +208,9 @@ func (r *streamReplay) republish(ctx context.Context, m jetstream.Msg, dest, id 
 			msg.Header[k] = v
 		}
 	}
+	if msg.Header.Get(wmnats.WatermillUUIDHdr) == "" {
+		msg.Header.Set(wmnats.WatermillUUIDHdr, id) // where the event id stays
+	}
 	msg.Header.Set(nats.MsgIdHdr, id+":"+r.resend)
 	pctx, cancel := context.WithTimeout(ctx, max(r.cfg.PublishTimeout, 5*time.Second))
 	ack, err := r.js.PublishMsg(pctx, msg)
