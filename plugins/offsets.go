@@ -158,10 +158,10 @@ func DecodePosition(raw json.RawMessage, dst any, want string) error {
 // pipeline delivered before, sent beside live traffic.
 const ReplayHeader = "ferry-replay"
 
-// ReplayRequestHeader names the backfill a backfilled event was sent
-// again by ("backfill-12"), beside ReplayHeader. A source that reads it
-// back from the outbox row (poll keeps it in the headers column) sets
-// MetaResend from it.
+// ReplayRequestHeader names the request an event is sent again by: a
+// backfill ("backfill-12", beside ReplayHeader) or, on poll, a reset
+// ("reset-…"). A source that reads it back from the outbox row (poll
+// keeps it in the headers column) sets MetaResend from it.
 const ReplayRequestHeader = "ferry-replay-request"
 
 // BackfillFilter selects the rows still in the outbox table to send again.

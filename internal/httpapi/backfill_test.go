@@ -436,3 +436,71 @@ func TestPollBackfillWithinDuplicateWindow(t *testing.T) {
 	f := startPollControl(t)
 	backfillWithinWindow(t, f, "pw", f.pollYAML("pw", ""))
 }
+
+// Going back within the duplicate window: 100 events delivered into a
+// stream with JetStream's default window, the pipeline paused, its
+// progress reset to the 50th (position gives the reset's position of an
+// event); on resume the 50 after it arrive again at once — the reset marks
+// them, and their Nats-Msg-Id names it — with their event ids intact, and
+// events written afterwards arrive as live ones.
+func resetBackWithinWindow(t *testing.T, f *controlFixture, name, yaml string, recorded func(offsets map[string]any, last plugintest.Written) bool, position func(plugintest.Written) string) {
+	t.Helper()
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_"+strings.ToUpper(name), 0, f.e.Subject+"."+name)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/"+name+"/config", adminToken, "application/yaml", yaml); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	written := writeEvents(t, f, 100, 10)
+	coll.WaitFor(t, 60*time.Second, "100 events", func(m []testenv.Received) bool { return len(m) >= 100 })
+	testenv.Eventually(t, 10*time.Second, "every event recorded as delivered", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/"+name+"/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return r.code == 200 && recorded(pos, written[99])
+	})
+	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/pause", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("pause: %d %s", r.code, r.raw)
+	}
+	f.waitStopped(t, name)
+	body := fmt.Sprintf(`{"to": "position", "position": %s}`, position(written[49]))
+	if r := f.do(t, "PATCH", "/api/v1/pipelines/"+name+"/offsets", adminToken, "application/json", body); r.code != 200 || r.body["resend_events"] != 50.0 {
+		t.Fatalf("reset: %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/resume", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("resume: %d %s", r.code, r.raw)
+	}
+	coll.WaitFor(t, 60*time.Second, "the 50 events after the position again", func(m []testenv.Received) bool { return len(m) >= 150 })
+	after := writeEvents(t, f, 10, 10)
+	coll.WaitFor(t, 60*time.Second, "10 live events", func(m []testenv.Received) bool { return len(m) >= 160 })
+	all := coll.All()
+	assertExactly(t, "re-sent after the reset", written[50:], relaytest.Decode(t, all[100:150]))
+	assertExactly(t, "live after the reset", after, relaytest.Decode(t, all[150:]))
+	for i, m := range all[100:] {
+		id, msgID := testenv.EventID(m.Header), m.Header.Get("Nats-Msg-Id")
+		resend := i < 50
+		if resend != strings.HasPrefix(msgID, id+":reset-") || (!resend && msgID != id) {
+			t.Fatalf("message %d after the reset (re-sent: %v): Nats-Msg-Id %q, event id %q", 100+i, resend, msgID, id)
+		}
+	}
+	if st := f.do(t, "GET", "/api/v1/pipelines/"+name, adminToken, "", ""); st.body["duplicates_total"] != 0.0 {
+		t.Errorf("status: want duplicates_total 0: %s", st.raw)
+	}
+}
+
+func TestXid8ResetBackWithinDuplicateWindow(t *testing.T) {
+	f := startControl(t, adminToken)
+	resetBackWithinWindow(t, f, "rw", f.pipelineYAML("rw", ""), func(pos map[string]any, last plugintest.Written) bool {
+		return fmt.Sprint(pos["id"]) == fmt.Sprint(last.OutboxID)
+	}, func(w plugintest.Written) string {
+		var xact string
+		if err := f.e.Pool.QueryRow(context.Background(), `SELECT xact_id::text FROM outbox WHERE id = $1`, w.OutboxID).Scan(&xact); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf(`{"xact_id": %q, "id": %d}`, xact, w.OutboxID)
+	})
+}
+
+func TestPollResetBackWithinDuplicateWindow(t *testing.T) {
+	f := startPollControl(t)
+	resetBackWithinWindow(t, f, "rp", f.pollYAML("rp", ""), func(pos map[string]any, _ plugintest.Written) bool {
+		return pos["unpublished_events"] == 0.0
+	}, func(w plugintest.Written) string { return fmt.Sprintf(`{"id": %d}`, w.OutboxID) })
+}
