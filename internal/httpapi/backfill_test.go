@@ -461,8 +461,9 @@ func resetBackWithinWindow(t *testing.T, f *controlFixture, name, yaml string, r
 	}
 	f.waitStopped(t, name)
 	body := fmt.Sprintf(`{"to": "position", "position": %s}`, position(written[49]))
-	if r := f.do(t, "PATCH", "/api/v1/pipelines/"+name+"/offsets", adminToken, "application/json", body); r.code != 200 || r.body["resend_events"] != 50.0 {
-		t.Fatalf("reset: %d %s", r.code, r.raw)
+	if r := f.do(t, "PATCH", "/api/v1/pipelines/"+name+"/offsets", adminToken, "application/json", body); r.code != 200 || r.body["resend_events"] != 50.0 ||
+		!strings.Contains(fmt.Sprint(r.body["note"]), "duplicates_total") {
+		t.Fatalf("reset (the note says where the broker's duplicates are counted): %d %s", r.code, r.raw)
 	}
 	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/resume", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("resume: %d %s", r.code, r.raw)

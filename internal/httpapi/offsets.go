@@ -256,6 +256,9 @@ func (c *api) resetOffsets(w http.ResponseWriter, r *http.Request, p principal) 
 		writeProblem(w, requestProblem(err))
 		return
 	}
+	if res.Applied && res.Resend > 0 {
+		res.Note = strings.TrimPrefix(res.Note+"; ", "; ") + resetNote
+	}
 	if res.Applied {
 		detail, _ := json.Marshal(map[string]any{"to": req.To, "from": res.From, "position": res.To, "resend_events": res.Resend, "skip_events": res.Skip})
 		if err := c.record(ctx, p, store.ActionOffsetsReset, v, string(detail)); err != nil {
@@ -523,6 +526,11 @@ type BackfillView struct {
 	// Note says what the count is: queued, not yet sent or stored.
 	Note string `json:"note,omitempty"`
 }
+
+// resetNote is what a reset's answer cannot say of the events it re-sends.
+const resetNote = "the re-sent events go out when the pipeline resumes, each with a broker message id naming this reset " +
+	"(NATS: Nats-Msg-Id <event id>:reset-<id>) where the source can mark them; what a broker still answers as a duplicate " +
+	"is counted in the pipeline's duplicates_total (NATS; Kafka and RabbitMQ do not tell)"
 
 // backfillNote is what a backfill's answer cannot say: the running
 // pipeline sends the events after it, so what the broker stored is not

@@ -64,9 +64,9 @@ type StreamConfig struct {
 	// event id) to drop re-sends of it, on any subject of the stream: a
 	// crash's re-sends, and every pipeline's but the first when several
 	// publish one outbox table's events into the stream (each is counted
-	// in duplicates_total). A backfill's, a wal reset's to a time and a
-	// dead-letter topic replay's events carry ids of their own and are
-	// stored. Default 2m.
+	// in duplicates_total). A backfill's, a reset's back and a dead-letter
+	// topic replay's events carry ids of their own and are stored.
+	// Default 2m.
 	DuplicateWindow time.Duration `yaml:"duplicate_window"`
 	// Retention is limits (keep until a limit is hit), interest (until every
 	// consumer acked) or workqueue (until one consumer acked). Default limits.

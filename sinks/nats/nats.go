@@ -3,7 +3,7 @@
 // it. Each message carries Nats-Msg-Id = event id, and JetStream drops re-sends
 // of an id within the stream's duplicate window (default 2m) — the re-sends an
 // at-least-once relay makes after a crash. A re-send asked for (a backfill, a
-// reset back in time, a dead-letter replay; plugins.MetaResend) carries
+// reset back, a dead-letter replay; plugins.MetaResend) carries
 // "<event id>:<request>" instead, so the window does not drop it; the event id
 // stays in Watermill's uuid header.
 //
