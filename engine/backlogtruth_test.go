@@ -82,14 +82,21 @@ func TestBacklogMeasureFailureShows(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var last engine.Status
+	defer func() {
+		if t.Failed() {
+			t.Logf("last status: state %s, error %q, health %+v", last.State, last.LastError, last.Health)
+		}
+	}()
 	testenv.Eventually(t, 30*time.Second, "the failing measurement shown", func() bool {
-		h := health().Health
+		last = *health()
+		h := last.Health
 		return h != nil && h.Failing() && strings.Contains(h.MeasureError, "42501") && !h.MeasureFailingSince.IsZero()
 	})
 	if n := testutil.CollectAndCount(reg, "ferry_source_backlog"); n != 0 {
 		t.Errorf("ferry_source_backlog still exported (%d series) while it cannot be measured", n)
 	}
-	if v := testutil.ToFloat64(gaugeOf(t, reg, "ferry_source_backlog_measure_failing", "orders")); v != 1 {
+	if v := metricValue(t, reg, "ferry_source_backlog_measure_failing", "orders"); v != 1 {
 		t.Errorf("ferry_source_backlog_measure_failing = %v, want 1", v)
 	}
 
@@ -101,7 +108,7 @@ func TestBacklogMeasureFailureShows(t *testing.T) {
 		h := health().Health
 		return h != nil && !h.Failing() && h.Backlog == 0
 	})
-	if v := testutil.ToFloat64(gaugeOf(t, reg, "ferry_source_backlog_measure_failing", "orders")); v != 0 {
+	if v := metricValue(t, reg, "ferry_source_backlog_measure_failing", "orders"); v != 0 {
 		t.Errorf("ferry_source_backlog_measure_failing = %v after the grant, want 0", v)
 	}
 }
@@ -142,8 +149,9 @@ func TestBacklogFreshAtDrainEnd(t *testing.T) {
 	}
 }
 
-// gaugeOf is the named per-pipeline gauge of reg.
-func gaugeOf(t *testing.T, reg *prometheus.Registry, name, pipeline string) prometheus.Collector {
+// metricValue is the value of the named per-pipeline gauge or counter of
+// reg.
+func metricValue(t *testing.T, reg *prometheus.Registry, name, pipeline string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -156,13 +164,14 @@ func gaugeOf(t *testing.T, reg *prometheus.Registry, name, pipeline string) prom
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "pipeline" && l.GetValue() == pipeline {
-					g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name})
-					g.Set(m.GetGauge().GetValue())
-					return g
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue()
+					}
+					return m.GetGauge().GetValue()
 				}
 			}
 		}
 	}
 	t.Fatalf("no %s for %s", name, pipeline)
-	return nil
+	return 0
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +47,8 @@ type Pipeline struct {
 	// headersWarned is when a row with unreadable headers was last logged
 	// (Unix nanoseconds): one line a minute, however many rows.
 	headersWarned atomic.Int64
+	// reservedWarned is when a row's reserved headers were last logged.
+	reservedWarned atomic.Int64
 }
 
 // warnHeaders logs that an event goes without its row's headers, at most
@@ -58,6 +61,22 @@ func (p *Pipeline) warnHeaders(msg *message.Message, why string) {
 	}
 	p.Log.Warn("event delivered without its row's headers (the event carries header "+plugins.MetaHeadersError+"; logged once a minute)",
 		"outbox_id", msg.Metadata.Get(plugins.MetaOutboxID), "reason", why)
+}
+
+// dropReserved counts the headers the source dropped from msg's row
+// (plugins.MetaReservedHeaders) and logs them at most once a minute per
+// pipeline: whoever writes outbox rows tried to steer the broker (a
+// Nats-Msg-Id that would make the stream drop another event) or to pass
+// for Ferry.
+func (p *Pipeline) dropReserved(msg *message.Message, names string) {
+	p.metrics.reservedDropped(strings.Count(names, ",") + 1)
+	now := time.Now().UnixNano()
+	last := p.reservedWarned.Load()
+	if now-last < int64(time.Minute) || !p.reservedWarned.CompareAndSwap(last, now) || p.Log == nil {
+		return
+	}
+	p.Log.Warn("dropped headers of an outbox row that a row may not set (they steer the broker or stand for Ferry's own; logged once a minute, counted in ferry_reserved_headers_dropped_total)",
+		"outbox_id", msg.Metadata.Get(plugins.MetaOutboxID), "headers", names)
 }
 
 // Stage is one transform with the name used in logs and metrics.

@@ -161,6 +161,9 @@ func (p *Pipeline) transform(d *delivery, i int, now time.Time) {
 		if why := m.Metadata.Get(plugins.MetaHeadersError); why != "" {
 			p.warnHeaders(m, why)
 		}
+		if names := m.Metadata.Get(plugins.MetaReservedHeaders); names != "" {
+			p.dropReserved(m, names)
+		}
 		if readAt, err := plugins.ParseTime(m.Metadata.Get(plugins.MetaReadAt)); err == nil {
 			st.readAt, st.readFor = readAt, now.Sub(readAt)
 		}

@@ -226,7 +226,7 @@ func (es *entries) status(e *entry) Status {
 // nobody measured.
 func (es *entries) measures(e *entry) (*plugins.Health, *plugins.Flow) {
 	es.mu.Lock()
-	p, probed, running := e.pipeline(), e.probe.last, e.running()
+	p, probed, measuring := e.pipeline(), e.probe.last, e.measuring()
 	es.mu.Unlock()
 	var health *plugins.Health
 	var flow *plugins.Flow
@@ -238,7 +238,7 @@ func (es *entries) measures(e *entry) (*plugins.Health, *plugins.Flow) {
 	}
 	if h, ok := p.Source.(plugins.HealthReporter); ok {
 		hv := h.Health()
-		if !running || asOf(hv).IsZero() {
+		if !measuring || asOf(hv).IsZero() {
 			// The source does not measure now, or not yet.
 			hv = freshest(hv, probed)
 		}

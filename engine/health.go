@@ -81,7 +81,8 @@ func (es *entries) probe(e *entry, log *slog.Logger) {
 
 // refreshHealth measures, every metrics_interval, the pipelines whose
 // source does not measure itself now: not running here (paused, starting,
-// backing off before the source started, stopped, failed), and not left to
+// backing off before the source started, stopped, failed) or backing off
+// while running (measuring), and not left to
 // another instance (leftToOthers) — unless paused: every instance shows a
 // paused pipeline's backlog.
 func (es *entries) refreshHealth(leftToOthers func(*entry) bool, log *slog.Logger) {
@@ -89,7 +90,7 @@ func (es *entries) refreshHealth(leftToOthers func(*entry) bool, log *slog.Logge
 	var due []*entry
 	for _, e := range es.byName {
 		paused := e.status.State == StatePaused
-		if e.running() || (!paused && (e.inc == nil || leftToOthers(e))) {
+		if e.measuring() || (!paused && (e.inc == nil || leftToOthers(e))) {
 			continue
 		}
 		pausedSince := paused && e.probe.tried.Before(e.status.Since)
@@ -102,6 +103,12 @@ func (es *entries) refreshHealth(leftToOthers func(*entry) bool, log *slog.Logge
 		es.probe(e, log)
 	}
 }
+
+// measuring reports whether e's source measures its own backlog: it runs
+// and is not backing off — a source that fails to read may be retrying
+// its connection, with no measurement under way (a revoked grant), so the
+// supervisor measures it too and the newer answer shows. Under entries.mu.
+func (e *entry) measuring() bool { return e.running() && e.status.State != StateBackingOff }
 
 // freshest is the newer of the running source's measurement and the
 // supervisor's: a failure counts from when it began, after the last good

@@ -24,6 +24,7 @@ var outcomeNames = [outcomes]string{"ok", "dropped", "dead_lettered", "error"}
 type StageMetrics struct {
 	duration *prometheus.HistogramVec
 	events   *prometheus.CounterVec
+	reserved *prometheus.CounterVec
 }
 
 // NewStageMetrics registers the stage metrics on reg.
@@ -40,8 +41,12 @@ func NewStageMetrics(reg prometheus.Registerer) (*StageMetrics, error) {
 			Name: "ferry_stage_events_total",
 			Help: "Events through a stage by outcome: ok, dropped (filtered), dead_lettered, error (will be retried).",
 		}, []string{"pipeline", "tenant", "stage", "outcome"}),
+		reserved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_reserved_headers_dropped_total",
+			Help: "Headers of outbox rows dropped because they would steer the broker or pass for Ferry's own (Nats-…, _watermill_…, ferry-…); the event itself is delivered.",
+		}, []string{"pipeline", "tenant"}),
 	}
-	for _, c := range []prometheus.Collector{m.duration, m.events} {
+	for _, c := range []prometheus.Collector{m.duration, m.events, m.reserved} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -55,10 +60,11 @@ type stageObservers struct {
 	names    []string
 	duration []prometheus.Observer
 	events   [][outcomes]prometheus.Counter
+	reserved prometheus.Counter
 }
 
 func (m *StageMetrics) forPipeline(p *Pipeline) *stageObservers {
-	o := &stageObservers{names: p.StageNames()}
+	o := &stageObservers{names: p.StageNames(), reserved: m.reserved.WithLabelValues(p.Spec.Name, p.Spec.Tenant)}
 	for _, st := range o.names {
 		o.duration = append(o.duration, m.duration.WithLabelValues(p.Spec.Name, p.Spec.Tenant, st))
 		var c [outcomes]prometheus.Counter
@@ -76,4 +82,11 @@ func (o *stageObservers) observe(stage int, d time.Duration, outcome int) {
 	}
 	o.duration[stage].Observe(d.Seconds())
 	o.events[stage][outcome].Inc()
+}
+
+// reservedDropped counts n headers dropped from one event's row.
+func (o *stageObservers) reservedDropped(n int) {
+	if o != nil {
+		o.reserved.Add(float64(n))
+	}
 }

@@ -420,7 +420,10 @@ func fillNatsMsg(nm *nats.Msg, topic string, msg *message.Message, vals []string
 		h[nats.MsgIdHdr] = []string{plugins.BrokerMessageID(msg)}
 	}
 	for k, v := range msg.Metadata {
-		if !plugins.IsInternal(k) {
+		// No metadata may replace the id headers or steer JetStream
+		// (Nats-Msg-Id naming another event would make the stream drop
+		// it): plugins.BrokerReservedHeader.
+		if !plugins.IsInternal(k) && !plugins.BrokerReservedHeader(k) {
 			vals = append(vals, v)
 			h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 		}
@@ -445,7 +448,7 @@ func encodedMsg(enc *format.Encoder, topic string, msg *message.Message) (*nats.
 	h[nats.MsgIdHdr] = []string{plugins.BrokerMessageID(msg)}
 	h[ContentTypeHeader] = []string{e.ContentType}
 	for _, kv := range e.Headers {
-		if _, taken := h[kv.Key]; !taken {
+		if _, taken := h[kv.Key]; !taken && !plugins.BrokerReservedHeader(kv.Key) {
 			h[kv.Key] = []string{kv.Value}
 		}
 	}

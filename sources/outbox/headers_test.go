@@ -2,10 +2,14 @@ package outbox
 
 import (
 	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/ferryhq/ferry/plugins"
 )
 
 // TestScanFlatHeaders makes sure the shapes rows carry are read in place
@@ -89,5 +93,28 @@ func checkISOTime(t *testing.T, s string) {
 		if !got.Equal(want) || got.Location().String() != want.Location().String() {
 			t.Fatalf("%q (zone %v): read as %v, pgtype reads %v", s, zone, got, want)
 		}
+	}
+}
+
+// A row's headers may not set what steers the broker or stands for Ferry
+// (plugins.ReservedHeader): Message drops them and lists them for the
+// pipeline to count; the replay headers a poll backfill writes pass.
+func TestMessageDropsReservedHeaders(t *testing.T) {
+	r := &Row{Payload: []byte(`{}`)}
+	r.RowID = pgtype.Text{String: "7", Valid: true}
+	r.Headers = pgtype.Text{String: `{"Nats-Msg-Id": "x", "_watermill_message_uuid": "y", "ferry-aggregate-version": "9", "ferry-replay": "true", "traceparent": "t"}`, Valid: true}
+	m := Table{Database: "db", Schema: "public", Name: "outbox"}.Message(r, "7", time.Now())
+	for _, k := range []string{"Nats-Msg-Id", "_watermill_message_uuid", "ferry-aggregate-version"} {
+		if v, ok := m.Metadata[k]; ok {
+			t.Errorf("metadata %s=%q kept", k, v)
+		}
+	}
+	if m.Metadata["traceparent"] != "t" || m.Metadata["ferry-replay"] != "true" {
+		t.Errorf("the row's own headers lost: %v", m.Metadata)
+	}
+	got := strings.Split(m.Metadata[plugins.MetaReservedHeaders], ",")
+	slices.Sort(got)
+	if want := []string{"Nats-Msg-Id", "_watermill_message_uuid", "ferry-aggregate-version"}; !slices.Equal(got, want) {
+		t.Errorf("%s = %v, want %v", plugins.MetaReservedHeaders, got, want)
 	}
 }

@@ -3,7 +3,9 @@ package outbox_test
 import (
 	"encoding/json"
 	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,8 +38,18 @@ func referenceMessage(t outbox.Table, r *outbox.Row, position string, readAt tim
 		if err := json.Unmarshal([]byte(raw), &obj); err != nil {
 			md[outbox.MetaHeadersError] = "headers column is not a JSON object: " + err.Error()
 		}
+		var reserved []string
+		for k := range obj {
+			if !plugins.IsInternal(k) && plugins.ReservedHeader(k) {
+				reserved = append(reserved, k)
+			}
+		}
+		if reserved != nil {
+			slices.Sort(reserved)
+			md[plugins.MetaReservedHeaders] = strings.Join(reserved, ",")
+		}
 		for k, v := range obj {
-			if plugins.IsInternal(k) {
+			if plugins.IsInternal(k) || plugins.ReservedHeader(k) {
 				continue
 			}
 			var s string

@@ -13,6 +13,7 @@ import (
 	"crypto/sha1"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -350,13 +351,25 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	}
 	md := make(message.Metadata, size)
 	m.Metadata = md
+	var reserved []string
 	for _, h := range headers {
 		if plugins.IsInternal(h.key) {
 			// A row must not steer Ferry (ferry_topic, ferry_final…): it
 			// could route itself past the filter or to another tenant.
 			continue
 		}
+		if plugins.ReservedHeader(h.key) {
+			// Nor the broker or the consumers' deduplication (Nats-Msg-Id,
+			// Watermill's uuid), nor pass for Ferry's own headers: the
+			// pipeline counts and logs what was dropped.
+			reserved = append(reserved, h.key)
+			continue
+		}
 		md[h.key] = h.value
+	}
+	if reserved != nil {
+		slices.Sort(reserved)
+		md[plugins.MetaReservedHeaders] = strings.Join(slices.Compact(reserved), ",")
 	}
 	if headersErr != "" {
 		md[MetaHeadersError] = headersErr

@@ -65,12 +65,17 @@ func (c *Config) Validate() error {
 			p.Add("include", "unknown field %q (known: %v)", f, AllFields)
 		}
 	}
+	if plugins.BrokerReservedHeader(c.Prefix) || plugins.BrokerReservedHeader(c.Prefix+"x") {
+		p.Add("prefix", "%q makes headers the broker or its consumers act on (Nats-…, _watermill_…)", c.Prefix)
+	}
 	for f, n := range c.Names {
 		if !slices.Contains(AllFields, f) {
 			p.Add("names."+f, "unknown field (known: %v)", AllFields)
 		}
 		if !headerName.MatchString(n) {
 			p.Add("names."+f, "%q is not a header name", n)
+		} else if plugins.BrokerReservedHeader(c.Prefix + n) {
+			p.Add("names."+f, "%q is a header the broker or its consumers act on (Nats-…, _watermill_…): the sink sets it", c.Prefix+n)
 		}
 	}
 	return p.Err()

@@ -71,4 +71,14 @@ func TestValidate(t *testing.T) {
 			t.Errorf("Validate() = %v, want %q", err, want)
 		}
 	}
+	cfg = headers.DefaultConfig()
+	cfg.Names = map[string]string{"event_id": "Nats-Msg-Id"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `names.event_id: "Nats-Msg-Id" is a header the broker`) {
+		t.Errorf("a reserved name: Validate() = %v", err)
+	}
+	cfg = headers.DefaultConfig()
+	cfg.Prefix = "nats-"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `prefix: "nats-" makes headers the broker`) {
+		t.Errorf("a reserved prefix: Validate() = %v", err)
+	}
 }

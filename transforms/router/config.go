@@ -162,12 +162,17 @@ func (c *Config) Validate() error {
 		if f.Placement == "envelope" && f.name() == "payload" {
 			p.Add(path+".as", `"payload" is the envelope's payload key`)
 		}
+		if (f.Placement == "" || f.Placement == "header") && plugins.BrokerReservedHeader(f.name()) {
+			p.Add(path+".as", "%q is a header the broker or its consumers act on (Nats-…, _watermill_…): the sink sets it", f.name())
+		}
 	}
 	if c.Compat != CompatFerry && c.Compat != CompatDebezium {
 		p.Add("compat", "want %q or \"\" (Ferry's conventions), got %q", CompatDebezium, c.Compat)
 	}
 	if c.IDHeader != "" && !fieldName.MatchString(c.IDHeader) {
 		p.Add("id_header", "%q is not a header name (letters, digits, _)", c.IDHeader)
+	} else if plugins.BrokerReservedHeader(c.IDHeader) {
+		p.Add("id_header", "%q is a header the broker or its consumers act on: the sink sets it", c.IDHeader)
 	}
 	if c.ValueConverter != "" && c.ValueConverter != ConverterString && c.ValueConverter != ConverterJSON {
 		p.Add("value_converter", "want %q or %q, got %q", ConverterString, ConverterJSON, c.ValueConverter)

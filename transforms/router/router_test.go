@@ -114,6 +114,8 @@ func TestValidate(t *testing.T) {
 		{func(c *router.Config) { c.RouteReplace = &router.Replace{Pattern: "("} }, "route_replace.pattern: not a regular expression"},
 		{func(c *router.Config) { c.Fields = []router.Field{{Column: "x", Placement: "body"}} }, "fields[0].placement: must be header, envelope or partition"},
 		{func(c *router.Config) { c.EventTypeTopics = map[string]string{"A": "${nope}"} }, "event_type_topics.A:"},
+		{func(c *router.Config) { c.Fields = []router.Field{{Column: "id", As: "Nats-Msg-Id"}} }, `fields[0].as: "Nats-Msg-Id" is a header the broker`},
+		{func(c *router.Config) { c.IDHeader = "_watermill_message_uuid" }, `id_header: "_watermill_message_uuid" is a header the broker`},
 	}
 	for _, c := range cases {
 		cfg := router.DefaultConfig()
