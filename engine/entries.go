@@ -57,6 +57,10 @@ type Status struct {
 	// Owner is the instance that runs the pipeline, with high availability:
 	// this one's id while it runs here, the other instance's while standby.
 	Owner string `json:"owner,omitempty"`
+	// ReportedAt is when Owner, another instance, published this status
+	// (with high availability and a status board); zero when this
+	// instance runs the pipeline or knows nothing newer than its own view.
+	ReportedAt time.Time `json:"reported_at,omitzero"`
 }
 
 // ErrNotFound is returned for a pipeline the supervisor does not run.
