@@ -180,14 +180,16 @@ func (in *instance) owned() []string {
 	}
 	defer resp.Body.Close()
 	var body struct {
-		Pipelines []struct{ Name, State string }
+		Pipelines []struct{ Name, State, Owner string }
 	}
 	if json.NewDecoder(resp.Body).Decode(&body) != nil {
 		return nil
 	}
 	out := []string{}
 	for _, p := range body.Pipelines {
-		if p.State == "running" {
+		// Every instance shows the owner's state: the pipeline runs here
+		// when this instance is its owner (or it has none: no HA).
+		if p.State == "running" && (p.Owner == "" || p.Owner == in.name) {
 			out = append(out, p.Name)
 		}
 	}
@@ -257,15 +259,20 @@ func (in *instance) api(method, path, body string, out any, hdr ...string) (int,
 	return resp.StatusCode, string(raw)
 }
 
-// localStatus is one instance's view of a pipeline ("" when it does not
-// know it).
+// localStatus is a pipeline's state on one instance ("" when it does not
+// know it): standby when another instance owns it (every instance shows
+// the owner's state, naming the owner).
 func (in *instance) localStatus(name string) (state string, starts int) {
 	var v struct {
 		State  string `json:"state"`
 		Starts int    `json:"starts"`
+		Owner  string `json:"owner"`
 	}
 	if code, _ := in.api("GET", "/api/v1/pipelines/"+name, "", &v); code != 200 {
 		return "", 0
+	}
+	if v.Owner != "" && v.Owner != in.name {
+		return "standby", 0
 	}
 	return v.State, v.Starts
 }
