@@ -50,7 +50,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.coordinationUp, prometheus.GaugeValue, up, co.Instance)
 	}
-	for _, st := range c.s.Statuses() {
+	for _, st := range c.s.LocalStatuses() {
 		for _, s := range allStates {
 			v := 0.0
 			if st.State == s {

@@ -40,7 +40,9 @@
 // entries.go holds the pipelines the supervisor knows and their states;
 // incarnation.go builds, starts (with backoff and jitter), runs and drains
 // each incarnation of a pipeline; ha.go is the ownership round (package
-// ownership); readiness.go answers /readyz; health.go measures the backlog
+// ownership); fleet.go publishes the statuses of the pipelines this
+// instance runs on a status board and shows those others run as their
+// owners published them; readiness.go answers /readyz; health.go measures the backlog
 // of pipelines whose source does not (paused ones included); reporter.go
 // is each pipeline's plugins.Reporter; logadapter.go and registerer.go
 // adapt the router's logs and the components' metrics.

@@ -61,8 +61,13 @@ type Status struct {
 	// Lag is each segment's p50/p99 over the last minute.
 	Lag map[string]LagSummary `json:"lag"`
 	// Owner is the instance that runs the pipeline, with high availability:
-	// this one's id while it runs here, the other instance's while standby.
+	// this one's id while it runs here, the other instance's while standby
+	// — with a status board, the instance whose published status this is.
 	Owner string `json:"owner,omitempty"`
+	// ReportedAt is when Owner, another instance, published this status
+	// (with high availability and a status board); zero when this
+	// instance runs the pipeline or knows nothing newer than its own view.
+	ReportedAt time.Time `json:"reported_at,omitzero"`
 }
 
 // ErrNotFound is returned for a pipeline the supervisor does not run.

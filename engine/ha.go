@@ -29,6 +29,12 @@ type Ownership struct {
 	// Interval between rounds: heartbeat, lock checks, takeovers. Failover
 	// after an owner dies takes at most about four intervals.
 	Interval time.Duration
+	// Board, when set, is where this instance publishes the status of the
+	// pipelines it runs, once a second, and reads the other instances':
+	// Status and Statuses then show a pipeline another instance runs as
+	// its owner published it (fleet.go). Nil: each instance shows only
+	// what it sees itself (standby, naming the owner).
+	Board StatusBoard
 }
 
 // coordinator is the ownership round (high availability, with package
@@ -49,6 +55,9 @@ type coordinator struct {
 	// state is the coordination database as the last round found it; read
 	// by the status surfaces at any time.
 	state atomic.Pointer[Coordination]
+	// fleet is what the owners of the pipelines this instance does not
+	// run published; nil without a Board.
+	fleet *fleet
 }
 
 // exclusive reports whether e runs only while this instance owns it: with

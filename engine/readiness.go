@@ -32,7 +32,7 @@ func (s *Supervisor) Readiness() []Unready {
 		leftToOthers[name] = e.status.State == StateStarting && s.ha.leftToOthers(e) && !e.ownerChecked.IsZero()
 	}
 	s.entries.mu.Unlock()
-	for _, st := range s.Statuses() {
+	for _, st := range s.LocalStatuses() {
 		switch {
 		case st.State == StateRunning, st.State == StatePaused:
 			continue
@@ -55,7 +55,7 @@ func (s *Supervisor) Readiness() []Unready {
 // RunningCount is how many pipelines run here, and how many this instance
 // knows that do not (standby and paused ones count as neither).
 func (s *Supervisor) RunningCount() (running, notRunning int) {
-	for _, st := range s.Statuses() {
+	for _, st := range s.LocalStatuses() {
 		switch st.State {
 		case StateRunning:
 			running++

@@ -96,7 +96,7 @@ func NewSupervisor(opts Options) (*Supervisor, error) {
 	s := &Supervisor{opts: opts, log: opts.Logger, router: router, entries: es}
 	s.life = &lifecycle{opts: &s.opts, log: opts.Logger, entries: es, router: router,
 		ready: make(chan struct{}), starting: make(chan struct{}, startConcurrency), tenants: tenantLimiters{}}
-	s.ha = &coordinator{opts: opts.Ownership, log: opts.Logger, entries: es, life: s.life}
+	s.ha = &coordinator{opts: opts.Ownership, log: opts.Logger, entries: es, life: s.life, fleet: newFleet(opts.Ownership)}
 	if opts.Metrics != nil {
 		b := metrics.NewPrometheusMetricsBuilder(opts.Metrics, "ferry", "router")
 		b.AddPrometheusRouterMetrics(router)
@@ -142,10 +142,16 @@ func (s *Supervisor) Run(ctx context.Context, specs []*pipelines.Spec) error {
 	}
 	coordinated := make(chan struct{})
 	coordCtx, stopCoordinating := context.WithCancel(context.Background())
+	exchanged := make(chan struct{})
 	if s.opts.Ownership != nil && err == nil {
 		go func() { defer close(coordinated); s.ha.run(coordCtx, &s.opMu) }()
 	} else {
 		close(coordinated)
+	}
+	if f := s.ha.fleet; f != nil && err == nil {
+		go func() { defer close(exchanged); f.exchange(coordCtx, s.ha) }()
+	} else {
+		close(exchanged)
 	}
 	if err == nil {
 		<-ctx.Done()
@@ -153,6 +159,7 @@ func (s *Supervisor) Run(ctx context.Context, specs []*pipelines.Spec) error {
 	}
 	stopCoordinating()
 	<-coordinated
+	<-exchanged
 	s.life.haltAll()
 	s.opMu.Lock()
 	s.ha.releaseAll()
@@ -239,16 +246,24 @@ func (s *Supervisor) ownedEntry(name string) (*entry, error) {
 	return e, nil
 }
 
-// Statuses returns every pipeline's status, by name.
-func (s *Supervisor) Statuses() []Status { return s.entries.statuses() }
+// Statuses returns every pipeline's status, by name. With high
+// availability and a status board (Ownership.Board), a pipeline another
+// instance runs shows as its owner last published it, so every instance
+// answers the same (fleet.go); LocalStatuses is this instance's own view.
+func (s *Supervisor) Statuses() []Status { return s.ha.fleetView(s.entries.statuses()) }
 
-// Status returns one pipeline's status.
+// LocalStatuses returns every pipeline's status as this instance sees it
+// (standby for what another instance runs): what its readiness and its
+// metrics describe.
+func (s *Supervisor) LocalStatuses() []Status { return s.entries.statuses() }
+
+// Status returns one pipeline's status, as Statuses does.
 func (s *Supervisor) Status(name string) (Status, error) {
 	e, err := s.entries.get(name)
 	if err != nil {
 		return Status{}, err
 	}
-	return s.entries.status(e), nil
+	return s.ha.fleetView([]Status{s.entries.status(e)})[0], nil
 }
 
 // Coordination returns the coordination database's state; ok is false

@@ -47,6 +47,12 @@ func (s *Service) startControl(ctx context.Context, sup *engine.Supervisor, coor
 	}
 	cv := &Converger{Store: st, Supervisor: sup, Loader: s.loader, Interval: s.cfg.StoreInterval, Logger: s.log,
 		Instance: s.cfg.InstanceID, LoadFiles: s.loadFiles, SecretsDir: s.cfg.SecretsDir}
+	if coordinationDSN == s.cfg.StoreDSN {
+		// The supervisor's status board publishes into the store's
+		// ferry_pipeline_status already, every second and with the full
+		// status: the converger only reads it (running_on).
+		cv.Instance = ""
+	}
 	// No tenant's pipeline may read Ferry's own databases.
 	for _, own := range []struct{ name, dsn string }{{"the store", s.cfg.StoreDSN}, {"the HA coordination database", coordinationDSN}} {
 		if own.dsn == "" {

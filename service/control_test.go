@@ -23,14 +23,17 @@ func storeSpread(ins []*instance, pipelines, lo, hi int) (bool, string) {
 	var counts []string
 	for _, in := range ins {
 		var body struct {
-			Pipelines []struct{ Name, State string }
+			Pipelines []struct {
+				Name, State string
+				ReportedAt  string `json:"reported_at"`
+			}
 		}
 		if code, _ := in.api("GET", "/api/v1/pipelines", "", &body); code != 200 {
 			return false, in.name + " does not answer"
 		}
 		n := 0
 		for _, p := range body.Pipelines {
-			if p.State != "running" {
+			if p.State != "running" || p.ReportedAt != "" { // another instance's, as it published it
 				continue
 			}
 			n++

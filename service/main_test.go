@@ -180,14 +180,19 @@ func (in *instance) owned() []string {
 	}
 	defer resp.Body.Close()
 	var body struct {
-		Pipelines []struct{ Name, State string }
+		Pipelines []struct {
+			Name, State string
+			ReportedAt  string `json:"reported_at"`
+		}
 	}
 	if json.NewDecoder(resp.Body).Decode(&body) != nil {
 		return nil
 	}
 	out := []string{}
 	for _, p := range body.Pipelines {
-		if p.State == "running" {
+		// Every instance shows the owner's state; one another instance
+		// published carries reported_at.
+		if p.State == "running" && p.ReportedAt == "" {
 			out = append(out, p.Name)
 		}
 	}
@@ -257,15 +262,20 @@ func (in *instance) api(method, path, body string, out any, hdr ...string) (int,
 	return resp.StatusCode, string(raw)
 }
 
-// localStatus is one instance's view of a pipeline ("" when it does not
-// know it).
+// localStatus is a pipeline's state on one instance ("" when it does not
+// know it): standby when another instance runs it (every instance shows
+// the owner's state, with reported_at when another instance published it).
 func (in *instance) localStatus(name string) (state string, starts int) {
 	var v struct {
-		State  string `json:"state"`
-		Starts int    `json:"starts"`
+		State      string `json:"state"`
+		Starts     int    `json:"starts"`
+		ReportedAt string `json:"reported_at"`
 	}
 	if code, _ := in.api("GET", "/api/v1/pipelines/"+name, "", &v); code != 200 {
 		return "", 0
+	}
+	if v.ReportedAt != "" {
+		return "standby", 0
 	}
 	return v.State, v.Starts
 }

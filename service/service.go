@@ -102,10 +102,11 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sup, coordDSN, err := s.newSupervisor(specs)
+	sup, coordDSN, closeBoard, err := s.newSupervisor(specs)
 	if err != nil {
 		return err
 	}
+	defer closeBoard()
 	cp, err := s.startControl(ctx, sup, coordDSN)
 	if err != nil {
 		return err
@@ -120,21 +121,32 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 // newSupervisor makes the engine's supervisor: with high availability
-// unless disabled, and the tenants' destination check.
-func (s *Service) newSupervisor(specs []*pipelines.Spec) (sup *engine.Supervisor, coordDSN string, err error) {
+// unless disabled — the status board on the coordination database with
+// it, closed by closeBoard — and the tenants' destination check.
+func (s *Service) newSupervisor(specs []*pipelines.Spec) (sup *engine.Supervisor, coordDSN string, closeBoard func(), err error) {
+	closeBoard = func() {}
 	opts := engine.Options{Logger: s.log, Metrics: s.metrics, DrainTimeout: s.cfg.ShutdownTimeout, DatabaseConnections: s.cfg.DBMaxConnections,
 		Destinations: s.destinations}
 	if !s.cfg.DisableHA {
 		dsn, from, ok := coordinationDSN(s.cfg.CoordinationDSN, s.cfg.StoreDSN, specs)
 		if !ok {
-			return nil, "", &UsageError{Err: errors.New("--ha needs --coordination-dsn: no pipeline has a source database")}
+			return nil, "", closeBoard, &UsageError{Err: errors.New("--ha needs --coordination-dsn: no pipeline has a source database")}
 		}
 		s.log.Info("high availability: coordination database", "from", from, "instance", s.cfg.InstanceID)
-		opts.Ownership = &engine.Ownership{Instance: s.cfg.InstanceID, CoordinationDSN: dsn, CoordinationFrom: from, Interval: s.cfg.HAInterval}
+		board, err := openStatusBoard(dsn)
+		if err != nil {
+			return nil, "", closeBoard, err
+		}
+		closeBoard = board.close
+		opts.Ownership = &engine.Ownership{Instance: s.cfg.InstanceID, CoordinationDSN: dsn, CoordinationFrom: from, Interval: s.cfg.HAInterval,
+			Board: board}
 		coordDSN = dsn
 	}
 	sup, err = engine.NewSupervisor(opts)
-	return sup, coordDSN, err
+	if err != nil {
+		closeBoard()
+	}
+	return sup, coordDSN, closeBoard, err
 }
 
 // serve runs what surrounds the supervisor — the HTTP API and console,

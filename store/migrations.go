@@ -97,6 +97,9 @@ CREATE UNIQUE INDEX ferry_audit_denied_minute ON ferry_audit
     (token_id, denied_key, (date_trunc('minute', at AT TIME ZONE 'UTC')))
     WHERE action = 'denied';
 `},
+	{4, "the full status an instance publishes of each pipeline it runs", `
+ALTER TABLE ferry_pipeline_status ADD COLUMN status jsonb NULL;
+`},
 }
 
 // SchemaSQL is every migration as one script, for `ferry schema store`:

@@ -3,7 +3,8 @@
 // state, version), tenants with their limits and policy, tenants' secrets
 // (sealed), hashed API tokens with their scopes and expiry, the audit log
 // and what each instance reports it runs, in PostgreSQL (`ferry run
-// --store DSN`). Making a running instance match it is the converger's
+// --store DSN`). The last, ferry_pipeline_status (StatusTable), is also
+// kept on an HA coordination database that is not a store. Making a running instance match it is the converger's
 // job, in package service; Snapshot is the data the converger keeps of it.
 //
 // Pipeline texts keep their ${VAR} references as submitted. The values a
@@ -14,8 +15,9 @@
 // It is imported by service, the CLI and the HTTP API; it must not import
 // any of them, nor engine, a source, a sink or a lab package: of Ferry it
 // needs only pipelines (to check a pipeline's YAML), policy (the type of a
-// tenant's policy), plugins (its error type), internal/secretbox and
-// internal/redact.
+// tenant's policy), plugins (its error type), internal/secretbox,
+// internal/redact and internal/pgddl (the status table where it is not a
+// store).
 package store
 
 import (

@@ -85,9 +85,12 @@
   }
   const num = (n) => (n == null ? '—' : Number(n).toLocaleString('en-US'));
 
-  // Where it runs: the instances that reported it through the store, or
-  // this instance (without a store, or when none reported it).
+  // Where it runs: with HA, the owner every instance names (its status is
+  // the owner's, whichever instance serves the page); else the instances
+  // that reported it through the store, or this instance (without a
+  // store, or when none reported it).
   function placement(p) {
+    if (p.owner) return { state: p.state, owner: p.owner, error: p.last_error || '' };
     const on = p.running_on || [];
     if (on.length) {
       const first = on[0];

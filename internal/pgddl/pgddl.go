@@ -1,8 +1,8 @@
-// Package pgddl runs the little DDL Ferry does itself (its cursor and
-// heartbeat tables) safely when several pipelines or instances start at
-// once.
+// Package pgddl runs the little DDL Ferry does itself (its cursor,
+// heartbeat and pipeline status tables) safely when several pipelines or
+// instances start at once.
 //
-// It imports no other Ferry package: ownership and the sources import it.
+// It imports no other Ferry package: ownership, the sources and store (its status table) import it.
 package pgddl
 
 import (
