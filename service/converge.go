@@ -197,7 +197,7 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadR
 	snap := c.snap
 	c.mu.Unlock()
 	r, err := c.read(ctx)
-	if c.Store != nil {
+	if c.Store != nil && (err == nil || ctx.Err() == nil) { // a read cut short by its caller says nothing of the store
 		c.mu.Lock()
 		c.noteRead(err)
 		snap.ReadAt, snap.Stale, snap.StaleSince, snap.ReadError = c.snap.ReadAt, c.snap.Stale, c.snap.StaleSince, c.snap.ReadError
