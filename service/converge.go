@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -91,9 +92,19 @@ func (c *Converger) Start(ctx context.Context) error {
 		}
 		c.files = specs
 	}
+	if c.Store != nil {
+		// A store that does not answer (a host that drops packets) must not
+		// hold the start: Run keeps trying.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, startReadTimeout)
+		defer cancel()
+	}
 	_, err := c.converge(ctx, c.Store == nil)
 	return err
 }
+
+// startReadTimeout bounds Start's read of the store.
+const startReadTimeout = 5 * time.Second
 
 // ReloadFiles loads the pipeline files again (SIGHUP, POST /reload,
 // --watch) and converges with the store's last known contents.
@@ -197,7 +208,9 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadR
 	snap := c.snap
 	c.mu.Unlock()
 	r, err := c.read(ctx)
-	if c.Store != nil && (err == nil || ctx.Err() == nil) { // a read cut short by its caller says nothing of the store
+	// A read its caller cancelled (shutdown) says nothing of the store; one
+	// that ran out of time does.
+	if c.Store != nil && (err == nil || !errors.Is(ctx.Err(), context.Canceled)) {
 		c.mu.Lock()
 		c.noteRead(err)
 		snap.ReadAt, snap.Stale, snap.StaleSince, snap.ReadError = c.snap.ReadAt, c.snap.Stale, c.snap.StaleSince, c.snap.ReadError
