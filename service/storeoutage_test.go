@@ -231,7 +231,10 @@ func TestStartsWithoutTheStore(t *testing.T) {
 	storedColl := testenv.CollectStream(t, e.NATS, e.Stream+"_S", 100*time.Millisecond, e.Subject+".stored")
 	// The store holds a pipeline (an admin's) before the outage.
 	first := startStoreProc(t, "first", storeDB.DSN("postgres"))
-	testenv.Eventually(t, 60*time.Second, "the first instance answering", func() bool { s, ok := first.store(); return ok && s.Up })
+	testenv.Eventually(t, 60*time.Second, "the first instance answering", func() bool {
+		code, _ := first.api("GET", "/api/v1/pipelines", "", nil)
+		return code == 200
+	})
 	ddl, _ := xid8.Schema("outbox_stored")
 	if _, err := e.Pool.Exec(ctx, ddl); err != nil {
 		t.Fatal(err)
