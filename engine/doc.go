@@ -40,10 +40,12 @@
 // entries.go holds the pipelines the supervisor knows and their states;
 // incarnation.go builds, starts (with backoff and jitter), runs and drains
 // each incarnation of a pipeline; ha.go is the ownership round (package
-// ownership); readiness.go answers /readyz; health.go measures the backlog
-// of pipelines whose source does not (paused ones included); reporter.go
-// is each pipeline's plugins.Reporter; logadapter.go and registerer.go
-// adapt the router's logs and the components' metrics.
+// ownership); readiness.go says whether the router serves (/readyz's
+// verdict) and what does not run as it should (its details); health.go
+// measures the backlog of pipelines whose source does not (paused ones
+// included); reporter.go is each pipeline's plugins.Reporter;
+// logadapter.go and registerer.go adapt the router's logs and the
+// components' metrics.
 //
 // # Features of the engine
 //

@@ -56,7 +56,9 @@ func (c *Converger) StoreDown() (down bool, since time.Time, lastError string) {
 }
 
 // oneLine joins a multi-line error (errors.Join's) into one line.
-func oneLine(s string) string { return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ") }
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}
 
 // migrateLiteralSecrets runs MigrateLiteralSecrets and logs what it could
 // not do.
