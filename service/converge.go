@@ -29,7 +29,9 @@ import (
 // pipelines are the entries it hands the supervisor and shows the API
 // (Snapshot's Files), ReloadFiles applies the files again, and there is
 // nothing to read, listen to or judge by a tenant's policy (files are the
-// operator's). Run wires one for every `ferry run`; it is exported for
+// operator's). While the store does not answer — at start too — it keeps
+// what it last read and reads again with backoff (converge_store.go).
+// Run wires one for every `ferry run`; it is exported for
 // embedders that assemble their own instance, and for tests. Start before
 // the supervisor runs, then Run; the HTTP API reads it through
 // httpapi.Converger.
