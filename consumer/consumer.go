@@ -3,22 +3,33 @@
 // once and each aggregate's events in order, over at-least-once delivery
 // from any broker.
 //
-//   - Inbox: the event's id is written to a PostgreSQL inbox table in the
-//     same transaction as the handler's own changes (the handler gets that
-//     pgx.Tx). A redelivered event finds its id there and has no second
-//     effect.
+//   - Inbox: the event's id and payload hash are written to a PostgreSQL
+//     inbox table in the same transaction as the handler's own changes (the
+//     handler gets that pgx.Tx). A redelivered event finds its id there and
+//     has no second effect; an id seen before with another payload or
+//     aggregate is a collision, reported, never skipped silently.
 //   - Order guard: with the aggregate version Ferry sends (header
 //     ferry-aggregate-version, filled by `ferry schema --aggregate-version`),
 //     an event at or below its aggregate's applied version is acknowledged
-//     and skipped; one beyond applied+1 is held (nacked after a delay) until
-//     the missing events arrive, and a gap older than GapTimeout is reported
-//     — never applied out of order. An event without a version is applied
-//     without ordering, and counted.
+//     and skipped. The deliveries of one aggregate go through a lane: one
+//     transaction at a time, in version order, inside the process. An event
+//     beyond applied+1 waits in memory, unacknowledged, and applies as soon
+//     as its predecessor does: up to HoldTimeout while the versions before
+//     it are in flight here (or it is one of Config.MaxHeld early events),
+//     up to HoldDelay otherwise; then it is nacked. A gap older
+//     than GapTimeout is reported — never applied out of order. An event
+//     without a version is applied without ordering, and counted.
+//   - Poison: a message that can never be processed (no id, an id too long
+//     or not text, a malformed version) goes to Config.DeadLetter with its
+//     reason at once; a failing handler is retried with backoff, a bounded
+//     number of times, before its message does. Nothing loops hot.
 //
 // It works as plain Go (Consumer.Process) and as a Watermill handler or
 // middleware with any subscriber (watermill-kafka, watermill-amqp,
 // watermill-nats): Ferry's sinks put the event id in Watermill's uuid
-// header, so message.UUID is the event id.
+// header, so message.UUID is the event id. NATSSubscriberConfig and
+// AMQPSubscriberConfig set, and their Check twins refuse, the subscriber
+// options that would lose or stall events.
 //
 // The package owns the inbox and applied-version tables and nothing else.
 // It is a Go module of its own, github.com/ferryhq/ferry/consumer, whose
@@ -32,11 +43,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,23 +72,64 @@ type Config struct {
 	// AggregateTypeHeader and AggregateIDHeader name the aggregate.
 	// Defaults "aggregate_type" and "aggregate_id".
 	AggregateTypeHeader, AggregateIDHeader string
-	// HoldDelay is how long a held event (its predecessor has not been
-	// applied yet) waits before it is nacked for redelivery. Default 1s.
+	// HandlerTimeout bounds one event's transaction: the inbox row, the
+	// handler and the commit. A broker's ack wait must be longer than
+	// HoldTimeout plus HandlerTimeout (NATSSubscriberConfig checks it).
+	// Default 30s.
+	HandlerTimeout time.Duration
+	// MaxHeld is how many early events (their predecessor is missing, not
+	// merely being applied here) may wait in memory at once,
+	// unacknowledged, across all aggregates. Each occupies one of the
+	// deliveries the subscriber hands over at once, so keep it below that
+	// number (watermill-nats SubscribersCount times the router handlers on
+	// the topic; one per handler for watermill-amqp), or the missing event
+	// cannot arrive until HoldTimeout frees them. Early events beyond it
+	// wait HoldDelay. Default 0.
+	MaxHeld int
+	// HoldTimeout is how long one delivery may wait in memory for its
+	// predecessors before it is nacked for redelivery. Default 5s.
+	HoldTimeout time.Duration
+	// HoldDelay is how long an early event that is not one of the MaxHeld
+	// waits in memory for its missing predecessor before it is nacked for
+	// redelivery: what a delivery occupied before nacking anyway. Default
+	// 1s.
 	HoldDelay time.Duration
 	// GapTimeout is how long an aggregate may wait for a missing version
 	// before the gap is reported (log, metric, DeadLetter). Default 1m.
 	GapTimeout time.Duration
-	// DeadLetter, if set, receives a held event once its gap is older than
-	// GapTimeout; when it returns nil the event is acknowledged (it leaves
-	// the stream, unapplied). Without DeadLetter the event stays held, and
-	// the gap stays reported, until the missing events arrive.
-	DeadLetter func(ctx context.Context, msg *message.Message, reason string) error
+	// Attempts is how many times a failing handler runs for one delivery,
+	// with exponential backoff from RetryInterval up to RetryMaxInterval in
+	// between, before the delivery is handed to DeadLetter (if set) or
+	// nacked. Default 5.
+	Attempts int
+	// RetryInterval and RetryMaxInterval bound the backoff between a
+	// handler's attempts. Defaults 100ms and 5s.
+	RetryInterval, RetryMaxInterval time.Duration
+	// MaxIDLength is the longest event id, aggregate type or aggregate id,
+	// in bytes, the inbox accepts; a longer one is poison. Default 255.
+	MaxIDLength int
+	// DeadLetter, if set, receives the events the consumer gives up on,
+	// with the reason: poison (undecodable), a handler that failed Attempts
+	// times, an id collision, and a held event whose gap is older than
+	// GapTimeout. When it returns nil the event is acknowledged (it leaves
+	// the stream, unapplied); an error nacks it. Without DeadLetter, poison
+	// and collisions are logged at error level, counted and acknowledged;
+	// a failing handler's event is nacked; a held event stays held, and its
+	// gap reported, until the missing events arrive. PublishDeadLetters
+	// builds one over a Watermill publisher.
+	DeadLetter DeadLetterFunc
 	// Registerer, if set, gets the consumer's Prometheus metrics.
 	Registerer prometheus.Registerer
-	// Logger logs held events, gaps and unordered events. Default
-	// slog.Default().
+	// Logger logs held events, gaps, poison, collisions and unordered
+	// events. Default slog.Default().
 	Logger *slog.Logger
 }
+
+// DeadLetterFunc receives an event the consumer gives up on and why: reason
+// starts with one of the kinds "poison", "handler", "collision" or "gap".
+// It is called from the handler's goroutine, concurrently for different
+// events.
+type DeadLetterFunc func(ctx context.Context, msg *message.Message, reason string) error
 
 func (c *Config) defaults() {
 	if c.Table == "" {
@@ -93,11 +144,29 @@ func (c *Config) defaults() {
 	if c.AggregateIDHeader == "" {
 		c.AggregateIDHeader = AggregateIDHeader
 	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = 30 * time.Second
+	}
+	if c.HoldTimeout == 0 {
+		c.HoldTimeout = 5 * time.Second
+	}
 	if c.HoldDelay == 0 {
 		c.HoldDelay = time.Second
 	}
 	if c.GapTimeout == 0 {
 		c.GapTimeout = time.Minute
+	}
+	if c.Attempts == 0 {
+		c.Attempts = 5
+	}
+	if c.RetryInterval == 0 {
+		c.RetryInterval = 100 * time.Millisecond
+	}
+	if c.RetryMaxInterval == 0 {
+		c.RetryMaxInterval = 5 * time.Second
+	}
+	if c.MaxIDLength == 0 {
+		c.MaxIDLength = 255
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -110,19 +179,34 @@ func (c Config) Validate() error {
 	if _, err := quoteTable(c.Table, "ferry_inbox"); err != nil {
 		errs = append(errs, fmt.Errorf("table: %w", err))
 	}
-	if c.HoldDelay < 0 {
-		errs = append(errs, fmt.Errorf("hold delay: must not be negative, got %s", c.HoldDelay))
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"handler timeout", c.HandlerTimeout}, {"hold timeout", c.HoldTimeout}, {"hold delay", c.HoldDelay},
+		{"gap timeout", c.GapTimeout}, {"retry interval", c.RetryInterval}, {"retry max interval", c.RetryMaxInterval}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative, got %s", d.name, d.v))
+		}
 	}
-	if c.GapTimeout < 0 {
-		errs = append(errs, fmt.Errorf("gap timeout: must not be negative, got %s", c.GapTimeout))
+	if c.MaxHeld < 0 {
+		errs = append(errs, fmt.Errorf("max held: must not be negative, got %d", c.MaxHeld))
+	}
+	if c.Attempts < 0 {
+		errs = append(errs, fmt.Errorf("attempts: must not be negative, got %d", c.Attempts))
+	}
+	// A btree index entry holds at most about 2,700 bytes: a longer id
+	// would fail every insert, a poison loop of its own.
+	if c.MaxIDLength < 0 || c.MaxIDLength > 2048 {
+		errs = append(errs, fmt.Errorf("max id length: must be from 1 to 2048 bytes, got %d", c.MaxIDLength))
 	}
 	return errors.Join(errs...)
 }
 
 // Handler applies one event's effect in tx, the transaction that also
 // records the event in the inbox. It must do all its database work in tx
-// and must not commit or roll it back. An error rolls everything back and
-// the event is redelivered.
+// and must not commit or roll it back (Commit and Rollback return
+// ErrTxOwned, and Process fails the event). An error rolls everything back
+// and the event is retried, then redelivered or dead-lettered.
 type Handler func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
 
 // Outcome is what Process did with an event.
@@ -132,15 +216,22 @@ type Outcome int
 const (
 	// Applied: the handler ran and its transaction committed.
 	Applied Outcome = iota + 1
-	// Duplicate: the event id is in the inbox already; nothing ran.
+	// Duplicate: the event id is in the inbox already, with the same
+	// payload and aggregate; nothing ran.
 	Duplicate
 	// Stale: the version is at or below the aggregate's applied version
 	// (a re-send under a new id, or a version going backwards); nothing ran.
 	Stale
 	// Held: the version is beyond applied+1; nothing ran, redeliver later.
 	Held
-	// DeadLettered: held past GapTimeout and handed to Config.DeadLetter.
+	// DeadLettered: handed to Config.DeadLetter (poison, a handler failing
+	// every attempt, a collision, or held past GapTimeout).
 	DeadLettered
+	// Poisoned: undecodable and, without a DeadLetter, logged and dropped.
+	Poisoned
+	// Collision: the event id is in the inbox with another payload or
+	// aggregate and, without a DeadLetter, logged and skipped.
+	Collision
 )
 
 func (o Outcome) String() string {
@@ -155,6 +246,10 @@ func (o Outcome) String() string {
 		return "held"
 	case DeadLettered:
 		return "dead_lettered"
+	case Poisoned:
+		return "poisoned"
+	case Collision:
+		return "collision"
 	}
 	return "unknown"
 }
@@ -163,6 +258,12 @@ func (o Outcome) String() string {
 // the broker redelivers it.
 var ErrHeld = errors.New("event held: an earlier version of its aggregate has not been applied yet")
 
+// ErrTxOwned is what the handler's Commit and Rollback return, and what
+// Process fails an event with (wrapped) when its handler ended the inbox
+// transaction: the consumer commits it, after recording the aggregate's new
+// version, or the aggregate would wait for that version for ever.
+var ErrTxOwned = errors.New("the inbox transaction belongs to the consumer: the handler must not commit or roll it back")
+
 // Consumer processes events exactly once and in aggregate order. Create
 // with New; safe for concurrent use.
 type Consumer struct {
@@ -170,30 +271,33 @@ type Consumer struct {
 	cfg     Config
 	sql     statements
 	metrics *Metrics
-
-	mu   sync.Mutex
-	gaps map[aggregate]*gap // aggregates waiting for a missing version
+	lanes   *lanes
+	gaps    *gaps
+	retry   middleware.Retry
 }
 
 type aggregate struct{ typ, id string }
 
-// gap is an aggregate's open wait for a missing version.
-type gap struct {
-	since    time.Time
-	applied  int64 // the aggregate's applied version when last seen
-	waiting  int64 // the lowest version seen waiting
-	reported bool
-}
-
-// New returns a consumer over pool. It does no I/O: create the tables with
-// Schema first.
+// New returns a consumer over pool. It does no I/O and starts no
+// goroutine: create (or migrate) the tables with Schema first.
 func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg.defaults()
-	c := &Consumer{pool: pool, cfg: cfg, gaps: map[aggregate]*gap{}, metrics: newMetrics()}
+	c := &Consumer{pool: pool, cfg: cfg, metrics: newMetrics(), lanes: newLanes()}
+	c.gaps = &gaps{open: map[aggregate]*gap{}, metrics: c.metrics}
 	c.sql = newStatements(cfg.Table)
+	c.retry = middleware.Retry{
+		MaxRetries:      cfg.Attempts - 1,
+		InitialInterval: cfg.RetryInterval,
+		MaxInterval:     cfg.RetryMaxInterval,
+		Multiplier:      2,
+		// Only a handler's failure (or the database's) may pass with
+		// time: a held event has its own wait, and the consumer's own
+		// verdicts do not change on retry.
+		ShouldRetry: func(p middleware.RetryParams) bool { return retryable(p.Err) },
+	}
 	if cfg.Registerer != nil {
 		if err := c.metrics.register(cfg.Registerer); err != nil {
 			return nil, err
@@ -204,181 +308,140 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 
 // Process applies msg with h unless it was applied before or is out of
 // order. It returns the outcome; a Held event comes with an error wrapping
-// ErrHeld, a failed handler with its error — nack both. Every other outcome
-// means: acknowledge.
+// ErrHeld, a handler failing every attempt (without DeadLetter) with its
+// error — nack both. Every other outcome means: acknowledge.
 func (c *Consumer) Process(ctx context.Context, msg *message.Message, h Handler) (Outcome, error) {
-	if msg.UUID == "" {
-		return 0, errors.New("event has no id (message UUID): cannot deduplicate it")
+	ev, perr := c.decode(msg)
+	if perr != nil {
+		return c.poisoned(ctx, msg, perr)
 	}
-	agg := aggregate{typ: msg.Metadata.Get(c.cfg.AggregateTypeHeader), id: msg.Metadata.Get(c.cfg.AggregateIDHeader)}
-	version, ordered, err := c.version(msg, agg)
-	if err != nil {
-		return 0, err
+	var out Outcome
+	attempts := 0
+	_, err := c.retry.Middleware(func(m *message.Message) ([]*message.Message, error) {
+		var err error
+		attempts++
+		out, err = c.processOnce(ctx, m, ev, h)
+		return nil, err
+	})(msg)
+	var herr *handlerError
+	if err == nil || !errors.As(err, &herr) || !retryable(err) {
+		// Applied, skipped or held; or failing for a reason retrying
+		// cannot change or that is not the event's (the context ended).
+		return out, err
 	}
+	c.metrics.HandlerFailures.Inc()
+	c.cfg.Logger.Warn("handler failed every attempt", "event_id", ev.id, "attempts", attempts, "err", herr.err,
+		"dead_letter", c.cfg.DeadLetter != nil)
+	if c.cfg.DeadLetter != nil {
+		return c.deadLetter(ctx, msg, fmt.Sprintf("handler: failed %d times, last: %v", attempts, herr.err))
+	}
+	return out, err
+}
+
+// processOnce is one attempt: through the aggregate's lane if the event is
+// ordered, straight to the database if not.
+func (c *Consumer) processOnce(ctx context.Context, msg *message.Message, ev event, h Handler) (Outcome, error) {
+	if !ev.ordered {
+		out, _, err := c.transact(ctx, msg, ev, h)
+		return out, err
+	}
+	return c.processOrdered(ctx, msg, ev, h)
+}
+
+// transact runs the event's transaction: the inbox row, the aggregate's
+// row lock, version check and new version, the handler. It returns the
+// aggregate's applied version when it read one.
+func (c *Consumer) transact(ctx context.Context, msg *message.Message, ev event, h Handler) (Outcome, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+	defer cancel()
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("begin: %w", err)
+		return 0, 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.Background())
-	var v *int64
-	if ordered {
-		v = &version
-	}
-	tag, err := tx.Exec(ctx, c.sql.insertInbox, msg.UUID, agg.typ, agg.id, v)
-	if err != nil {
-		return 0, fmt.Errorf("record event %s in the inbox: %w", msg.UUID, err)
-	}
-	if tag.RowsAffected() == 0 {
-		c.metrics.Duplicates.Inc()
-		return Duplicate, nil
-	}
-	if ordered {
-		if _, err := tx.Exec(ctx, c.sql.ensureAggregate, agg.typ, agg.id); err != nil {
-			return 0, fmt.Errorf("aggregate %s/%s: %w", agg.typ, agg.id, err)
+	if !ev.ordered {
+		tag, err := tx.Exec(ctx, c.sql.insertInbox, ev.id, ev.agg.typ, ev.agg.id, nil, ev.hash)
+		if err != nil {
+			return 0, 0, fmt.Errorf("record event %s in the inbox: %w", ev.id, err)
 		}
-		// The row lock serialises this aggregate's events across the
-		// consumer's goroutines and processes.
-		var applied int64
-		if err := tx.QueryRow(ctx, c.sql.lockAggregate, agg.typ, agg.id).Scan(&applied); err != nil {
-			return 0, fmt.Errorf("aggregate %s/%s: %w", agg.typ, agg.id, err)
+		if tag.RowsAffected() == 0 {
+			return c.seenBefore(ctx, tx, msg, ev)
 		}
-		switch {
-		case version <= applied:
-			c.metrics.Stale.Inc()
-			c.cfg.Logger.Debug("stale event skipped", "event_id", msg.UUID, "aggregate_type", agg.typ, "aggregate_id", agg.id, "version", version, "applied_version", applied)
-			return Stale, nil // rolled back: the inbox keeps no trace
-		case version > applied+1:
-			tx.Rollback(context.Background())
-			return c.hold(ctx, msg, agg, version, applied)
+	} else {
+		var fresh bool
+		var advanced *int64
+		if err := tx.QueryRow(ctx, c.sql.recordOrdered, ev.id, ev.agg.typ, ev.agg.id, ev.version, ev.hash).Scan(&fresh, &advanced); err != nil {
+			return 0, 0, fmt.Errorf("record event %s of aggregate %s/%s: %w", ev.id, ev.agg.typ, ev.agg.id, err)
+		}
+		if !fresh {
+			return c.seenBefore(ctx, tx, msg, ev)
+		}
+		if advanced == nil || *advanced != ev.version {
+			// Not next. The row is locked (by this transaction, so this
+			// read does not wait): its version says stale or early.
+			var applied int64
+			if err := tx.QueryRow(ctx, c.sql.lockAggregate, ev.agg.typ, ev.agg.id).Scan(&applied); err != nil {
+				return 0, 0, fmt.Errorf("aggregate %s/%s: %w", ev.agg.typ, ev.agg.id, err)
+			}
+			if ev.version <= applied {
+				c.metrics.Stale.Inc()
+				c.cfg.Logger.Debug("stale event skipped", "event_id", ev.id, "aggregate_type", ev.agg.typ, "aggregate_id", ev.agg.id, "version", ev.version, "applied_version", applied)
+				return Stale, applied, nil // rolled back: the inbox keeps no trace
+			}
+			return Held, applied, nil
 		}
 	}
-	if err := h(ctx, tx, msg); err != nil {
-		return 0, err
-	}
-	if ordered {
-		if _, err := tx.Exec(ctx, c.sql.advance, agg.typ, agg.id, version); err != nil {
-			return 0, fmt.Errorf("aggregate %s/%s: %w", agg.typ, agg.id, err)
+	guarded := &handlerTx{Tx: tx}
+	if err := h(ctx, guarded, msg); err != nil {
+		if guarded.ended {
+			return 0, 0, fmt.Errorf("event %s: %w (the handler also failed: %v)", ev.id, ErrTxOwned, err)
 		}
+		return 0, 0, &handlerError{err: err}
+	}
+	// A handler that called Commit got ErrTxOwned and may have ignored it:
+	// the event must fail, not commit what the handler meant to end. One
+	// that ran COMMIT as SQL committed the inbox row and the new version
+	// with its changes (they are written before the handler runs) and left
+	// the connection outside any transaction: say so.
+	if status := tx.Conn().PgConn().TxStatus(); guarded.ended || status != 'T' {
+		c.cfg.Logger.Error("handler ended the inbox transaction", "event_id", ev.id, "aggregate_type", ev.agg.typ,
+			"aggregate_id", ev.agg.id, "version", ev.version, "transaction_status", string(status))
+		return 0, 0, fmt.Errorf("event %s: %w", ev.id, ErrTxOwned)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("commit: %w", err)
+		return 0, 0, fmt.Errorf("commit: %w", err)
 	}
 	c.metrics.Applied.Inc()
-	if ordered {
-		c.closeGap(agg, version)
-	}
-	return Applied, nil
+	return Applied, ev.version, nil
 }
 
-// version reads the aggregate version header. An event without one (or
-// without an aggregate id) is processed without ordering, counted and
-// logged; a malformed one is an error: applying it could break the order.
-func (c *Consumer) version(msg *message.Message, agg aggregate) (int64, bool, error) {
-	raw := msg.Metadata.Get(c.cfg.VersionHeader)
-	if raw == "" || agg.id == "" {
-		c.metrics.Unordered.Inc()
-		c.cfg.Logger.Warn("event without aggregate version: applied without ordering",
-			"event_id", msg.UUID, "header", c.cfg.VersionHeader, "aggregate_id", agg.id)
-		return 0, false, nil
+// deadLetter hands msg to Config.DeadLetter: acknowledged once it took it.
+func (c *Consumer) deadLetter(ctx context.Context, msg *message.Message, reason string) (Outcome, error) {
+	if err := c.cfg.DeadLetter(ctx, msg, reason); err != nil {
+		return 0, fmt.Errorf("dead-letter event %q: %w", truncate(msg.UUID), err)
 	}
-	v, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || v < 1 {
-		return 0, false, fmt.Errorf("event %s: header %s: %q is not a version (a whole number from 1)", msg.UUID, c.cfg.VersionHeader, raw)
-	}
-	return v, true, nil
+	c.metrics.DeadLettered.Inc()
+	return DeadLettered, nil
 }
 
-// hold waits HoldDelay and asks for redelivery, or reports the gap once it
-// is older than GapTimeout.
-func (c *Consumer) hold(ctx context.Context, msg *message.Message, agg aggregate, version, applied int64) (Outcome, error) {
-	now := time.Now()
-	c.mu.Lock()
-	g := c.gaps[agg]
-	if g == nil || g.applied != applied {
-		// A new gap, or the aggregate moved on since: the wait starts now.
-		if g == nil {
-			c.metrics.OpenGaps.Inc()
-		}
-		g = &gap{since: now, applied: applied, waiting: version}
-		c.gaps[agg] = g
-	}
-	g.waiting = min(g.waiting, version)
-	age := now.Sub(g.since)
-	report := age >= c.cfg.GapTimeout && !g.reported
-	if report {
-		g.reported = true
-	}
-	expired := age >= c.cfg.GapTimeout
-	c.mu.Unlock()
+// handlerError marks the handler's own failure: the one kind that is
+// retried with backoff and then dead-lettered.
+type handlerError struct{ err error }
 
-	c.metrics.Held.Inc()
-	reason := fmt.Sprintf("aggregate %s/%s: version %d arrived, applied %d: versions %d..%d missing for %s",
-		agg.typ, agg.id, version, applied, applied+1, version-1, age.Round(time.Millisecond))
-	if report {
-		c.metrics.Gaps.Inc()
-		c.cfg.Logger.Error("aggregate version gap older than the gap timeout: events held, not applied out of order",
-			"event_id", msg.UUID, "aggregate_type", agg.typ, "aggregate_id", agg.id, "version", version,
-			"applied_version", applied, "gap_seconds", age.Seconds())
-	}
-	if expired && c.cfg.DeadLetter != nil {
-		if err := c.cfg.DeadLetter(ctx, msg, reason); err != nil {
-			return 0, fmt.Errorf("dead-letter held event %s: %w", msg.UUID, err)
-		}
-		c.metrics.DeadLettered.Inc()
-		return DeadLettered, nil
-	}
-	c.cfg.Logger.Debug("event held", "event_id", msg.UUID, "reason", reason)
-	select {
-	case <-ctx.Done():
-	case <-time.After(c.cfg.HoldDelay):
-	}
-	return Held, fmt.Errorf("%w (%s)", ErrHeld, reason)
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }
+
+func retryable(err error) bool {
+	return !errors.Is(err, ErrHeld) && !errors.Is(err, ErrTxOwned) &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
-// closeGap forgets an aggregate's gap once its waiting version is applied.
-func (c *Consumer) closeGap(agg aggregate, applied int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if g := c.gaps[agg]; g != nil && applied >= g.waiting {
-		delete(c.gaps, agg)
-		c.metrics.OpenGaps.Dec()
-	}
+// handlerTx is the inbox transaction as the handler sees it: everything
+// but ending it. Begin (a savepoint) stays allowed.
+type handlerTx struct {
+	pgx.Tx
+	ended bool
 }
 
-// HandlerFunc adapts h for a Watermill router (AddConsumerHandler): a held
-// or failed event is nacked, every other one acknowledged.
-func (c *Consumer) HandlerFunc(h Handler) message.NoPublishHandlerFunc {
-	return func(msg *message.Message) error {
-		_, err := c.Process(msg.Context(), msg, h)
-		return err
-	}
-}
-
-type txKey struct{}
-
-// Tx is the inbox transaction of a message handled under Middleware.
-func Tx(ctx context.Context) (pgx.Tx, bool) {
-	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
-	return tx, ok
-}
-
-// Middleware is the Watermill middleware form: the wrapped handler runs
-// inside the inbox transaction, which it gets with Tx(msg.Context()); the
-// messages it returns are passed on only when that transaction committed.
-func (c *Consumer) Middleware(next message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		var produced []*message.Message
-		_, err := c.Process(msg.Context(), msg, func(ctx context.Context, tx pgx.Tx, m *message.Message) error {
-			orig := m.Context()
-			m.SetContext(context.WithValue(ctx, txKey{}, tx))
-			defer m.SetContext(orig)
-			out, err := next(m)
-			produced = out
-			return err
-		})
-		if err != nil {
-			return nil, err
-		}
-		return produced, nil
-	}
-}
+func (t *handlerTx) Commit(context.Context) error   { t.ended = true; return ErrTxOwned }
+func (t *handlerTx) Rollback(context.Context) error { t.ended = true; return ErrTxOwned }

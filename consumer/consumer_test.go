@@ -18,7 +18,7 @@ import (
 	"github.com/ferryhq/ferry/consumer"
 )
 
-func setup(t *testing.T, cfg consumer.Config) (*consumer.Consumer, *pgxpool.Pool) {
+func setup(t testing.TB, cfg consumer.Config) (*consumer.Consumer, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testDatabase(t))
@@ -51,7 +51,7 @@ func event(id, agg, version string, amount int64) *message.Message {
 	return m
 }
 
-func state(t *testing.T, pool *pgxpool.Pool, agg string) fold {
+func state(t testing.TB, pool *pgxpool.Pool, agg string) fold {
 	var f fold
 	pool.QueryRow(context.Background(), `SELECT hash, n FROM accounts WHERE id = $1`, agg).Scan(&f.hash, &f.n)
 	return f
@@ -168,8 +168,7 @@ func TestGapWithoutDeadLetterStaysHeld(t *testing.T) {
 }
 
 // Bad input: an event without the version header is applied without
-// ordering and counted; a malformed version is an error, not a guess; an
-// event without an id cannot be deduplicated.
+// ordering and counted; a malformed version is poison, not a guess.
 func TestEventsWithoutUsableVersion(t *testing.T) {
 	c, _ := setup(t, consumer.Config{})
 	ctx := context.Background()
@@ -183,12 +182,12 @@ func TestEventsWithoutUsableVersion(t *testing.T) {
 		t.Fatalf("unordered %v, want 2", n)
 	}
 	for _, v := range []string{"x", "0", "-3", "1.5"} {
-		if _, err := c.Process(ctx, event("bad-"+v, "a", v, 1), apply); err == nil || !strings.Contains(err.Error(), "is not a version") {
-			t.Fatalf("version %q: %v", v, err)
+		if got, err := c.Process(ctx, event("bad-"+v, "a", v, 1), apply); got != consumer.Poisoned || err != nil {
+			t.Fatalf("version %q: %v, %v; want poisoned", v, got, err)
 		}
 	}
-	if _, err := c.Process(ctx, event("", "a", "1", 1), apply); err == nil {
-		t.Fatal("an event without id was processed")
+	if n := testutil.ToFloat64(c.Metrics().Poisoned.WithLabelValues("bad_version")); n != 4 {
+		t.Fatalf("poisoned (bad_version) %v, want 4", n)
 	}
 }
 
@@ -248,6 +247,11 @@ func TestConfigValidate(t *testing.T) {
 		{consumer.Config{Table: "x;y"}, `table: "x;y" is not a table name`},
 		{consumer.Config{HoldDelay: -time.Second}, "hold delay: must not be negative"},
 		{consumer.Config{GapTimeout: -time.Second}, "gap timeout: must not be negative"},
+		{consumer.Config{HandlerTimeout: -time.Second}, "handler timeout: must not be negative"},
+		{consumer.Config{HoldTimeout: -time.Second}, "hold timeout: must not be negative"},
+		{consumer.Config{MaxHeld: -1}, "max held: must not be negative"},
+		{consumer.Config{Attempts: -1}, "attempts: must not be negative"},
+		{consumer.Config{MaxIDLength: 9000}, "max id length: must be from 1 to 2048 bytes"},
 	} {
 		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate(%+v) = %v, want %q", tc.cfg, err, tc.want)
@@ -327,5 +331,44 @@ func TestMiddlewareRunsTheHandlerInTheInboxTransaction(t *testing.T) {
 	}
 	if calls != 1 || state(t, pool, "a") != (fold{}).apply(8) {
 		t.Fatalf("handler ran %d times, state %+v", calls, state(t, pool, "a"))
+	}
+}
+
+// An early event waiting in memory sees another process apply its
+// predecessor (the lane re-reads the applied version) and applies without
+// going back to the broker.
+func TestEarlyEventSeesAnotherProcessApplyTheGap(t *testing.T) {
+	a, pool := setup(t, consumer.Config{MaxHeld: 1, HoldTimeout: time.Minute})
+	b, err := consumer.New(pool, consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	type result struct {
+		out consumer.Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := a.Process(ctx, event("e2", "x", "2", 2), apply)
+		done <- result{out, err}
+	}()
+	eventually(t, 30*time.Second, "v2 held in memory", func() bool { return testutil.ToFloat64(a.Metrics().HeldInMemory) == 1 })
+	if got, err := b.Process(ctx, event("e1", "x", "1", 1), apply); got != consumer.Applied || err != nil {
+		t.Fatalf("v1 in the other process: %v, %v", got, err)
+	}
+	select {
+	case r := <-done:
+		if r.out != consumer.Applied || r.err != nil {
+			t.Fatalf("v2: %v, %v; want applied", r.out, r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("v2 still held 30s after v1 was applied")
+	}
+	if n := testutil.ToFloat64(a.Metrics().HeldNacked); n != 0 {
+		t.Errorf("%v held events nacked", n)
+	}
+	if f := state(t, pool, "x"); f != (fold{}).apply(1).apply(2) {
+		t.Errorf("state %+v", f)
 	}
 }

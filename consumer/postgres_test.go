@@ -22,7 +22,7 @@ const defaultServer = "postgres://postgres@127.0.0.1:5432/postgres"
 // the database is dropped when the test ends. Unlike Ferry's lab/testenv it
 // starts no throwaway cluster: this module depends on nothing of Ferry, and
 // a running server is what a consuming service's own tests have.
-func testDatabase(t *testing.T) string {
+func testDatabase(t testing.TB) string {
 	t.Helper()
 	server := os.Getenv("TEST_DATABASE_URL")
 	if server == "" {
@@ -64,7 +64,7 @@ func testDatabase(t *testing.T) string {
 
 // eventually polls cond every 10ms until it holds, failing the test after
 // timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

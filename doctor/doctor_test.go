@@ -149,9 +149,10 @@ func TestInactiveSlotRetainingWAL(t *testing.T) {
 	for range 20 { // WAL the slot must retain
 		plugintest.Insert(ctx, e.Pool, "agg-2")
 	}
+	dups := uint64(3)
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		json.NewEncoder(w).Encode(map[string]any{"pipelines": []engine.Status{{Name: name, State: engine.StateBackingOff,
-			Since: time.Now(), Starts: 1, LastError: "replication connection: sorry, too many clients already"}}})
+			Since: time.Now(), Starts: 1, LastError: "replication connection: sorry, too many clients already", Duplicates: &dups}}})
 	}))
 	defer api.Close()
 	o := opts
@@ -160,6 +161,12 @@ func TestInactiveSlotRetainingWAL(t *testing.T) {
 	src := d.Checks[len(d.Checks)-1]
 	if !strings.Contains(strings.Join(src.Evidence, " "), "active false") || !strings.Contains(src.Action, "pg_drop_replication_slot('"+wal.DefaultName(name)+"')") {
 		t.Fatalf("slot check: %+v", src)
+	}
+	// The relay's duplicates_total is evidence of the relay stage.
+	for _, c := range d.Checks {
+		if c.Stage == doctor.StageRelay && !strings.Contains(strings.Join(c.Evidence, " "), "3 publishes since start confirmed by the broker as duplicates") {
+			t.Errorf("relay check without the duplicates: %+v", c)
+		}
 	}
 }
 

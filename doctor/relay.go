@@ -46,6 +46,12 @@ func relayFromAPI(spec *pipelines.Spec, o Options) (c Check, suspect string) {
 	if st.LastError != "" {
 		c.Evidence = append(c.Evidence, "last error: "+st.LastError)
 	}
+	if d := st.Duplicates; d != nil && *d > 0 {
+		// Confirmed, so nothing is lost to the relay; but these events did
+		// not arrive again where the pipeline sent them.
+		c.Evidence = append(c.Evidence, fmt.Sprintf("%d publishes since start confirmed by the broker as duplicates, not stored (duplicates_total): "+
+			"another pipeline publishes the same event ids into the stream, or events were sent again within its duplicate window", *d))
+	}
 	switch st.State {
 	case engine.StateRunning:
 		c.Status = OK

@@ -11,6 +11,7 @@ type stateCollector struct {
 	state, starts, backlog, oldest, horizon *prometheus.Desc
 	measureFailing                          *prometheus.Desc
 	inFlight, redeliveries, givenUp         *prometheus.Desc
+	duplicates                              *prometheus.Desc
 	coordinationUp                          *prometheus.Desc
 }
 
@@ -26,13 +27,15 @@ func newStateCollector(s *Supervisor) *stateCollector {
 		inFlight:       prometheus.NewDesc("ferry_source_in_flight", "Events read and not yet recorded as delivered.", l, nil),
 		redeliveries:   prometheus.NewDesc("ferry_source_redeliveries_total", "Events sent again after a failed delivery.", l, nil),
 		givenUp:        prometheus.NewDesc("ferry_source_given_up_total", "Events the source gave up on after failed deliveries (poll: parked after max_attempts).", l, nil),
+		duplicates: prometheus.NewDesc("ferry_sink_duplicates_total", "Publishes the broker confirmed as duplicates of a message it already held, storing nothing new (a NATS stream's duplicate window): "+
+			"another pipeline publishing the same event ids into the stream, or a re-send within the window. Absent for sinks whose broker does not say (Kafka, RabbitMQ).", l, nil),
 		coordinationUp: prometheus.NewDesc("ferry_ha_coordination_up", "1 while the last heartbeat into the coordination database succeeded, 0 while it fails (high availability runs degraded: no fair share). Absent without --ha.",
 			[]string{"instance"}, nil),
 	}
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.state, c.starts, c.backlog, c.oldest, c.measureFailing, c.horizon, c.inFlight, c.redeliveries, c.givenUp, c.coordinationUp} {
+	for _, d := range []*prometheus.Desc{c.state, c.starts, c.backlog, c.oldest, c.measureFailing, c.horizon, c.inFlight, c.redeliveries, c.givenUp, c.duplicates, c.coordinationUp} {
 		ch <- d
 	}
 }
@@ -72,6 +75,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(f.InFlight), st.Name, st.Tenant)
 			ch <- prometheus.MustNewConstMetric(c.redeliveries, prometheus.CounterValue, float64(f.Redeliveries), st.Name, st.Tenant)
 			ch <- prometheus.MustNewConstMetric(c.givenUp, prometheus.CounterValue, float64(f.GivenUp), st.Name, st.Tenant)
+		}
+		if d := st.Duplicates; d != nil {
+			ch <- prometheus.MustNewConstMetric(c.duplicates, prometheus.CounterValue, float64(*d), st.Name, st.Tenant)
 		}
 	}
 }

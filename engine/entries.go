@@ -52,6 +52,12 @@ type Status struct {
 	// Progress is the delivery and drain rates and the backlog's ETA; nil
 	// until the pipeline has been watched for two readings.
 	Progress *Progress `json:"progress,omitempty"`
+	// Duplicates is how many publishes since the pipeline started the
+	// broker confirmed as duplicates of a message it already held, storing
+	// nothing new (a NATS stream's duplicate window): confirmed, yet not
+	// delivered again. Nil when the sink cannot tell
+	// (plugins.DuplicateCounter): Kafka and RabbitMQ never say.
+	Duplicates *uint64 `json:"duplicates_total,omitempty"`
 	// Lag is each segment's p50/p99 over the last minute.
 	Lag map[string]LagSummary `json:"lag"`
 	// Owner is the instance that runs the pipeline, with high availability:
@@ -200,6 +206,12 @@ func (es *entries) status(e *entry) Status {
 				why += "; last error: " + st.LastError
 			}
 			st.State, st.LastError = StateStalled, why
+		}
+	}
+	if p != nil {
+		if d, ok := p.Sink.(plugins.DuplicateCounter); ok {
+			n := d.Duplicates()
+			st.Duplicates = &n
 		}
 	}
 	es.mu.Lock()

@@ -93,6 +93,10 @@ import (
 //     dead letters of the pipeline's dead-letter topic, also while the
 //     pipeline does not run here. Without it those routes say to count
 //     and replay them with the broker's own tools.
+//   - DeduplicationScoper: `ferry validate` and the service, on loading
+//     pipelines, warn when two pipelines reading one outbox table name the
+//     same scope (pipelines.SharedDeduplication). Without it no such
+//     warning: the broker deduplicates per destination, or not at all.
 //
 // On a built sink (Start and Close are part of Sink):
 //
@@ -111,6 +115,12 @@ import (
 //     ones that failed. Without it a batch is one Publish call, and when
 //     that fails every event of it is retried (those the broker had
 //     confirmed are sent again: at least once).
+//   - DuplicateCounter: the supervisor reads Duplicates for the pipeline's
+//     status (`duplicates_total` in /api/v1/pipelines, `ferry lag`, the
+//     console, `ferry doctor`) and ferry_sink_duplicates_total. Without it
+//     the status has no duplicates_total: the broker does not tell the
+//     client when it dropped a message as a duplicate (Kafka's idempotent
+//     producer, RabbitMQ), so nothing can be counted.
 
 // BatchPublisher is implemented by sinks that can publish many messages to
 // one topic with their confirmations pipelined (JetStream async publishes
@@ -122,6 +132,28 @@ import (
 // (Permanent for what no retry can fix).
 type BatchPublisher interface {
 	PublishBatch(topic string, msgs []*message.Message) (errs []error)
+}
+
+// DuplicateCounter is implemented by sinks whose broker may answer a
+// publish with "a duplicate of a message I already stored; not stored
+// again" (JetStream's PubAck.Duplicate, for a Nats-Msg-Id seen within the
+// stream's duplicate window). Such a publish is confirmed — the broker
+// holds an event with that id, so at-least-once holds — but nothing new
+// arrived, and the sink counts it here instead of passing it as a
+// delivery. Duplicates is the count since Start; it is called from any
+// goroutine, often, and must not block.
+type DuplicateCounter interface {
+	Duplicates() uint64
+}
+
+// DeduplicationScoper is implemented by sink configs whose broker drops a
+// message whose id it saw before anywhere in a scope wider than one
+// destination (a NATS stream, for Nats-Msg-Id). DeduplicationScope names
+// the scope the config publishes into, as well as the config alone can
+// tell, without connecting and without credentials; "" when it cannot.
+// Two configs naming the same scope share it.
+type DeduplicationScoper interface {
+	DeduplicationScope() string
 }
 
 // HealthReporter is implemented by sources that measure their backlog.

@@ -65,7 +65,24 @@ const (
 	// nanoseconds, when the source knows it (wal). Without it, created_at
 	// stands in for the commit.
 	MetaCommitAt = "ferry_commit_at"
+	// MetaResend, set by a source on an event it sends again on request (a
+	// backfill, a reset back in time, a dead-letter replay), names that
+	// request, e.g. "backfill-12". The event id stays the event's own;
+	// sinks whose broker drops a message id it saw before (NATS
+	// Nats-Msg-Id) send BrokerMessageID instead, so the re-send asked for
+	// arrives while a crash's re-send of the same request is still
+	// deduplicated.
+	MetaResend = "ferry_resend"
 )
+
+// BrokerMessageID is the broker message id of msg: its event id, or,
+// on a requested re-send (MetaResend), "<event id>:<request>".
+func BrokerMessageID(msg *message.Message) string {
+	if r := msg.Metadata.Get(MetaResend); r != "" {
+		return msg.UUID + ":" + r
+	}
+	return msg.UUID
+}
 
 // InternalPrefix marks metadata that steers Ferry and is never sent to the
 // broker as a header.

@@ -158,6 +158,12 @@ func DecodePosition(raw json.RawMessage, dst any, want string) error {
 // pipeline delivered before, sent beside live traffic.
 const ReplayHeader = "ferry-replay"
 
+// ReplayRequestHeader names the request an event is sent again by: a
+// backfill ("backfill-12", beside ReplayHeader) or, on poll, a reset
+// ("reset-…"). A source that reads it back from the outbox row (poll
+// keeps it in the headers column) sets MetaResend from it.
+const ReplayRequestHeader = "ferry-replay-request"
+
 // BackfillFilter selects the rows still in the outbox table to send again.
 // Every set field must match; at least one is set.
 type BackfillFilter struct {
@@ -262,6 +268,11 @@ type DeadLetterTopicReplay struct {
 	Replayed int `json:"replayed_events"`
 	// EventIDs are the replayed events' ids, in replay order.
 	EventIDs []string `json:"event_ids"`
+	// Duplicates is how many of the replayed the destination's broker
+	// confirmed as duplicates of a message it already held, storing
+	// nothing new (JetStream's duplicate window); only a broker that says
+	// so counts them (NATS).
+	Duplicates int `json:"duplicate_events"`
 	// Kept is how many were read and left on the dead-letter topic: not
 	// matching the filter, past the limit, naming no destination, without
 	// their payload, or refused again by the broker.

@@ -58,10 +58,11 @@ type Converger struct {
 	Reserved []policy.ReservedDatabase
 	Logger   *slog.Logger
 
-	convergeMu     sync.Mutex // one convergence at a time; guards files, secretProblems and migrated
+	convergeMu     sync.Mutex // one convergence at a time; guards files, secretProblems, sharedWarned and migrated
 	files          []*pipelines.Spec
-	secretProblems string // what the last read could not open, to log changes only
-	migrated       bool   // the literal passwords were moved into secrets (once, at the first read)
+	sharedWarned   map[string]bool // the shared-deduplication warnings logged, so each is logged once
+	secretProblems string          // what the last read could not open, to log changes only
+	migrated       bool            // the literal passwords were moved into secrets (once, at the first read)
 
 	mu     sync.Mutex // guards snap, loaded and wake
 	snap   store.Snapshot
@@ -245,7 +246,9 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadR
 	c.snap, c.loaded = snap, placed
 	c.mu.Unlock()
 
-	res, err := c.Supervisor.Reload(append(slices.Clone(c.files), specs...))
+	all := append(slices.Clone(c.files), specs...)
+	c.warnSharedDeduplication(all)
+	res, err := c.Supervisor.Reload(all)
 	if len(res.Started)+len(res.Restarted)+len(res.Stopped)+len(res.Paused) > 0 && c.Store != nil {
 		c.log().Info("converged on the store", "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped,
 			"paused", res.Paused, "unchanged", len(res.Unchanged))
@@ -254,6 +257,21 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadR
 		c.exchangeStatuses(ctx)
 	}
 	return res, err
+}
+
+// warnSharedDeduplication logs, once each, the pipelines that would
+// publish the same event ids into one broker deduplication scope
+// (pipelines.SharedDeduplication): the broker would store each event once
+// and count the rest as duplicates. Called under convergeMu.
+func (c *Converger) warnSharedDeduplication(specs []*pipelines.Spec) {
+	now := map[string]bool{}
+	for _, w := range pipelines.SharedDeduplication(specs) {
+		now[w] = true
+		if !c.sharedWarned[w] {
+			c.log().Warn("pipelines share a broker's deduplication: " + w)
+		}
+	}
+	c.sharedWarned = now
 }
 
 // exchangeStatuses reports what this instance runs and reads what every

@@ -208,6 +208,8 @@
       : measured ? num(h.backlog) + ' ' + (h.backlog_unit || '') + eta : '—';
     $('.oldest', el).textContent = measured && !h.measure_error ? dur(h.oldest_age_seconds) : '—';
     $('.inflight', el).textContent = p.flow ? num(p.flow.in_flight) : '—';
+    // Only a broker that says so is counted (NATS); '—' where it cannot.
+    $('.duplicates', el).textContent = p.duplicates_total == null ? '—' : num(p.duplicates_total);
     const dead = c.hist ? c.hist.dead_lettered_events : null;
     const parked = p.flow && p.flow.given_up ? ' (+' + num(p.flow.given_up) + ' parked)' : '';
     $('.dead', el).textContent = (dead == null ? '—' : num(dead)) + parked;

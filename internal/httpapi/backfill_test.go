@@ -373,3 +373,135 @@ func TestXid8BackfillWindowOfOne(t *testing.T) {
 	}
 	assertExactly(t, "backfilled", want, relaytest.Decode(t, replayed))
 }
+
+// backfillWithinWindow delivers 100 events into a stream with JetStream's
+// default duplicate window (2 minutes) and backfills them at once, well
+// within it: the stream stores each of them a second time — the backfill
+// names its request in Nats-Msg-Id — with the event id intact in
+// Watermill's uuid header and the replay headers set, and the pipeline
+// counts no duplicate. Before, the window dropped every one of them and
+// the answer still said they were queued.
+func backfillWithinWindow(t *testing.T, f *controlFixture, name, yaml string) {
+	t.Helper()
+	subject := f.e.Subject + "." + name
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_"+strings.ToUpper(name), 0, subject)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/"+name+"/config", adminToken, "application/yaml", yaml); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	written := writeEvents(t, f, 100, 10)
+	coll.WaitFor(t, 60*time.Second, "100 events", func(m []testenv.Received) bool { return len(m) >= 100 })
+	first := coll.All()
+	assertExactly(t, "first delivery", written, relaytest.Decode(t, first))
+	// A backfill lists the events recorded as delivered.
+	testenv.Eventually(t, 20*time.Second, "the 100 events recorded as delivered", func() bool {
+		r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/backfill?dry_run=true", adminToken, "application/json", `{"aggregate_type": "order"}`)
+		return r.code == 200 && r.body["backfill_events"] == 100.0
+	})
+	r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/backfill", adminToken, "application/json", `{"aggregate_type": "order"}`)
+	if r.code != 200 || r.body["backfill_events"] != 100.0 {
+		t.Fatalf("backfill: %d %s", r.code, r.raw)
+	}
+	if n, _ := r.body["note"].(string); !strings.Contains(n, "duplicates_total") {
+		t.Errorf("the answer does not say where what the broker drops is counted: %s", r.raw)
+	}
+	coll.WaitFor(t, 60*time.Second, "the 100 events again", func(m []testenv.Received) bool { return len(m) >= 200 })
+	all := coll.All()
+	replayed := all[100:]
+	assertExactly(t, "backfilled within the duplicate window", written, relaytest.Decode(t, replayed))
+	ids := map[string]bool{}
+	for _, m := range first {
+		ids[m.Header.Get("_watermill_message_uuid")] = true
+	}
+	for _, m := range replayed {
+		id, msgID := m.Header.Get("_watermill_message_uuid"), m.Header.Get("Nats-Msg-Id")
+		req := m.Header.Get("ferry-replay-request")
+		if !ids[id] || m.Header.Get("ferry-replay") != "true" || !strings.HasPrefix(req, "backfill-") || msgID != id+":"+req {
+			t.Fatalf("a backfilled event's ids: uuid %q (first delivered: %v), Nats-Msg-Id %q, ferry-replay %q, ferry-replay-request %q",
+				id, ids[id], msgID, m.Header.Get("ferry-replay"), req)
+		}
+	}
+	st := f.do(t, "GET", "/api/v1/pipelines/"+name, adminToken, "", "")
+	if st.code != 200 || st.body["duplicates_total"] != 0.0 {
+		t.Errorf("status: want duplicates_total 0: %d %s", st.code, st.raw)
+	}
+	t.Logf("%s: 100 events backfilled within the duplicate window, all stored again (stream holds %d)", name, len(all))
+}
+
+func TestXid8BackfillWithinDuplicateWindow(t *testing.T) {
+	f := startControl(t, adminToken)
+	backfillWithinWindow(t, f, "xw", f.pipelineYAML("xw", ""))
+}
+
+func TestPollBackfillWithinDuplicateWindow(t *testing.T) {
+	f := startPollControl(t)
+	backfillWithinWindow(t, f, "pw", f.pollYAML("pw", ""))
+}
+
+// Going back within the duplicate window: 100 events delivered into a
+// stream with JetStream's default window, the pipeline paused, its
+// progress reset to the 50th (position gives the reset's position of an
+// event); on resume the 50 after it arrive again at once — the reset marks
+// them, and their Nats-Msg-Id names it — with their event ids intact, and
+// events written afterwards arrive as live ones.
+func resetBackWithinWindow(t *testing.T, f *controlFixture, name, yaml string, recorded func(offsets map[string]any, last plugintest.Written) bool, position func(plugintest.Written) string) {
+	t.Helper()
+	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_"+strings.ToUpper(name), 0, f.e.Subject+"."+name)
+	if r := f.do(t, "PUT", "/api/v1/pipelines/"+name+"/config", adminToken, "application/yaml", yaml); r.code != 201 {
+		t.Fatalf("create: %d %s", r.code, r.raw)
+	}
+	written := writeEvents(t, f, 100, 10)
+	coll.WaitFor(t, 60*time.Second, "100 events", func(m []testenv.Received) bool { return len(m) >= 100 })
+	testenv.Eventually(t, 10*time.Second, "every event recorded as delivered", func() bool {
+		r := f.do(t, "GET", "/api/v1/pipelines/"+name+"/offsets", adminToken, "", "")
+		pos, _ := r.body["position"].(map[string]any)
+		return r.code == 200 && recorded(pos, written[99])
+	})
+	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/pause", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("pause: %d %s", r.code, r.raw)
+	}
+	f.waitStopped(t, name)
+	body := fmt.Sprintf(`{"to": "position", "position": %s}`, position(written[49]))
+	if r := f.do(t, "PATCH", "/api/v1/pipelines/"+name+"/offsets", adminToken, "application/json", body); r.code != 200 || r.body["resend_events"] != 50.0 ||
+		!strings.Contains(fmt.Sprint(r.body["note"]), "duplicates_total") {
+		t.Fatalf("reset (the note says where the broker's duplicates are counted): %d %s", r.code, r.raw)
+	}
+	if r := f.do(t, "POST", "/api/v1/pipelines/"+name+"/resume", adminToken, "", ""); r.code != 200 {
+		t.Fatalf("resume: %d %s", r.code, r.raw)
+	}
+	coll.WaitFor(t, 60*time.Second, "the 50 events after the position again", func(m []testenv.Received) bool { return len(m) >= 150 })
+	after := writeEvents(t, f, 10, 10)
+	coll.WaitFor(t, 60*time.Second, "10 live events", func(m []testenv.Received) bool { return len(m) >= 160 })
+	all := coll.All()
+	assertExactly(t, "re-sent after the reset", written[50:], relaytest.Decode(t, all[100:150]))
+	assertExactly(t, "live after the reset", after, relaytest.Decode(t, all[150:]))
+	for i, m := range all[100:] {
+		id, msgID := testenv.EventID(m.Header), m.Header.Get("Nats-Msg-Id")
+		resend := i < 50
+		if resend != strings.HasPrefix(msgID, id+":reset-") || (!resend && msgID != id) {
+			t.Fatalf("message %d after the reset (re-sent: %v): Nats-Msg-Id %q, event id %q", 100+i, resend, msgID, id)
+		}
+	}
+	if st := f.do(t, "GET", "/api/v1/pipelines/"+name, adminToken, "", ""); st.body["duplicates_total"] != 0.0 {
+		t.Errorf("status: want duplicates_total 0: %s", st.raw)
+	}
+}
+
+func TestXid8ResetBackWithinDuplicateWindow(t *testing.T) {
+	f := startControl(t, adminToken)
+	resetBackWithinWindow(t, f, "rw", f.pipelineYAML("rw", ""), func(pos map[string]any, last plugintest.Written) bool {
+		return fmt.Sprint(pos["id"]) == fmt.Sprint(last.OutboxID)
+	}, func(w plugintest.Written) string {
+		var xact string
+		if err := f.e.Pool.QueryRow(context.Background(), `SELECT xact_id::text FROM outbox WHERE id = $1`, w.OutboxID).Scan(&xact); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf(`{"xact_id": %q, "id": %d}`, xact, w.OutboxID)
+	})
+}
+
+func TestPollResetBackWithinDuplicateWindow(t *testing.T) {
+	f := startPollControl(t)
+	resetBackWithinWindow(t, f, "rp", f.pollYAML("rp", ""), func(pos map[string]any, _ plugintest.Written) bool {
+		return pos["unpublished_events"] == 0.0
+	}, func(w plugintest.Written) string { return fmt.Sprintf(`{"id": %d}`, w.OutboxID) })
+}

@@ -256,6 +256,9 @@ func (c *api) resetOffsets(w http.ResponseWriter, r *http.Request, p principal) 
 		writeProblem(w, requestProblem(err))
 		return
 	}
+	if res.Applied && res.Resend > 0 {
+		res.Note = strings.TrimPrefix(res.Note+"; ", "; ") + resetNote
+	}
 	if res.Applied {
 		detail, _ := json.Marshal(map[string]any{"to": req.To, "from": res.From, "position": res.To, "resend_events": res.Resend, "skip_events": res.Skip})
 		if err := c.record(ctx, p, store.ActionOffsetsReset, v, string(detail)); err != nil {
@@ -520,7 +523,22 @@ type BackfillView struct {
 	Pipeline string `json:"pipeline"`
 	DryRun   bool   `json:"dry_run"`
 	Events   int64  `json:"backfill_events"`
+	// Note says what the count is: queued, not yet sent or stored.
+	Note string `json:"note,omitempty"`
 }
+
+// resetNote is what a reset's answer cannot say of the events it re-sends.
+const resetNote = "the re-sent events go out when the pipeline resumes, each with a broker message id naming this reset " +
+	"(NATS: Nats-Msg-Id <event id>:reset-<id>) where the source can mark them; what a broker still answers as a duplicate " +
+	"is counted in the pipeline's duplicates_total (NATS; Kafka and RabbitMQ do not tell)"
+
+// backfillNote is what a backfill's answer cannot say: the running
+// pipeline sends the events after it, so what the broker stored is not
+// known yet; it says where to look for what the broker did not store.
+const backfillNote = "queued: the running pipeline sends them beside live traffic after this answer; " +
+	"each carries a broker message id of its own request (NATS: Nats-Msg-Id <event id>:backfill-<id>) so the broker's deduplication " +
+	"does not drop it, and the event id stays in its headers; what a broker still answers as a duplicate is counted in the " +
+	"pipeline's duplicates_total (NATS; Kafka and RabbitMQ do not tell)"
 
 func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
 	var body backfillBody
@@ -558,5 +576,9 @@ func (c *api) backfill(w http.ResponseWriter, r *http.Request, p principal) {
 		}
 		c.log().Info("backfill queued", "pipeline", v.Name, "tenant", v.Tenant, "events", n, "token_id", p.actor.TokenID)
 	}
-	writeJSON(w, http.StatusOK, BackfillView{Pipeline: v.Name, DryRun: dry, Events: n})
+	view := BackfillView{Pipeline: v.Name, DryRun: dry, Events: n}
+	if !dry && n > 0 {
+		view.Note = backfillNote
+	}
+	writeJSON(w, http.StatusOK, view)
 }

@@ -76,6 +76,10 @@ var rules = []rule{
 		Known: []string{"ownership", "internal/pgddl", "github.com/jackc/pgx/v5"}},
 	{Pkg: "consumer", Says: "whose go.mod requires nothing of Ferry, so a consuming service pulls none of the relay's dependencies. It must not import any other Ferry package: consumers import it alone",
 		Only: none, Deny: []string{"."}}, // and its go.mod requires nothing of Ferry: TestConsumerIsItsOwnModule
+	{Pkg: "consumer/natsopts", Says: "it imports the consumer package, watermill-nats and nats.go, and nothing of Ferry's relay",
+		Only: []string{"consumer"}},
+	{Pkg: "consumer/amqpopts", Says: "it imports the consumer package and watermill-amqp, and nothing of Ferry's relay",
+		Only: []string{"consumer"}},
 	{Pkg: "doctor", Says: "It must not import any component (sources/, transforms/, sinks/), the CLI, the HTTP API or a lab package",
 		Deny: join(components, cli, []string{"internal/httpapi"}, labs)},
 	{Pkg: "engine", Says: "must not import a concrete component, the CLI, the HTTP API, the store or lab code",

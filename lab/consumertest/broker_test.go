@@ -27,6 +27,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferryhq/ferry/consumer"
+	"github.com/ferryhq/ferry/consumer/amqpopts"
+	"github.com/ferryhq/ferry/consumer/natsopts"
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins/plugintest"
@@ -120,7 +122,7 @@ func apply(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 // sessions write, and a consumer that fails deliveries at random (before and
 // after its commit) so the broker redelivers; it checks the consumer's
 // tables against the reference fold.
-func scenario(t *testing.T, e *relaytest.Env, pipeline string, sub func(t *testing.T) (message.Subscriber, string)) {
+func scenario(t *testing.T, e *relaytest.Env, pipeline string, sub func(t *testing.T, c *consumer.Consumer) (message.Subscriber, string)) {
 	const events, aggregates = 1200, 40
 	ctx := context.Background()
 	app, err := pgxpool.New(ctx, testenv.Postgres(t))
@@ -155,7 +157,7 @@ func scenario(t *testing.T, e *relaytest.Env, pipeline string, sub func(t *testi
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, topic := sub(t)
+	s, topic := sub(t, c)
 	router.AddConsumerHandler("accounts", topic, s, func(msg *message.Message) error {
 		if err := handler(msg); err != nil {
 			return err
@@ -288,17 +290,23 @@ func write(ctx context.Context, t *testing.T, pool *pgxpool.Pool, sessions, n, a
 
 func TestConsumerOverNATSWhileRelayIsKilled(t *testing.T) {
 	e := relaytest.Setup(t, harness)
-	scenario(t, e, e.YAML("accounts", 100), func(t *testing.T) (message.Subscriber, string) {
-		sub, err := wmnats.NewSubscriber(wmnats.SubscriberConfig{
-			URL:            e.NATS,
-			AckWaitTimeout: 5 * time.Second,
-			CloseTimeout:   5 * time.Second,
-			Unmarshaler:    &wmnats.NATSMarshaler{},
+	scenario(t, e, e.YAML("accounts", 100), func(t *testing.T, c *consumer.Consumer) (message.Subscriber, string) {
+		// natsopts adds what the consumer needs (manual acks, ack waits
+		// longer than its longest delivery, a short max-ack-pending) and
+		// refuses what would lose events.
+		cfg, err := natsopts.SubscriberConfig(c, wmnats.SubscriberConfig{
+			URL:          e.NATS,
+			CloseTimeout: 5 * time.Second,
+			Unmarshaler:  &wmnats.NATSMarshaler{},
 			JetStream: wmnats.JetStreamConfig{
 				DurablePrefix:    "accounts",
-				SubscribeOptions: []nats.SubOpt{nats.BindStream(e.Stream), nats.DeliverAll(), nats.AckExplicit()},
+				SubscribeOptions: []nats.SubOpt{nats.BindStream(e.Stream), nats.DeliverAll()},
 			},
-		}, watermill.NopLogger{})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub, err := wmnats.NewSubscriber(cfg, watermill.NopLogger{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -313,7 +321,7 @@ func TestConsumerOverKafkaWhileRelayIsKilled(t *testing.T) {
 	testenv.CreateKafkaTopic(t, brokers, topic, 4)
 	y := e.YAML("accounts", 100)
 	y = y[:strings.Index(y, "sink:")] + fmt.Sprintf("sink:\n  type: kafka\n  brokers: [%s]\n  topic: %s\nlimits:\n  max_in_flight: 100\n", brokers[0], topic)
-	scenario(t, e, y, func(t *testing.T) (message.Subscriber, string) {
+	scenario(t, e, y, func(t *testing.T, _ *consumer.Consumer) (message.Subscriber, string) {
 		sc := wmkafka.DefaultSaramaSubscriberConfig()
 		sc.Version = sarama.V2_8_0_0
 		sc.Consumer.Offsets.Initial = sarama.OffsetOldest
@@ -348,9 +356,16 @@ func TestConsumerOverRabbitMQWhileRelayIsKilled(t *testing.T) {
 	})
 	y := e.YAML("accounts", 100)
 	y = y[:strings.Index(y, "sink:")] + fmt.Sprintf("sink:\n  type: rabbitmq\n  url: %s\n  exchange: %s\n  declare: true\n  routing_key: accounts\nlimits:\n  max_in_flight: 100\n", url, exchange)
-	scenario(t, e, y, func(t *testing.T) (message.Subscriber, string) {
+	scenario(t, e, y, func(t *testing.T, c *consumer.Consumer) (message.Subscriber, string) {
 		cfg := wmamqp.NewDurableTopicConfig(url, exchange, queue)
 		cfg.Exchange.Durable = true
+		// One subscription: amqpopts raises watermill-amqp's prefetch of 1,
+		// with which a held event, requeued at the head, comes back before
+		// the event it waits for.
+		cfg, err := amqpopts.SubscriberConfig(c, cfg, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
 		sub, err := wmamqp.NewSubscriber(cfg, watermill.NopLogger{})
 		if err != nil {
 			t.Fatal(err)

@@ -117,7 +117,7 @@ func Decode(t testing.TB, msgs []testenv.Received) []plugintest.Delivered {
 		if err != nil {
 			t.Fatalf("outbox_id header %q: %v", m.Header.Get("outbox_id"), err)
 		}
-		out = append(out, plugintest.Delivered{EventID: m.Header.Get("Nats-Msg-Id"), OutboxID: id, Aggregate: body.Agg, Seq: body.Seq})
+		out = append(out, plugintest.Delivered{EventID: testenv.EventID(m.Header), OutboxID: id, Aggregate: body.Agg, Seq: body.Seq})
 	}
 	return out
 }

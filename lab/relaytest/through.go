@@ -37,7 +37,7 @@ func ThroughNATS(t testing.TB) *plugintest.Through {
 						md[k] = v[0]
 					}
 				}
-				out = append(out, plugintest.Recorded{Topic: m.Subject, UUID: m.Header.Get("Nats-Msg-Id"), Payload: m.Data, Metadata: md, At: m.At})
+				out = append(out, plugintest.Recorded{Topic: m.Subject, UUID: testenv.EventID(m.Header), Payload: m.Data, Metadata: md, At: m.At})
 			}
 			return out
 		},

@@ -123,7 +123,7 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // an event twice.
 type PublishCounter struct {
 	mu     sync.Mutex
-	counts map[string]int // by Nats-Msg-Id
+	counts map[string]int // by event id
 	total  int
 }
 
@@ -137,7 +137,7 @@ func CountPublishes(t testing.TB, url, subject string) *PublishCounter {
 	c := &PublishCounter{counts: map[string]int{}}
 	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
 		c.mu.Lock()
-		c.counts[m.Header.Get(nats.MsgIdHdr)]++
+		c.counts[EventID(m.Header)]++
 		c.total++
 		c.mu.Unlock()
 	})
@@ -165,4 +165,14 @@ func (c *PublishCounter) Counts() (total, distinct int, twice []string) {
 		}
 	}
 	return c.total, len(c.counts), twice
+}
+
+// EventID is the event id a NATS message carries: Watermill's uuid header
+// (Nats-Msg-Id is "<event id>:<request>" on a requested re-send), else
+// Nats-Msg-Id.
+func EventID(h nats.Header) string {
+	if id := h.Get("_watermill_message_uuid"); id != "" {
+		return id
+	}
+	return h.Get(nats.MsgIdHdr)
 }

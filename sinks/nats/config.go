@@ -60,8 +60,13 @@ type StreamConfig struct {
 	Replicas int `yaml:"replicas"`
 	// MaxAge drops messages older than this; 0 keeps them. Default 0.
 	MaxAge time.Duration `yaml:"max_age"`
-	// DuplicateWindow is how long JetStream remembers event ids to drop
-	// re-sends. Default 2m.
+	// DuplicateWindow is how long JetStream remembers a Nats-Msg-Id (the
+	// event id) to drop re-sends of it, on any subject of the stream: a
+	// crash's re-sends, and every pipeline's but the first when several
+	// publish one outbox table's events into the stream (each is counted
+	// in duplicates_total). A backfill's, a reset's back and a dead-letter
+	// topic replay's events carry ids of their own and are stored.
+	// Default 2m.
 	DuplicateWindow time.Duration `yaml:"duplicate_window"`
 	// Retention is limits (keep until a limit is hit), interest (until every
 	// consumer acked) or workqueue (until one consumer acked). Default limits.
@@ -197,3 +202,29 @@ func validSubject(s string, wildcards bool) bool {
 	}
 	return true
 }
+
+// DeduplicationScope is the stream the sink publishes into, as far as the
+// config tells without asking the server: the servers' hosts and the
+// create_stream name or, without one, the subject's prefix (the subject
+// without its last token; streams usually capture `prefix.>`). JetStream
+// drops a Nats-Msg-Id seen within the stream's duplicate window on any of
+// its subjects.
+func (c *Config) DeduplicationScope() string {
+	var hosts []string
+	for _, u := range strings.Split(c.URL, ",") {
+		if pu, err := url.Parse(strings.TrimSpace(u)); err == nil && pu.Host != "" {
+			hosts = append(hosts, pu.Host)
+		}
+	}
+	where := strings.Join(hosts, ",")
+	if c.CreateStream != nil && c.CreateStream.Name != "" {
+		return where + " stream " + c.CreateStream.Name
+	}
+	i := strings.LastIndexByte(c.Subject, '.')
+	if i <= 0 {
+		return where + " subject " + c.Subject
+	}
+	return where + " subjects " + c.Subject[:i] + ".>"
+}
+
+var _ plugins.DeduplicationScoper = (*Config)(nil)

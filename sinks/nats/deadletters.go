@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -89,8 +91,12 @@ func (c *Config) CountDeadLetterTopic(ctx context.Context, pipeline, topic strin
 
 // ReplayDeadLetterTopic republishes the dead letters on topic, oldest
 // first, and deletes each one from the stream once its destination's
-// stream acknowledged it. The republished message keeps the event's
-// Nats-Msg-Id, so a destination stream still deduplicates it.
+// stream acknowledged it. The republished message's Nats-Msg-Id is
+// "<event id>:replay-<this replay>", so a destination stream that saw the
+// event id within its duplicate window (the dead-letter subject in the same
+// stream, an earlier delivery) stores it all the same; the event id stays
+// in Watermill's uuid header. A replay the stream still answers Duplicate
+// for is counted in Duplicates.
 func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic string, f plugins.DeadLetterFilter) (plugins.DeadLetterTopicReplay, error) {
 	out := plugins.DeadLetterTopicReplay{Topic: topic, EventIDs: []string{}}
 	conn, js, err := c.connectDeadLetters(ctx, pipeline)
@@ -110,7 +116,8 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 	if err != nil {
 		return out, fmt.Errorf("read %s: %w", topic, err)
 	}
-	r := &streamReplay{cfg: c, js: js, stream: st, topic: topic, filter: f, out: &out, notes: map[string]bool{}}
+	r := &streamReplay{cfg: c, js: js, stream: st, topic: topic, filter: f, out: &out, notes: map[string]bool{},
+		resend: "replay-" + watermill.NewShortUUID()}
 	// Only what was waiting when the replay began.
 	if err := r.run(ctx, cons, n); err != nil {
 		return out, err
@@ -129,6 +136,9 @@ type streamReplay struct {
 	filter plugins.DeadLetterFilter
 	out    *plugins.DeadLetterTopicReplay
 	notes  map[string]bool
+	// resend names this replay in the republished messages' Nats-Msg-Id
+	// (as plugins.MetaResend does a source's re-send).
+	resend string
 }
 
 // run reads the first n messages on the subject, in batches, and replays
@@ -171,7 +181,10 @@ func (r *streamReplay) replay(ctx context.Context, m jetstream.Msg) error {
 		r.out.Kept++
 		return nil
 	}
-	id := h.Get(nats.MsgIdHdr)
+	id := h.Get(wmnats.WatermillUUIDHdr)
+	if id == "" {
+		id, _, _ = strings.Cut(h.Get(nats.MsgIdHdr), ":")
+	}
 	if !r.filter.DryRun {
 		if err := r.republish(ctx, m, dest, id); err != nil {
 			return err
@@ -195,11 +208,18 @@ func (r *streamReplay) republish(ctx context.Context, m jetstream.Msg, dest, id 
 			msg.Header[k] = v
 		}
 	}
+	if msg.Header.Get(wmnats.WatermillUUIDHdr) == "" {
+		msg.Header.Set(wmnats.WatermillUUIDHdr, id) // where the event id stays
+	}
+	msg.Header.Set(nats.MsgIdHdr, id+":"+r.resend)
 	pctx, cancel := context.WithTimeout(ctx, max(r.cfg.PublishTimeout, 5*time.Second))
-	_, err = r.js.PublishMsg(pctx, msg)
+	ack, err := r.js.PublishMsg(pctx, msg)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("republish %s to %s: %w", id, dest, err)
+	}
+	if ack.Duplicate {
+		r.out.Duplicates++
 	}
 	if err := r.stream.DeleteMsg(ctx, meta.Sequence.Stream); err != nil {
 		return fmt.Errorf("delete %s from the stream of %s (it was republished): %w", id, r.topic, err)

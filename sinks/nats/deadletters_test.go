@@ -63,6 +63,12 @@ func TestDeadLetterTopicReplay(t *testing.T) {
 	publish("no-dest", "no_route", "", plugins.DeadLetterStageHeader, "transforms[0]")
 	publish("default-dest", "oversize_elsewhere", "", plugins.DeadLetterStageHeader, "publish") // the sink's subject
 	publish("too-big", "oversize", dest, plugins.DeadLetterPayloadBytesHeader, "9999999")
+	// The destination's stream stored ev-0 once already (its PubAck was
+	// lost), within its duplicate window: the replay is stored all the same.
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: dest, Data: []byte(`{"id":"ev-0"}`),
+		Header: nats.Header{nats.MsgIdHdr: {"ev-0"}, "_watermill_message_uuid": {"ev-0"}}}); err != nil {
+		t.Fatal(err)
+	}
 	n, err := cfg.CountDeadLetterTopic(ctx, "p", dlq)
 	if err != nil || n.Count == nil || *n.Count != 14 {
 		t.Fatalf("count: %+v %v", n, err)
@@ -72,7 +78,7 @@ func TestDeadLetterTopicReplay(t *testing.T) {
 		t.Fatalf("dry replay: %+v %v", dry, err)
 	}
 	first, err := cfg.ReplayDeadLetterTopic(ctx, "p", dlq, plugins.DeadLetterFilter{Reason: "unroutable", Limit: 4})
-	if err != nil || first.Replayed != 4 || strings.Join(first.EventIDs, ",") != "ev-0,ev-1,ev-2,ev-3" {
+	if err != nil || first.Replayed != 4 || first.Duplicates != 0 || strings.Join(first.EventIDs, ",") != "ev-0,ev-1,ev-2,ev-3" {
 		t.Fatalf("replay 4: %+v %v", first, err)
 	}
 	rest, err := cfg.ReplayDeadLetterTopic(ctx, "p", dlq, plugins.DeadLetterFilter{})
@@ -93,8 +99,21 @@ func TestDeadLetterTopicReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []string
+	replays := map[string]bool{}
 	for m := range batch.Messages() {
-		got = append(got, m.Headers().Get(nats.MsgIdHdr))
+		if len(got) == 0 && m.Headers().Get(nats.MsgIdHdr) == "ev-0" {
+			got = append(got, "stored ev-0")
+			continue
+		}
+		// The event id stays in Watermill's uuid header; Nats-Msg-Id
+		// names the replay, so the destination's window does not drop it.
+		id := m.Headers().Get("_watermill_message_uuid")
+		got = append(got, id)
+		msgID, replay, _ := strings.Cut(m.Headers().Get(nats.MsgIdHdr), ":")
+		if msgID != id || !strings.HasPrefix(replay, "replay-") {
+			t.Errorf("%s: Nats-Msg-Id %q, want <event id>:replay-<id>", id, m.Headers().Get(nats.MsgIdHdr))
+		}
+		replays[replay] = true
 		for k := range m.Headers() {
 			if plugins.IsDeadLetterHeader(k) {
 				t.Errorf("%s keeps header %s", m.Headers().Get(nats.MsgIdHdr), k)
@@ -104,8 +123,11 @@ func TestDeadLetterTopicReplay(t *testing.T) {
 			t.Errorf("%s lost its headers", m.Headers().Get(nats.MsgIdHdr))
 		}
 	}
-	want := "ev-0,ev-1,ev-2,ev-3,ev-4,ev-5,ev-6,ev-7,ev-8,ev-9,other-reason,default-dest"
+	want := "stored ev-0,ev-0,ev-1,ev-2,ev-3,ev-4,ev-5,ev-6,ev-7,ev-8,ev-9,other-reason,default-dest"
 	if strings.Join(got, ",") != want {
 		t.Fatalf("at the destination: %v, want %s", got, want)
+	}
+	if len(replays) != 2 {
+		t.Errorf("the two replays' messages name %d replays, want 2: %v", len(replays), replays)
 	}
 }

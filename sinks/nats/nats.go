@@ -2,7 +2,18 @@
 // stream's PubAck, so an event counts as delivered only once JetStream stored
 // it. Each message carries Nats-Msg-Id = event id, and JetStream drops re-sends
 // of an id within the stream's duplicate window (default 2m) — the re-sends an
-// at-least-once relay makes after a crash.
+// at-least-once relay makes after a crash. A re-send asked for (a backfill, a
+// reset back, a dead-letter replay; plugins.MetaResend) carries
+// "<event id>:<request>" instead, so the window does not drop it; the event id
+// stays in Watermill's uuid header.
+//
+// A PubAck saying Duplicate (the stream kept nothing new: it holds a message
+// with that Nats-Msg-Id from within its window) confirms the publish — the
+// stream has the event — but is no delivery: the sink counts it
+// (plugins.DuplicateCounter, ferry_sink_duplicates_total) and warns at most
+// once a minute per pipeline, naming the stream. Its likely cause is another
+// pipeline publishing the same event ids into the stream (one outbox table,
+// several pipelines, subjects of one stream).
 //
 // The connection authenticates with user/password, a token or a .creds file
 // and may use TLS. It has no reconnect buffer: while disconnected a publish
@@ -28,6 +39,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
@@ -66,6 +78,8 @@ type Sink struct {
 
 	connErrMu sync.Mutex
 	connErr   error // why the connection is down (unreachable.go)
+
+	dups duplicates
 }
 
 // New returns a sink; it does no I/O until Start.
@@ -328,7 +342,10 @@ func (s *Sink) send(js jetstream.JetStream, conn *nats.Conn, topic string, enc *
 // reconnect (which fails every pending publish).
 func (s *Sink) await(conn *nats.Conn, topic string, f jetstream.PubAckFuture) error {
 	select {
-	case <-f.Ok():
+	case ack := <-f.Ok():
+		if ack != nil && ack.Duplicate {
+			s.dups.note(s.log, ack.Stream, topic)
+		}
 		return nil
 	case err := <-f.Err():
 		return classify(fmt.Errorf("publish to %s: %w", topic, s.rootCause(conn, err)))
@@ -368,8 +385,9 @@ func (s *Sink) Close() error {
 }
 
 // natsMsg writes the payload as the body and metadata as headers, leaving
-// out Ferry's internal keys (plugins.IsInternal); the event id travels as
-// Nats-Msg-Id (JetStream's deduplication) and in Watermill's uuid header.
+// out Ferry's internal keys (plugins.IsInternal); the event id travels in
+// Watermill's uuid header and, as plugins.BrokerMessageID makes it, as
+// Nats-Msg-Id (JetStream's deduplication).
 func natsMsg(topic string, msg *message.Message) *nats.Msg {
 	nm := new(nats.Msg)
 	fillNatsMsg(nm, topic, msg, nil)
@@ -381,7 +399,8 @@ func natsMsg(topic string, msg *message.Message) *nats.Msg {
 // it returned. The map is sized for the headers sent, not for the
 // metadata: a message with internal keys often has more than a map's
 // first group holds (8) yet sends fewer, and then needs one allocation,
-// not a directory and table of four. The two id headers share one value.
+// not a directory and table of four. The two id headers share one value
+// unless the message is a requested re-send.
 func fillNatsMsg(nm *nats.Msg, topic string, msg *message.Message, vals []string) []string {
 	n := 1
 	for k := range msg.Metadata {
@@ -397,6 +416,9 @@ func fillNatsMsg(nm *nats.Msg, topic string, msg *message.Message, vals []string
 	id := vals[len(vals)-1 : len(vals) : len(vals)]
 	h[wmnats.WatermillUUIDHdr] = id
 	h[nats.MsgIdHdr] = id
+	if msg.Metadata.Get(plugins.MetaResend) != "" {
+		h[nats.MsgIdHdr] = []string{plugins.BrokerMessageID(msg)}
+	}
 	for k, v := range msg.Metadata {
 		if !plugins.IsInternal(k) {
 			vals = append(vals, v)
@@ -420,7 +442,7 @@ func encodedMsg(enc *format.Encoder, topic string, msg *message.Message) (*nats.
 	}
 	h := make(nats.Header, len(e.Headers)+3)
 	h[wmnats.WatermillUUIDHdr] = []string{msg.UUID}
-	h[nats.MsgIdHdr] = []string{msg.UUID}
+	h[nats.MsgIdHdr] = []string{plugins.BrokerMessageID(msg)}
 	h[ContentTypeHeader] = []string{e.ContentType}
 	for _, kv := range e.Headers {
 		if _, taken := h[kv.Key]; !taken {
@@ -430,7 +452,46 @@ func encodedMsg(enc *format.Encoder, topic string, msg *message.Message) (*nats.
 	return &nats.Msg{Subject: topic, Data: e.Body, Header: h}, nil
 }
 
+// Duplicates is how many publishes since Start JetStream confirmed as
+// duplicates: a message with their Nats-Msg-Id was in the stream's
+// duplicate window, and nothing new was stored.
+func (s *Sink) Duplicates() uint64 { return s.dups.total.Load() }
+
+// duplicateWarnEvery bounds the duplicate warnings of one pipeline.
+const duplicateWarnEvery = time.Minute
+
+// duplicates counts the PubAcks that said Duplicate and warns about them
+// at most once per duplicateWarnEvery.
+type duplicates struct {
+	total atomic.Uint64
+
+	mu       sync.Mutex
+	warned   time.Time // the last warning
+	unwarned uint64    // duplicates since it
+}
+
+// note counts one duplicate the stream answered for a publish to subject,
+// and warns when the last warning is older than duplicateWarnEvery.
+func (d *duplicates) note(log *slog.Logger, stream, subject string) {
+	d.total.Add(1)
+	d.mu.Lock()
+	d.unwarned++
+	n, now := d.unwarned, time.Now()
+	warn := now.Sub(d.warned) >= duplicateWarnEvery
+	if warn {
+		d.warned, d.unwarned = now, 0
+	}
+	d.mu.Unlock()
+	if warn {
+		log.Warn("nats stream dropped events as duplicates: it holds a message with the same Nats-Msg-Id from within its duplicate_window, "+
+			"so nothing new was stored; likely another pipeline publishes the same event ids (the same outbox table) into this stream, "+
+			"or events were sent again within the duplicate_window",
+			"stream", stream, "subject", subject, "duplicates", n, "duplicates_total", d.total.Load())
+	}
+}
+
 var (
-	_ plugins.Sink           = (*Sink)(nil)
-	_ plugins.BatchPublisher = (*Sink)(nil)
+	_ plugins.Sink             = (*Sink)(nil)
+	_ plugins.BatchPublisher   = (*Sink)(nil)
+	_ plugins.DuplicateCounter = (*Sink)(nil)
 )

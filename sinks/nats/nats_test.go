@@ -119,7 +119,7 @@ func (r *streamReader) read() []plugintest.Record {
 			for k := range m.Headers() {
 				h[k] = m.Headers().Get(k)
 			}
-			r.recs = append(r.recs, plugintest.Record{Destination: m.Subject(), Stream: r.stream, ID: h[nats.MsgIdHdr], Payload: m.Data(), Headers: h})
+			r.recs = append(r.recs, plugintest.Record{Destination: m.Subject(), Stream: r.stream, ID: testenv.EventID(m.Headers()), Payload: m.Data(), Headers: h})
 			r.next = meta.Sequence.Stream + 1
 			got++
 		}
@@ -456,6 +456,8 @@ func TestPublishStoresPayloadHeadersAndID(t *testing.T) {
 	}
 }
 
+// A re-send of an event id the stream holds is dropped, confirmed and
+// counted as a duplicate; a re-send asked for is stored once per request.
 func TestResentIDIsDeduplicated(t *testing.T) {
 	url := testenv.NATS(t)
 	name := testenv.Name("d")
@@ -473,6 +475,29 @@ func TestResentIDIsDeduplicated(t *testing.T) {
 	}
 	if n := streamMsgs(t, url, strings.ToUpper(name)); n != 2 {
 		t.Fatalf("stream holds %d messages, want 2 (re-sends dropped by Nats-Msg-Id)", n)
+	}
+	// The two dropped are confirmed, and counted as what they are.
+	if d := s.Duplicates(); d != 2 {
+		t.Errorf("Duplicates() = %d, want the 2 the stream dropped", d)
+	}
+	// A re-send asked for names its request in Nats-Msg-Id: stored, once
+	// per request, however often that request's copy is sent.
+	for _, req := range []string{"backfill-1", "backfill-1", "backfill-2"} {
+		m := message.NewMessage("same-event", []byte("x"))
+		m.Metadata.Set(plugins.MetaResend, req)
+		if err := s.PublishBatch("", []*message.Message{m, message.NewMessage("other-event", []byte("y"))})[0]; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := streamMsgs(t, url, strings.ToUpper(name)); n != 4 {
+		t.Fatalf("stream holds %d messages, want 4 (the event, another, and two requests' re-sends)", n)
+	}
+	ids := streamIDs(t, url, strings.ToUpper(name), 4)
+	if ids["same-event:backfill-1"] != 1 || ids["same-event:backfill-2"] != 1 {
+		t.Errorf("Nats-Msg-Ids in the stream: %v", ids)
+	}
+	if d := s.Duplicates(); d != 2+1+3 {
+		t.Errorf("Duplicates() = %d, want 6 (two before, backfill-1's second copy, three other-event)", d)
 	}
 }
 

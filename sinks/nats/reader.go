@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
 
@@ -33,7 +34,11 @@ func (s *Sink) Read(ctx context.Context, topic string, handle func(*message.Mess
 		case <-ctx.Done():
 			return nil
 		case m := <-msgs:
-			wm := message.NewMessage(m.Header.Get(nats.MsgIdHdr), m.Data)
+			id := m.Header.Get(wmnats.WatermillUUIDHdr)
+			if id == "" {
+				id = m.Header.Get(nats.MsgIdHdr)
+			}
+			wm := message.NewMessage(id, m.Data)
 			for k := range m.Header {
 				wm.Metadata.Set(k, m.Header.Get(k))
 			}

@@ -23,6 +23,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -225,6 +226,7 @@ type Request struct {
 	// next is the seq of the last row admitted.
 	next      int64
 	exhausted bool
+	reset     bool // a reset's request (Runner.Resets), not a backfill's
 }
 
 // Runner is a running source's side: it finds the pipeline's oldest
@@ -324,7 +326,7 @@ func (r *Runner) Load(ctx context.Context, q Querier) (*Request, error) {
 			return nil, err
 		}
 	}
-	req.next = sent
+	req.next, req.reset = sent, r.Resets
 	r.req = &req
 	return r.req, nil
 }
@@ -430,8 +432,20 @@ func (r *Runner) ListedIDs(ctx context.Context, q interface {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
-// Mark sets the replay header on a backfilled message's metadata.
-func Mark(md map[string]string) { md[plugins.ReplayHeader] = "true" }
+// Mark sets, on the metadata of a row req sends, the re-send's request
+// (plugins.MetaResend: "backfill-<id>", a reset's "reset-<id>"), so a
+// broker that deduplicates by message id takes it as new while a crash's
+// re-send of the same request is still dropped, and, on a backfill's, the
+// replay header. A reset's rows are not replays: the pipeline goes back.
+func Mark(md map[string]string, req *Request) {
+	if req.reset {
+		md[plugins.MetaResend] = "reset-" + strconv.FormatInt(req.ID, 10)
+		return
+	}
+	md[plugins.ReplayHeader] = "true"
+	md[plugins.ReplayRequestHeader] = "backfill-" + strconv.FormatInt(req.ID, 10)
+	md[plugins.MetaResend] = md[plugins.ReplayRequestHeader]
+}
 
 // CancelResets finishes the pipeline's resets not sent yet: a later reset
 // replaces them. It returns how many it cancelled.

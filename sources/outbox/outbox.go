@@ -361,6 +361,11 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	if headersErr != "" {
 		md[MetaHeadersError] = headersErr
 	}
+	if r := md[plugins.ReplayRequestHeader]; r != "" {
+		// A backfill wrote it into the row (poll): the re-send of that
+		// request, which a deduplicating broker must not drop.
+		md[plugins.MetaResend] = r
+	}
 	md[plugins.MetaAggregateType] = r.AggregateType.String
 	md[plugins.MetaAggregateID] = r.AggregateID.String
 	md[plugins.MetaEventType] = r.Type.String

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -121,6 +122,11 @@ func (c *Config) ResetOffsets(ctx context.Context, _ string, r plugins.OffsetRes
 		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if c.Columns.Headers == "" && r.To != plugins.ResetToLatest {
+		// Nowhere to name the reset: re-sent events go out as live ones.
+		note = strings.TrimPrefix(note+"; ", "; ") + "without a headers column the re-sent events keep their event id as the broker's message id: " +
+			"a NATS stream drops those it stored within its duplicate_window (counted in the pipeline's duplicates_total)"
+	}
 	res := plugins.ResetResult{To: to, From: map[string]any{}, Note: note}
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE published_at IS NOT NULL AND (%[1]s)),
@@ -130,8 +136,18 @@ func (c *Config) ResetOffsets(ctx context.Context, _ string, r plugins.OffsetRes
 		if r.DryRun {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET published_at = NULL, claimed_until = NULL, claimed_by = NULL, attempts = 0, last_error = NULL
-			WHERE published_at IS NOT NULL AND (%s)`, q.tbl, after), arg); err != nil {
+		// The re-sent rows name the reset in their headers (when the table
+		// has a headers column), which the source reads back as the
+		// re-send's request: a broker deduplicating by message id must not
+		// drop them.
+		mark := ""
+		if h := c.Columns.Headers; h != "" {
+			h = pgx.Identifier{h}.Sanitize()
+			mark = fmt.Sprintf(`, %s = coalesce(%s::jsonb, '{}'::jsonb) || jsonb_build_object('%s', 'reset-%d')`,
+				h, h, plugins.ReplayRequestHeader, time.Now().UnixMicro())
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET published_at = NULL, claimed_until = NULL, claimed_by = NULL, attempts = 0, last_error = NULL%s
+			WHERE published_at IS NOT NULL AND (%s)`, q.tbl, mark, after), arg); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET published_at = now(), claimed_until = NULL, claimed_by = NULL
@@ -223,7 +239,9 @@ var (
 )
 
 // Backfill marks the matching published rows unpublished again, with the
-// replay header added to their headers column: the workers claim them in
+// replay headers added to their headers column (ReplayHeader, and
+// ReplayRequestHeader naming this backfill by its time, which the source
+// reads back as the re-send's request): the workers claim them in
 // id order with the live rows, so each aggregate's events, backfilled or
 // live, are sent in id order, and no backfilled event is sent after a
 // newer live one of its aggregate that was still waiting. Rows in flight
@@ -253,7 +271,8 @@ func (c *Config) Backfill(ctx context.Context, _ string, f plugins.BackfillFilte
 	}
 	h := col(c.Columns.Headers)
 	tag, err := conn.Exec(ctx, fmt.Sprintf(`UPDATE %s SET published_at = NULL, claimed_until = NULL, claimed_by = NULL, attempts = 0, last_error = NULL,
-		%s = coalesce(%s::jsonb, '{}'::jsonb) || jsonb_build_object('%s', 'true') WHERE %s`, q.tbl, h, h, plugins.ReplayHeader, where), args...)
+		%s = coalesce(%s::jsonb, '{}'::jsonb) || jsonb_build_object('%s', 'true', '%s', $6::text) WHERE %s`, q.tbl, h, h, plugins.ReplayHeader, plugins.ReplayRequestHeader, where),
+		append(args, "backfill-"+strconv.FormatInt(time.Now().UnixMicro(), 10))...)
 	if err != nil {
 		return 0, fmt.Errorf("backfill: %w", redact.Error(err))
 	}

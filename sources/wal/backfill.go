@@ -117,7 +117,7 @@ func (st *streamSession) backfillStep(ctx context.Context) error {
 	for i := range chunk {
 		r := &chunk[i].row
 		msg := s.table.Message(r, "backfill", readAt)
-		backfill.Mark(msg.Metadata)
+		backfill.Mark(msg.Metadata, req)
 		if err := st.admit(ctx, r.Key(), Position{}, msg); err != nil {
 			if ctx.Err() != nil {
 				return nil // the stream loop finishes the session
@@ -296,7 +296,9 @@ func (s *streamer) sendReset(ctx context.Context) error {
 		readAt := time.Now()
 		for i := range chunk {
 			r := &chunk[i].row
-			if err := s.admitSnapshotRow(ctx, r.Key(), s.table.Message(r, "reset", readAt)); err != nil {
+			msg := s.table.Message(r, "reset", readAt)
+			backfill.Mark(msg.Metadata, req)
+			if err := s.admitSnapshotRow(ctx, r.Key(), msg); err != nil {
 				return err
 			}
 			rr.AdmitRow(chunk[i].seq, s.admitted)

@@ -113,7 +113,7 @@ func (s *Source) backfillStep(ctx context.Context, pool *pgsource.Pool) bool {
 	for i := range chunk {
 		r := &chunk[i]
 		msg := s.table.Message(&r.Row, r.xact+"/"+strconv.FormatInt(r.ID, 10), readAt)
-		backfill.Mark(msg.Metadata)
+		backfill.Mark(msg.Metadata, req)
 		if err := s.win.Admit(ctx, r.Key(), s.read, msg); err != nil {
 			// Stopping: what was admitted is recorded once acked; the
 			// rest is read again from the recorded progress.

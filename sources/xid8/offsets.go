@@ -156,6 +156,11 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 			pipeline, strconv.FormatUint(to.XactID, 10), to.ID); err != nil {
 			return err
 		}
+		if less(to, cur) {
+			if err := markResend(ctx, tx, q.offsets, pipeline, cur); err != nil {
+				return err
+			}
+		}
 		res.Applied = true
 		return nil
 	})

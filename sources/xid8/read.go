@@ -126,7 +126,9 @@ func (s *Source) admit(ctx context.Context, rows []row) error {
 	for i := range rows {
 		r := &rows[i]
 		pos := Position{XactID: r.xact, ID: r.ID}
-		if err := s.win.Admit(ctx, r.Key(), pos, s.table.Message(&r.Row, pos.String(), readAt)); err != nil {
+		msg := s.table.Message(&r.Row, pos.String(), readAt)
+		s.resend.mark(pos, msg.Metadata)
+		if err := s.win.Admit(ctx, r.Key(), pos, msg); err != nil {
 			return err
 		}
 		s.read = pos

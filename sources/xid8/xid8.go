@@ -72,8 +72,12 @@ type Source struct {
 
 	// read is where the next read starts (in memory); committed is what the
 	// offsets table holds.
-	read       Position
-	committed  Position
+	read      Position
+	committed Position
+	// resend is the last reset back's mark (offsets.go): rows read at or
+	// behind its position are that reset's re-sends. Set by connect, read
+	// by the read loop.
+	resend     resendMark
 	table      outbox.Table
 	readSQL    string
 	pendingSQL string // any row past the cursor, visible or not
@@ -237,7 +241,9 @@ func (s *Source) prepare(ctx context.Context, pool *pgsource.Pool) error {
 	}
 	var xactText string
 	var pos Position
-	err = pool.QueryRow(ctx, `SELECT xact_id::text, id FROM `+offsets+` WHERE pipeline = $1`, s.env.Pipeline).Scan(&xactText, &pos.ID)
+	var mark resendMark
+	err = pool.QueryRow(ctx, `SELECT xact_id::text, id, `+resendColumns+` FROM `+offsets+` AS o WHERE pipeline = $1`, s.env.Pipeline).
+		Scan(append([]any{&xactText, &pos.ID}, mark.scan()...)...)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		pos = Position{}
@@ -248,7 +254,8 @@ func (s *Source) prepare(ctx context.Context, pool *pgsource.Pool) error {
 			return fmt.Errorf("load cursor: bad xact_id %q", xactText)
 		}
 	}
-	s.read, s.committed = pos, pos
+	mark.parse()
+	s.read, s.committed, s.resend = pos, pos, mark
 	if s.batches == nil {
 		s.batches = pgsource.NewBatchMetrics(s.env.Metrics, s.log).Traced(s.env, Name)
 	}

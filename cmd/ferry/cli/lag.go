@@ -92,11 +92,12 @@ func printCoordination(w io.Writer, c *engine.Coordination) {
 }
 
 // printLag writes one row per pipeline: state, backlog, oldest age, the
-// delivery rate and the backlog's ETA, and each lag segment's p50/p99 over
-// the last minute.
+// delivery rate and the backlog's ETA, the publishes the broker answered
+// as duplicates ("-" where it cannot say), and each lag segment's p50/p99
+// over the last minute.
 func printLag(w io.Writer, sts []engine.Status) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tRATE\tETA\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
+	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tRATE\tETA\tDUPLICATES\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
 	for _, s := range sts {
 		backlog, oldest, measured := backlogCells(s.Health)
 		rate, eta := progressCells(s.Progress)
@@ -104,7 +105,11 @@ func printLag(w io.Writer, sts []engine.Status) {
 		if s.State == engine.StateStandby && s.Owner != "" {
 			state += " (on " + s.Owner + ")"
 		}
-		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured, rate, eta}
+		dups := "-"
+		if s.Duplicates != nil {
+			dups = fmt.Sprint(*s.Duplicates)
+		}
+		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured, rate, eta, dups}
 		for _, seg := range plugins.Segments {
 			l := s.Lag[seg]
 			if l.Count == 0 {

@@ -211,6 +211,9 @@ func (r offsetsRun) backfill() int {
 		verb = "would be sent again (dry run)"
 	}
 	fmt.Fprintf(r.stdout, "%s: %v events %s\n", r.name, out["backfill_events"], verb)
+	if n, ok := out["note"].(string); ok && n != "" {
+		fmt.Fprintln(r.stdout, "  note:", n)
+	}
 	return 0
 }
 
@@ -248,6 +251,9 @@ func (r offsetsRun) replayDeadLetters() int {
 	fmt.Fprintf(r.stdout, "%s: %s %v dead letters: outbox ids %s\n", r.name, verb, out["replayed_events"], compact(out["outbox_ids"]))
 	if d, ok := out["dead_letter_topic"].(map[string]any); ok {
 		fmt.Fprintf(r.stdout, "dead-letter topic %v: %s %v, kept %v, event ids %s\n", d["topic"], verb, d["replayed_events"], d["kept_events"], compact(d["event_ids"]))
+		if n, _ := d["duplicate_events"].(float64); n > 0 {
+			fmt.Fprintf(r.stdout, "  %v of them the broker answered as duplicates of messages it already held: not stored again\n", n)
+		}
 		if n, _ := d["note"].(string); n != "" {
 			fmt.Fprintf(r.stdout, "note: %s\n", n)
 		}

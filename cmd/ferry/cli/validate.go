@@ -30,6 +30,11 @@ func validateCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%d problem(s) found\n", len(plugins.Flatten(err)))
 		return 1
 	}
+	// Warnings, not problems: the pipelines run, but a broker keeps only
+	// one pipeline's copy of each event.
+	for _, w := range pipelines.SharedDeduplication(specs) {
+		fmt.Fprintln(stderr, "warning: "+w)
+	}
 	problems := 0
 	for _, s := range specs {
 		if *connect {

@@ -93,3 +93,52 @@ func TestMigrateDebezium(t *testing.T) {
 		t.Fatalf("migrate maxwell: exit %d %s", code, errOut)
 	}
 }
+
+// validate warns — exit 0, a warning naming file, line and pipelines — when
+// pipelines read one outbox table into one NATS stream: by the subject
+// prefix a stream captures, or by the same create_stream name. Another
+// table, or another prefix, is no warning.
+func TestValidateWarnsPipelinesSharingAStream(t *testing.T) {
+	dir := t.TempDir()
+	doc := func(name, table, sink string) string {
+		return "name: " + name + "\nsource:\n  type: xid8\n  dsn: postgres://ferry@127.0.0.1:5432/shop\n  table: " + table +
+			"\nsink:\n  type: nats\n  url: nats://user:hunter2@127.0.0.1:4222\n" + sink
+	}
+	p := filepath.Join(dir, "orders.yaml")
+	y := strings.Join([]string{
+		doc("orders-a", "outbox", "  subject: orders.a\n"),
+		doc("orders-b", "outbox", "  subject: orders.b\n"),
+		doc("orders-c", "outbox", "  subject: orders.c\n"),
+		doc("billing", "outbox", "  subject: billing.events\n"),
+		doc("other-table", "outbox2", "  subject: orders.d\n"),
+		doc("stream-a", "outbox", "  subject: x.a\n  create_stream: {name: SHOP, subjects: [\"x.>\", \"y.>\"]}\n"),
+		doc("stream-b", "outbox", "  subject: y.b\n  create_stream: {name: SHOP}\n"),
+	}, "---\n")
+	if err := os.WriteFile(p, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := run("validate", "-c", p)
+	if code != 0 {
+		t.Fatalf("exit %d, want 0 (a warning is no problem)\n%s%s", code, out, errOut)
+	}
+	var warnings []string
+	for _, l := range strings.Split(strings.TrimSpace(errOut), "\n") {
+		if strings.HasPrefix(l, "warning: ") {
+			warnings = append(warnings, l)
+		}
+	}
+	if len(warnings) != 2 {
+		t.Fatalf("%d warnings, want 2 (orders-a/b/c, stream-a/b):\n%s", len(warnings), errOut)
+	}
+	for i, want := range []string{
+		p + ":1: pipelines orders-a, orders-b, orders-c read the same outbox table outbox and publish into one deduplication scope (nats: 127.0.0.1:4222 subjects orders.>)",
+		"pipelines stream-a, stream-b read the same outbox table outbox and publish into one deduplication scope (nats: 127.0.0.1:4222 stream SHOP)",
+	} {
+		if !strings.Contains(warnings[i], want) || !strings.Contains(warnings[i], "duplicates_total") {
+			t.Errorf("warning %d:\n%s\nwant it to contain %q", i, warnings[i], want)
+		}
+	}
+	if strings.Contains(errOut, "billing") || strings.Contains(errOut, "other-table") || strings.Contains(errOut, "hunter2") {
+		t.Errorf("warns about pipelines that share nothing, or shows a password:\n%s", errOut)
+	}
+}

@@ -48,7 +48,7 @@ var About = map[string]Component{
 		Guide:   "../sinks.md#kafka", GuideTitle: "Sink `kafka`",
 	},
 	"sink/nats": {
-		Summary: "publishes to NATS JetStream and waits for each PubAck; the event id is `Nats-Msg-Id`",
+		Summary: "publishes to NATS JetStream and waits for each PubAck; the event id is `Nats-Msg-Id` (`<event id>:<request>` on a requested re-send), and a PubAck saying duplicate is counted, not taken as a delivery",
 		Guide:   "../sinks.md#nats", GuideTitle: "Sink `nats`",
 	},
 	"sink/rabbitmq": {
