@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"slices"
@@ -27,6 +28,7 @@ import (
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/service"
 	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -173,7 +175,7 @@ sink: {type: nats, url: %q, subject: %s}
 			t.Fatal(err)
 		}
 	}
-	exported := map[string]bool{}
+	exported := serviceMetrics(t)
 	refs := referenced(exprs)
 	// Some appear only after a slow timer's first tick or a canary's round
 	// trip: scrape until all are there or the deadline passes.
@@ -256,4 +258,31 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(specs) != 1 || specs[0].TenantLimits == nil || specs[0].TenantLimits.Rate != 5000 {
 		t.Fatalf("specs %+v", specs)
 	}
+}
+
+// serviceMetrics are the names an instance with a store exports besides
+// its pipelines' (ferry_store_up, the reloads'), scraped from its /metrics.
+func serviceMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	svc, err := service.New(service.Config{StoreDSN: testenv.Postgres(t), AdminToken: "deploy-test-admin", DisableHA: true,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	names := map[string]bool{}
+	testenv.Eventually(t, 60*time.Second, "the instance's /metrics", func() bool {
+		rec := httptest.NewRecorder()
+		svc.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		for _, l := range strings.Split(rec.Body.String(), "\n") {
+			if f := strings.Fields(l); len(f) >= 3 && f[0] == "#" && f[1] == "TYPE" {
+				names[f[2]] = true
+			}
+		}
+		return rec.Code == 200 && names["ferry_store_up"]
+	})
+	return names
 }

@@ -42,10 +42,12 @@
 // each incarnation of a pipeline; ha.go is the ownership round (package
 // ownership); fleet.go publishes the statuses of the pipelines this
 // instance runs on a status board and shows those others run as their
-// owners published them; readiness.go answers /readyz; health.go measures the backlog
-// of pipelines whose source does not (paused ones included); reporter.go
-// is each pipeline's plugins.Reporter; logadapter.go and registerer.go
-// adapt the router's logs and the components' metrics.
+// owners published them; readiness.go says whether the router serves
+// (/readyz's verdict) and what does not run as it should (its details);
+// health.go measures the backlog of pipelines whose source does not
+// (paused ones included); reporter.go is each pipeline's
+// plugins.Reporter; logadapter.go and registerer.go adapt the router's
+// logs and the components' metrics.
 //
 // # Features of the engine
 //

@@ -1,8 +1,13 @@
 package engine
 
-// Unready is one reason an instance is not ready.
+// Unready is one thing that does not run as it should: a pipeline this
+// instance should run and does not, or the coordination database. /readyz
+// lists them (to the callers who may see them) without being decided by
+// them: one tenant's broken pipeline, or a database every instance shares,
+// must not take every instance out of service.
 type Unready struct {
-	// Path names what is not ready: pipelines.<name>, or ha.coordination.
+	// Path names what does not run: pipelines.<name>, ha.coordination, or
+	// (added by the API) store.
 	Path string `json:"path"`
 	// Message says why.
 	Message string `json:"message"`
@@ -12,15 +17,31 @@ type Unready struct {
 	Tenant   string `json:"-"`
 }
 
-// Ready reports whether every pipeline this instance should run runs.
+// Serving reports whether the supervisor's router runs: Run started it
+// and it is not closed. It is what the engine adds to /readyz's verdict;
+// what each pipeline does is not (Readiness).
+func (s *Supervisor) Serving() bool {
+	select {
+	case <-s.router.Running():
+	default:
+		return false
+	}
+	return !s.router.IsClosed()
+}
+
+// Ready reports whether every pipeline this instance should run runs and
+// the coordination database answers (Readiness is empty). It is not
+// /readyz's verdict (see Serving); tests and tools wait on it.
 func (s *Supervisor) Ready() bool { return len(s.Readiness()) == 0 }
 
-// Readiness lists why the instance is not ready; empty when it is. It is
-// ready when the coordination database answers (with high availability)
-// and every pipeline is running here (a stalled one is not), paused by an
-// operator or by its desired state, or standby because another live
-// instance runs it. A pipeline nobody owns yet while this instance runs
-// its fair share is another instance's to take, and does not count either.
+// Readiness lists what does not run as it should; empty when everything
+// does: the coordination database when it does not answer (with high
+// availability), and every pipeline that is neither running here (a
+// stalled one is not), paused by an operator or by its desired state, nor
+// standby because another live instance runs it. A pipeline nobody owns
+// yet while this instance runs its fair share is another instance's to
+// take, and does not count either. /readyz shows these as its details;
+// they do not make it 503.
 func (s *Supervisor) Readiness() []Unready {
 	var out []Unready
 	if c, ok := s.Coordination(); ok && !c.Up {

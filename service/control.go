@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
 	"github.com/ferryhq/ferry/internal/secretbox"
@@ -21,8 +23,8 @@ type controlPlane struct {
 	conv  *Converger
 }
 
-// startControl loads the files, opens the store (with one) and converges
-// once: the supervisor is handed its pipelines, and the API its entries,
+// startControl loads the files, opens the store (with one, without
+// waiting for it to answer) and converges once: the supervisor is handed its pipelines, and the API its entries,
 // the same way with or without a store. The converger is published
 // (s.conv) before it first converges: the supervisor's destination check
 // reads it as pipelines start.
@@ -41,7 +43,9 @@ func (s *Service) startControl(ctx context.Context, sup *engine.Supervisor, coor
 	if err != nil {
 		return nil, fmt.Errorf("--secrets-key-file: %w", err)
 	}
-	st, err := store.OpenWith(ctx, s.cfg.StoreDSN, store.Options{Keyring: keys})
+	// Opened without I/O: a store that is down at start does not stop the
+	// instance (Converger.Start).
+	st, err := store.New(s.cfg.StoreDSN, store.Options{Keyring: keys})
 	if err != nil {
 		return nil, err
 	}
@@ -66,6 +70,14 @@ func (s *Service) startControl(ctx context.Context, sup *engine.Supervisor, coor
 		cv.Reserved = append(cv.Reserved, r...)
 	}
 	s.conv.Store(cv)
+	s.metrics.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ferry_store_up",
+		Help: "1 while the last read of the control-plane store succeeded, 0 while it fails (the instance runs on its last read)."},
+		func() float64 {
+			if down, _, _ := cv.StoreDown(); down {
+				return 0
+			}
+			return 1
+		}))
 	if err := cv.Start(ctx); err != nil {
 		st.Close()
 		return nil, err

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
-
 	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
@@ -31,7 +29,9 @@ import (
 // pipelines are the entries it hands the supervisor and shows the API
 // (Snapshot's Files), ReloadFiles applies the files again, and there is
 // nothing to read, listen to or judge by a tenant's policy (files are the
-// operator's). Run wires one for every `ferry run`; it is exported for
+// operator's). While the store does not answer — at start too — it keeps
+// what it last read and reads again with backoff (converge_store.go).
+// Run wires one for every `ferry run`; it is exported for
 // embedders that assemble their own instance, and for tests. Start before
 // the supervisor runs, then Run; the HTTP API reads it through
 // httpapi.Converger.
@@ -58,10 +58,11 @@ type Converger struct {
 	Reserved []policy.ReservedDatabase
 	Logger   *slog.Logger
 
-	convergeMu     sync.Mutex // one convergence at a time; guards files, secretProblems and sharedWarned
+	convergeMu     sync.Mutex // one convergence at a time; guards files, secretProblems, sharedWarned and migrated
 	files          []*pipelines.Spec
 	sharedWarned   map[string]bool // the shared-deduplication warnings logged, so each is logged once
 	secretProblems string          // what the last read could not open, to log changes only
+	migrated       bool            // the literal passwords were moved into secrets (once, at the first read)
 
 	mu     sync.Mutex // guards snap, loaded and wake
 	snap   store.Snapshot
@@ -76,12 +77,14 @@ func (c *Converger) log() *slog.Logger {
 	return slog.Default()
 }
 
-// Start loads the files, moves the literal passwords of stored tenant
-// pipelines into secrets (MigrateLiteralSecrets) and converges once; the
-// supervisor then starts what it was given when it runs. An invalid file
-// or an unreadable store fails the start; a pipeline that could not be
-// migrated (for want of a secrets key, say) does not: it is logged, and
-// the loader refuses it, saying why.
+// Start loads the files and converges once; the supervisor then starts
+// what it was given when it runs. An invalid file fails the start; a store
+// that cannot be read does not: the instance starts with the file
+// pipelines (and the store's as last read: none yet), reports the store
+// down (Snapshot's Stale, StaleSince, ReadError) and Run reads it again
+// with backoff until it answers. The first read that succeeds moves the
+// literal passwords of stored tenant pipelines into secrets
+// (MigrateLiteralSecrets) before the pipelines are loaded.
 func (c *Converger) Start(ctx context.Context) error {
 	c.convergeMu.Lock()
 	defer c.convergeMu.Unlock()
@@ -92,22 +95,19 @@ func (c *Converger) Start(ctx context.Context) error {
 		}
 		c.files = specs
 	}
-	if c.Store == nil {
-		_, err := c.converge(ctx, true)
-		return err
+	if c.Store != nil {
+		// A store that does not answer (a host that drops packets) must not
+		// hold the start: Run keeps trying.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, startReadTimeout)
+		defer cancel()
 	}
-	if _, err := c.MigrateLiteralSecrets(ctx); err != nil {
-		var nk *MigrationNeedsKeyError
-		if errors.As(err, &nk) {
-			c.log().Warn("stored tenant pipelines hold literal passwords; without a secrets key they are not migrated and do not run",
-				"pipelines", nk.Pipelines, "err", redact.Error(err))
-		} else {
-			c.log().Warn("stored tenant pipelines with literal passwords not migrated", "err", redact.Error(err))
-		}
-	}
-	_, err := c.converge(ctx, true)
+	_, err := c.converge(ctx, c.Store == nil)
 	return err
 }
+
+// startReadTimeout bounds Start's read of the store.
+const startReadTimeout = 5 * time.Second
 
 // ReloadFiles loads the pipeline files again (SIGHUP, POST /reload,
 // --watch) and converges with the store's last known contents.
@@ -182,6 +182,15 @@ func (c *Converger) read(ctx context.Context) (r storeRead, err error) {
 	if c.Store == nil {
 		return r, nil // the files alone: an empty store, always readable
 	}
+	// Until the store first answered its schema may be older than this
+	// ferry, and the stored literal passwords not yet moved.
+	if err := c.Store.EnsureSchema(ctx); err != nil {
+		return r, err
+	}
+	if !c.migrated {
+		c.migrateLiteralSecrets(ctx)
+		c.migrated = true
+	}
 	if r.rows, err = c.Store.Pipelines(ctx); err != nil {
 		return r, err
 	}
@@ -202,17 +211,22 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadR
 	snap := c.snap
 	c.mu.Unlock()
 	r, err := c.read(ctx)
-	if err != nil {
+	// A read its caller cancelled (shutdown) says nothing of the store; one
+	// that ran out of time does.
+	if c.Store != nil && (err == nil || !errors.Is(ctx.Err(), context.Canceled)) {
 		c.mu.Lock()
-		c.snap.Stale = true
+		c.noteRead(err)
+		snap.ReadAt, snap.Stale, snap.StaleSince, snap.ReadError = c.snap.ReadAt, c.snap.Stale, c.snap.StaleSince, c.snap.ReadError
 		c.mu.Unlock()
+	}
+	if err != nil {
 		if mustRead {
 			return engine.ReloadResult{}, fmt.Errorf("read the store: %w", redact.Error(err))
 		}
-		// A file reload goes ahead with the store's last known pipelines.
+		// A file reload, or a start while the store is down, goes ahead
+		// with the store's last known pipelines.
 		r = storeRead{rows: snap.Pipelines, tenants: snap.Tenants, tokens: snap.Tokens, secrets: snap.Secrets}
 	} else {
-		snap.ReadAt, snap.Stale = time.Now(), false
 		c.reportSecretProblems(r.unopened)
 	}
 	snap.Pipelines, snap.Tenants, snap.Tokens, snap.Secrets = r.rows, r.tenants, r.tokens, r.secrets
@@ -291,58 +305,4 @@ func (c *Converger) interval() time.Duration {
 		return 5 * time.Second
 	}
 	return c.Interval
-}
-
-// Run converges on every notification and every Interval until ctx ends.
-// A lost LISTEN connection is reopened with backoff; meanwhile the
-// periodic read still converges. Without a Store there is nothing to
-// watch: it waits for ctx (files change through ReloadFiles).
-func (c *Converger) Run(ctx context.Context) {
-	if c.Store == nil {
-		<-ctx.Done()
-		return
-	}
-	wake := make(chan struct{}, 1)
-	c.mu.Lock()
-	c.wake = wake
-	c.mu.Unlock()
-	go c.listen(ctx)
-	t := time.NewTicker(c.interval())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-wake:
-		}
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		if _, err := c.Converge(cctx); err != nil && ctx.Err() == nil {
-			c.log().Warn("store convergence", "err", redact.Error(err))
-		}
-		cancel()
-	}
-}
-
-func (c *Converger) listen(ctx context.Context) {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval = 200*time.Millisecond, 10*time.Second
-	for ctx.Err() == nil {
-		began := time.Now()
-		err := c.Store.Listen(ctx, c.Changed)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(began) > time.Minute {
-			bo.Reset()
-		}
-		d := bo.NextBackOff()
-		if !errors.Is(err, context.Canceled) {
-			c.log().Warn("store notifications lost; listening again", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(d):
-		}
-	}
 }

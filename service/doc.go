@@ -15,7 +15,9 @@
 // restriction, the control-plane store and the Converger that makes the
 // supervisor match it (the paused pipelines included), the reserved
 // databases no tenant may read, the HTTP API with the console and the
-// metrics, reloads (Reload, POST /api/v1/reload, Config.Watch; Main adds
+// metrics, life through a store outage (an instance starts without its
+// store, runs its files, and converges when the store answers:
+// converge_store.go), reloads (Reload, POST /api/v1/reload, Config.Watch; Main adds
 // SIGHUP), and the process's signals when it is a process's main. The
 // built-in sources, sinks and transforms register themselves in
 // plugins.Default when this package is linked.

@@ -21,6 +21,12 @@ type Snapshot struct {
 	ReadAt time.Time
 	// Stale is set when the last read failed: this is older news.
 	Stale bool
+	// StaleSince is when reads began to fail (the first failed read of
+	// this outage); zero while the store answers.
+	StaleSince time.Time
+	// ReadError is the last failed read's error, on one line, without a
+	// password; empty while the store answers.
+	ReadError string
 	// Files are the file-defined pipelines, by name.
 	Files map[string]*pipelines.Spec `json:"-"`
 	// Problems says, per pipeline name, why a store pipeline does not run on

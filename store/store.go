@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -123,6 +124,11 @@ type Store struct {
 	pool    *pgxpool.Pool
 	dsn     string
 	keyring *secretbox.Keyring
+	connCfg *pgx.ConnConfig // what EnsureSchema connects with
+	// schemaMu makes one EnsureSchema at a time; schemaOK is set once the
+	// migrations were applied.
+	schemaMu sync.Mutex
+	schemaOK bool
 }
 
 // Options are how a Store is opened.
@@ -140,26 +146,54 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 
 // OpenWith is Open with options.
 func OpenWith(ctx context.Context, dsn string, opts Options) (*Store, error) {
+	s, err := New(dsn, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.EnsureSchema(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// New is OpenWith without I/O: it checks dsn and makes the pool, which
+// connects on first use. A process that must start while the store is
+// down (ferry run) opens it so, and calls EnsureSchema before its first
+// read, until that succeeds.
+func New(dsn string, opts Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", redact.Unparsed(err))
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "ferry:store"
 	cfg.MaxConns = 4
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		return nil, fmt.Errorf("store: connect: %w", redact.Error(err))
+		return nil, fmt.Errorf("store: %w", redact.Error(err))
+	}
+	return &Store{pool: pool, dsn: dsn, keyring: opts.Keyring, connCfg: cfg.ConnConfig.Copy()}, nil
+}
+
+// EnsureSchema applies the migrations the database lacks, once: after it
+// succeeded it returns nil at once. Safe for concurrent use.
+func (s *Store) EnsureSchema(ctx context.Context) error {
+	s.schemaMu.Lock()
+	defer s.schemaMu.Unlock()
+	if s.schemaOK {
+		return nil
+	}
+	conn, err := pgx.ConnectConfig(ctx, s.connCfg.Copy())
+	if err != nil {
+		return fmt.Errorf("store: connect: %w", redact.Error(err))
 	}
 	err = migrate(ctx, conn)
 	conn.Close(context.WithoutCancel(ctx))
 	if err != nil {
-		return nil, fmt.Errorf("store: %w", redact.Error(err))
+		return fmt.Errorf("store: %w", redact.Error(err))
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("store: %w", redact.Error(err))
-	}
-	return &Store{pool: pool, dsn: dsn, keyring: opts.Keyring}, nil
+	s.schemaOK = true
+	return nil
 }
 
 // DSN is the store's connection string (it may hold a password: never log it).

@@ -106,42 +106,6 @@ func register[C prometheus.Collector](reg *prometheus.Registry, c C) C {
 	return c
 }
 
-// ready answers 200 when every pipeline this instance should run runs,
-// else 503. Without a token it says only that, and how many pipelines run
-// and do not: the probe is open, and pipeline names and errors are tenant
-// data. With a token it names each pipeline the token may see that does
-// not run (and the coordination database, when it is unreachable).
-func (a *api) ready(w http.ResponseWriter, r *http.Request) {
-	why := a.o.Supervisor.Readiness()
-	running, notRunning := a.o.Supervisor.RunningCount()
-	body := map[string]any{"status": "ready", "pipelines": map[string]int{"running": running, "not_running": notRunning}}
-	code := http.StatusOK
-	if len(why) > 0 {
-		body["status"], code = "not ready", http.StatusServiceUnavailable
-	}
-	if r.Header.Get("Authorization") != "" || a.openReads() {
-		scope := store.ScopeAdmin // no token exists: every read is open
-		if !a.openReads() {
-			var ok bool
-			if scope, ok = a.caller(w, r); !ok {
-				return
-			}
-		}
-		details := []engine.Unready{}
-		for _, u := range why {
-			if u.Tenant == "" && u.Pipeline == "" && scope != store.ScopeAdmin && scope != store.ScopeRead {
-				continue // the process's own state: for admins and readers
-			}
-			if u.Pipeline != "" && !scope.CanSeeTenant(u.Tenant) {
-				continue
-			}
-			details = append(details, u)
-		}
-		body["details"] = details
-	}
-	writeJSON(w, code, body)
-}
-
 // caller authenticates a request to an open route that says more to a
 // token holder (/readyz, and /metrics when it needs a token): the token's
 // scope, or a 401 written (and the address's budget drawn on).
@@ -173,7 +137,11 @@ func (a *api) openReads() bool {
 	if a.o.AdminToken != "" {
 		return false
 	}
-	return len(a.o.Control.Converger.Snapshot().Tokens) == 0
+	snap := a.o.Control.Converger.Snapshot()
+	if a.o.Control.Store != nil && snap.ReadAt.IsZero() {
+		return false // the store has not answered yet: whether tokens exist is unknown
+	}
+	return len(snap.Tokens) == 0
 }
 
 // scopeMetrics is the metrics token's scope: /metrics and /readyz's counts.

@@ -105,6 +105,7 @@ func TestOtherTenantsPipelineIsNotFound(t *testing.T) {
 
 // Without a token /readyz says ready or not and how many pipelines run and
 // do not, never their names or errors; a token sees its tenant's reasons.
+// A failing pipeline is counted and named, and the answer stays 200.
 func TestReadyzSaysLittleWithoutToken(t *testing.T) {
 	f := startControl(t, adminToken)
 	ctx := context.Background()
@@ -126,23 +127,37 @@ func TestReadyzSaysLittleWithoutToken(t *testing.T) {
 	var r response
 	for {
 		r = f.do(t, "GET", "/readyz", "", "", "")
-		if r.code == 503 {
+		counts, _ := r.body["pipelines"].(map[string]any)
+		if counts["not_running"] == float64(1) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("/readyz stayed %d %s with a failing pipeline", r.code, r.raw)
+			t.Fatalf("/readyz never counted the failing pipeline: %d %s", r.code, r.raw)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if strings.Contains(string(r.raw), "b-secret-name") || strings.Contains(string(r.raw), "127.0.0.1") || r.body["status"] != "not ready" {
+	// One tenant's broken pipeline does not make the instance unready: it
+	// is counted, and named to the tokens that may see it.
+	if r.code != 200 || r.body["status"] != "ready" {
+		t.Fatalf("/readyz with one tenant's pipeline failing: %d %s, want 200 ready", r.code, r.raw)
+	}
+	if strings.Contains(string(r.raw), "b-secret-name") || strings.Contains(string(r.raw), "127.0.0.1") {
 		t.Fatalf("open /readyz says too much: %s", r.raw)
 	}
-	counts, _ := r.body["pipelines"].(map[string]any)
-	if counts["not_running"] != float64(1) {
-		t.Fatalf("open /readyz counts: %s", r.raw)
-	}
-	if r := f.do(t, "GET", "/readyz", adminToken, "", ""); !strings.Contains(string(r.raw), "b-secret-name") {
-		t.Fatalf("admin /readyz lacks the reason: %s", r.raw)
+	// The pipeline goes between backing_off and starting as it retries:
+	// the admin is shown it whenever it does not run.
+	for {
+		r := f.do(t, "GET", "/readyz", adminToken, "", "")
+		if r.code != 200 {
+			t.Fatalf("admin /readyz with one tenant's pipeline failing: %d %s, want 200", r.code, r.raw)
+		}
+		if strings.Contains(string(r.raw), "b-secret-name") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("admin /readyz lacks the reason: %s", r.raw)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	_, tokA, _ := f.st.CreateToken(ctx, admin, "tenant:team-a", "")
 	if r := f.do(t, "GET", "/readyz", tokA, "", ""); strings.Contains(string(r.raw), "b-secret-name") {

@@ -180,14 +180,24 @@ const bootstrapTokenID = "admin-token"
 // revoked or expired, is a 401.
 func (c *api) authenticate(r *http.Request) (principal, *problem) {
 	ctl := c.o.Control
-	toks := ctl.Converger.Snapshot().Tokens
+	snap := ctl.Converger.Snapshot()
+	toks, known := snap.Tokens, ctl.Store == nil || !snap.ReadAt.IsZero()
 	if ctl.Store != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		fresh, err := ctl.Store.Tokens(ctx)
 		cancel()
 		if err == nil {
-			toks = fresh // else the store is unreachable: the tokens it last held still count
+			toks, known = fresh, true // else the store is unreachable: the tokens it last held still count
 		}
+	}
+	if !known {
+		// Started while the store is down, it has never answered: no
+		// caller is anonymous (tokens may exist), and only the bootstrap
+		// admin token can be checked.
+		if got, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); c.o.AdminToken != "" && constantTimeEqual(got, c.o.AdminToken) {
+			return principal{actor: store.Actor{TokenID: bootstrapTokenID, Scope: store.ScopeAdmin}}, nil
+		}
+		return principal{}, &problem{code: http.StatusServiceUnavailable, msg: "the control-plane store has not answered since this instance started: its tokens are not known yet"}
 	}
 	if c.o.AdminToken == "" && len(toks) == 0 {
 		return principal{anonymous: true, actor: store.Actor{TokenID: "anonymous", Scope: store.ScopeRead}}, nil

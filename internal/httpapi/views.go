@@ -148,6 +148,9 @@ func (c *api) listPipelines(w http.ResponseWriter, r *http.Request, p principal)
 	if coord, ok := c.o.Supervisor.Coordination(); ok {
 		body["coordination"] = coord
 	}
+	if c.o.Control.Store != nil {
+		body["store"] = storeStateOf(c.o.Control.Converger.Snapshot())
+	}
 	writeJSON(w, http.StatusOK, body)
 }
 
