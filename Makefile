@@ -4,7 +4,7 @@
 #                 modules: Ferry's and consumer/)
 GO ?= go
 
-.PHONY: build bench-build demo test vet lint bench bench-go bench-smoke fuzz chaos clean
+.PHONY: build bench-build demo test test-loaded vet lint bench bench-go bench-smoke fuzz chaos clean
 
 # The shipped binary is linked with -s -w: no symbol table and no DWARF
 # debug information, 39 MB instead of 56 MB. Panics and pprof profiles keep
@@ -46,6 +46,21 @@ lint: $(STATICCHECK)
 test: vet
 	$(GO) test -race -count=1 -timeout 30m ./...
 	cd $(CONSUMER) && $(GO) test -race -count=1 -timeout 10m ./...
+
+# make test beside LOAD busy CPU loops (default 2, one per core of a
+# 2-core CI machine): what a machine shared with other builds does to the
+# suite's timing. LOADED replaces the command run under load, e.g.
+#   make test-loaded LOADED='go test -race -count=6 -run TestX ./service/'
+# The loops are killed when the command ends, fails or is interrupted, and
+# each also stops once the recipe's shell is gone (a kill that lands before
+# a loop's shell is set up is lost, and kill -9 runs no trap).
+LOAD ?= 2
+LOADED ?= $(MAKE) test
+test-loaded:
+	@pids=; trap 'kill $$pids 2>/dev/null' EXIT INT TERM; \
+	for i in $$(seq $(LOAD)); do sh -c "while kill -0 $$$$ 2>/dev/null; do :; done" & pids="$$pids $$!"; done; \
+	echo "$(LOAD) busy loops:$$pids"; \
+	$(LOADED)
 
 # The standard matrix of `ferry-bench` (every scenario, source and sink,
 # against watermill-sql and the broker ceiling measured in the same run);

@@ -45,9 +45,12 @@ func (r *run) judge(w *Writer) {
 	res.Rounds, res.Events, res.Deliveries = ws.Rounds, v.Events, v.Deliveries
 	res.Lost, res.Phantom, res.RolledBackDelivered = len(v.Lost), len(v.Phantom), len(v.RolledBack)
 	res.OrderViolations, res.Duplicates = v.OrderViolations, v.Duplicates
-	res.DuplicateBound = r.cfg.MaxInFlight*max(1, res.Faults) + r.walExtra
+	res.DuplicateBound = r.cfg.MaxInFlight*max(1, res.Faults) + r.walExtra + r.walRereads
 	if r.walExtra > 0 {
 		r.note("duplicate bound includes %d events the wal slot streamed again after crash recovery (its position is persisted at checkpoints)", r.walExtra)
+	}
+	if r.walRereads > 0 {
+		r.note("duplicate bound includes %d rows a restart read again from the initial snapshot: a kill landed before its slot was promoted", r.walRereads)
 	}
 
 	failures, notes := checkWriter(w.Committed(), rb, truth, r.pgCrashes > 0)

@@ -40,6 +40,10 @@ type run struct {
 	// documented behaviour), so it can go back to before events Ferry had
 	// confirmed.
 	walExtra int
+	// walRereads is what kills may re-send beyond the window while the wal
+	// source still streams from its initial snapshot's slot (see
+	// walSnapshotRereads).
+	walRereads int
 	// pgCrashes counts the PostgreSQL crashes injected so far.
 	pgCrashes int
 }
@@ -187,6 +191,9 @@ func (r *run) inject(f Fault) (end, readAfter time.Time) {
 	t := r.t
 	switch f {
 	case Kill:
+		if r.cfg.Source == "wal" {
+			r.walRereads += r.walSnapshotRereads()
+		}
 		readAfter = time.Now()
 		r.child.Kill()
 		r.child = StartChild(t, r.path, r.logPath, r.cfg.ChildArgs)
@@ -243,6 +250,33 @@ func (r *run) pgCrash() {
 		r.walExtra += r.walRegression(ctx)
 	}
 	r.pgProxy.Heal()
+}
+
+// walSnapshotRereads is what a kill about to land makes the wal source
+// send again beyond its in-flight window: until the initial snapshot's
+// rows are acked, the source streams from a temporary copy of its slot and
+// creates the configured slot from it only then (promotion); a restart
+// before that reads the snapshot again, by design, and sends each row
+// committed so far once more. Those rows bound it; 0 once the configured
+// slot exists. On a loaded machine the first kill often lands before the
+// promotion.
+func (r *run) walSnapshotRereads() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lsn, err := r.db.Slot(ctx, wal.DefaultName(r.name))
+	if err != nil {
+		r.note("kill: slot unreadable before the kill: %v", err)
+		return 0
+	}
+	if lsn != "" {
+		return 0
+	}
+	var rows int
+	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
+		r.note("kill: outbox rows unreadable before the kill: %v", err)
+		return 0
+	}
+	return rows
 }
 
 // walRegression counts the events already on the broker that the slot,

@@ -48,7 +48,8 @@ import (
 //     the batch; what it had not settled is nacked.
 //  4. limits: the pipeline's rate and its tenant's rate and in-flight
 //     events, counted in events: the batch goes on in chunks the limits
-//     allow (limits.go).
+//     allow (limits.go), each chunk's outcome reported as it ends, not
+//     only the batch's.
 //  5. Watermill's middleware.Retry: while some events failed in a way a
 //     retry may fix, it waits and tries again; an attempt re-delivers only
 //     the events still unsettled that failed retryably, each from a fresh
@@ -141,7 +142,7 @@ func (p *Pipeline) handler(c chain) (message.NoPublishHandlerFunc, error) {
 	}
 	h = c.retry.Middleware(h)
 	if c.limits != nil {
-		h = c.limits.middleware(h)
+		h = c.limits.middleware(h, c.rep)
 	}
 	h = middleware.Recoverer(h)
 	if c.rep != nil {

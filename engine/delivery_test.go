@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -433,5 +434,21 @@ func TestLimitsCountEvents(t *testing.T) {
 		if len(published["events"]) != 30 {
 			t.Errorf("%d events published, want 30", len(published["events"]))
 		}
+	})
+}
+
+// A rate-limited pipeline whose broker refuses every publish shows
+// backing_off, with the broker's error, once its first chunk failed — not
+// once its whole batch did: 100 events at 5 a second, each retried, take
+// over 20s, all of it spent "running" without an error.
+func TestLimitedBatchReportsFailureByChunk(t *testing.T) {
+	down := errors.New("broker down")
+	src, snk := newMemSource(100), newRecordingSink()
+	snk.refuse = func(*message.Message, int) error { return down }
+	tr := &countingTransform{calls: map[string]int{}}
+	sup := memPipeline(t, src, tr, snk, "limits: {rate: 5}\n", engine.Options{}, nil)
+	testenv.Eventually(t, 10*time.Second, "backing_off with the broker's error", func() bool {
+		st := state(sup, "mem")
+		return st.State == engine.StateBackingOff && strings.Contains(st.LastError, "broker down")
 	})
 }

@@ -25,6 +25,10 @@ type incarnation struct {
 	stop    context.CancelFunc // ends it
 	done    chan struct{}      // closed once it has fully stopped
 	running bool               // its handler runs in the router; under entries.mu
+	// pausing: it is halted for a pause, which shows the pipeline paused
+	// once it has stopped (haltForPause); its end leaves the state alone.
+	// Under entries.mu.
+	pausing bool
 }
 
 // MaxBackoff caps the backoff between attempts of a failing pipeline.
@@ -154,7 +158,7 @@ func (l *lifecycle) run(ctx context.Context, e *entry, inc *incarnation) {
 		}
 		l.entries.update(name, func(e *entry) {
 			inc.running = false
-			if e.status.State != StatePaused && e.status.State != StateFailed && e.status.State != StateStandby {
+			if !inc.pausing && e.status.State != StatePaused && e.status.State != StateFailed && e.status.State != StateStandby {
 				e.setState(StateStopped)
 			}
 		})

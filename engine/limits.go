@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 
@@ -91,8 +92,9 @@ func newLimits(spec *pipelines.Spec, tenant *tenantLimiter, stopping context.Con
 }
 
 // middleware runs the layers inside on the envelope's events chunk by
-// chunk, as the limits allow.
-func (l *limits) middleware(h message.HandlerFunc) message.HandlerFunc {
+// chunk, as the limits allow, telling rep (if not nil) each chunk's
+// outcome as it ends (reportChunk).
+func (l *limits) middleware(h message.HandlerFunc, rep *reporter) message.HandlerFunc {
 	return func(env *message.Message) ([]*message.Message, error) {
 		d := deliveryOf(env)
 		lo, hi := d.lo, d.hi
@@ -114,6 +116,7 @@ func (l *limits) middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 			d.lo, d.hi = next, next+got
 			l.run(h, env, got)
+			d.reportChunk(rep)
 			paid -= got
 			next += got
 		}
@@ -132,6 +135,36 @@ func (d *delivery) stopping(lo, hi int) {
 		if st := &d.state[i]; !st.settled && st.err == nil {
 			st.err, st.final = errStopping, true
 		}
+	}
+}
+
+// reportChunk tells rep how the current chunk went, before the batch's
+// other chunks: a batch the limits hold back takes its size over the rate
+// (100 events at 5/s: 20s, and more with the retries of a broker that is
+// down), and reportOutcome, which tells the batch's outcome once it ended,
+// would leave the pipeline running, without an error, all that time. An
+// event delivered brings the pipeline back to running, one whose attempts
+// ended without it puts it in backing_off; reportOutcome still settles
+// the accounts (the errors in the events' metadata) at the end.
+func (d *delivery) reportChunk(rep *reporter) {
+	if rep == nil {
+		return
+	}
+	var failure error
+	delivered := false
+	for i := d.lo; i < d.hi; i++ {
+		switch st := &d.state[i]; {
+		case st.settled:
+			delivered = true
+		case st.err != nil && !errors.Is(st.err, errStopping):
+			failure = cmp.Or(failure, st.err)
+		}
+	}
+	if delivered {
+		rep.delivered()
+	}
+	if failure != nil {
+		rep.Failing(failure, 0)
 	}
 }
 

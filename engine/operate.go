@@ -22,16 +22,29 @@ func (s *Supervisor) Pause(name string) error {
 		return err
 	}
 	paused := false
-	s.entries.with(e, func(e *entry) {
-		paused = e.status.State == StatePaused
-		e.setState(StatePaused) // set first: the stopping incarnation keeps it
-	})
+	s.entries.with(e, func(e *entry) { paused = e.status.State == StatePaused })
 	if paused {
 		return fmt.Errorf("%w: %s is already paused", ErrConflict, name)
 	}
-	s.life.halt(e)
+	s.haltForPause(e)
 	s.entries.probe(e, s.log) // rows keep arriving while paused: show them
 	return nil
+}
+
+// haltForPause stops e's incarnation and only then shows the pipeline
+// paused: paused says that nothing reads or records its progress any more,
+// which a change of that progress waits for (the API's offsets reset and
+// backfill). Shown paused while the incarnation still drained, a reset
+// made meanwhile was overwritten by the stopping reader's last commit,
+// and the backfill progress read at the pause moved after it.
+func (s *Supervisor) haltForPause(e *entry) {
+	s.entries.with(e, func(e *entry) {
+		if e.inc != nil {
+			e.inc.pausing = true
+		}
+	})
+	s.life.halt(e)
+	s.entries.with(e, func(e *entry) { e.setState(StatePaused) })
 }
 
 // Resume starts a paused pipeline again from its recorded progress.
@@ -156,11 +169,8 @@ func (s *Supervisor) reconcile(e *entry, sp *pipelines.Spec, r *ReloadResult) er
 // incarnation runs and this instance holds no ownership of it, so every
 // instance shows its backlog.
 func (s *Supervisor) pauseByDesire(e *entry, sp *pipelines.Spec) {
-	s.entries.with(e, func(e *entry) {
-		e.setState(StatePaused) // set first: the stopping incarnation keeps it
-		e.status.Owner = ""
-	})
-	s.life.halt(e)
+	s.entries.with(e, func(e *entry) { e.status.Owner = "" })
+	s.haltForPause(e)
 	s.ha.release(e)
 	s.entries.with(e, func(e *entry) { e.inc = nil }) // halted and closed: nothing of it is shown
 	s.replaceSpec(e, sp)

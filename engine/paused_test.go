@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
@@ -100,5 +104,70 @@ func TestPausedSpecStaysKnown(t *testing.T) {
 	}
 	if _, err := s.Status("orders"); !errors.Is(err, engine.ErrNotFound) {
 		t.Errorf("status after a reload without it: %v, want ErrNotFound", err)
+	}
+}
+
+// closingSource is a memSource whose Close waits for release: a source
+// still draining and recording its progress after it was told to stop.
+type closingSource struct {
+	*memSource
+	armed   atomic.Bool // only the pause's Close waits (not a probe's)
+	once    sync.Once
+	closing chan struct{} // closed when an armed Close is first called
+	release chan struct{}
+}
+
+func (s *closingSource) Close() error {
+	if !s.armed.Load() {
+		return s.memSource.Close()
+	}
+	s.once.Do(func() { close(s.closing) })
+	<-s.release
+	return s.memSource.Close()
+}
+
+// A pipeline shows paused only once it has stopped: while its source
+// still drains and records progress it is not paused yet, for what waits
+// for paused (an offsets reset, the progress a backfill recorded) would
+// race the stopping source's last commit.
+func TestPausedOnlyOnceStopped(t *testing.T) {
+	src := &closingSource{memSource: newMemSource(1), closing: make(chan struct{}), release: make(chan struct{})}
+	r := plugins.NewRegistry()
+	plugins.RegisterSource(r, "closing", func() *noCfg { return &noCfg{} }, func(*noCfg, plugins.Env) (plugins.Source, error) { return src, nil })
+	plugins.RegisterSink(r, "rec", func() *noCfg { return &noCfg{} }, func(*noCfg, plugins.Env) (plugins.Sink, error) { return newRecordingSink(), nil })
+	specs, err := pipelines.Loader{Registry: r}.LoadBytes("p.yaml", []byte("name: slowstop\nsource: {type: closing}\nsink: {type: rec}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, err := engine.NewSupervisor(engine.Options{DrainTimeout: 2 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(ctx, specs) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-src.finished:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the event was not acked")
+	}
+	src.armed.Store(true)
+	paused := make(chan error, 1)
+	go func() { paused <- sup.Pause("slowstop") }()
+	select {
+	case <-src.closing:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pause never closed the source")
+	}
+	if st := state(sup, "slowstop"); st.State == engine.StatePaused {
+		t.Errorf("paused while the source is still closing")
+	}
+	close(src.release)
+	if err := <-paused; err != nil {
+		t.Fatal(err)
+	}
+	if st := state(sup, "slowstop"); st.State != engine.StatePaused {
+		t.Errorf("%s once Pause returned, want paused", st.State)
 	}
 }

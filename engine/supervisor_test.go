@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,7 +24,12 @@ import (
 	"github.com/ferryhq/ferry/transforms/router"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	if y := os.Getenv(fleetEnv); y != "" {
+		os.Exit(runFleetChild(y))
+	}
+	testenv.Main(m)
+}
 
 // A pipeline whose broker is unreachable backs off with its error visible,
 // while another pipeline in the same router delivers.

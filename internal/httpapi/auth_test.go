@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/policy"
 	"github.com/ferryhq/ferry/sources/xid8"
@@ -123,6 +125,14 @@ func TestReadyzSaysLittleWithoutToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.conv.Changed()
+	// Wait for the failure itself: a pipeline is starting (not running)
+	// before it runs, and its source reports the unreachable database only
+	// after the pipeline started, so an early 503 may be the start, and
+	// the next answer ready.
+	testenv.Eventually(t, 30*time.Second, "b-secret-name backing off with its error", func() bool {
+		st, err := f.sup.Status("b-secret-name")
+		return err == nil && st.State == engine.StateBackingOff && st.LastError != ""
+	})
 	deadline := time.Now().Add(30 * time.Second)
 	var r response
 	for {
