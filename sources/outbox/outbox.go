@@ -351,26 +351,7 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	}
 	md := make(message.Metadata, size)
 	m.Metadata = md
-	var reserved []string
-	for _, h := range headers {
-		if plugins.IsInternal(h.key) {
-			// A row must not steer Ferry (ferry_topic, ferry_final…): it
-			// could route itself past the filter or to another tenant.
-			continue
-		}
-		if plugins.ReservedHeader(h.key) {
-			// Nor the broker or the consumers' deduplication (Nats-Msg-Id,
-			// Watermill's uuid), nor pass for Ferry's own headers: the
-			// pipeline counts and logs what was dropped.
-			reserved = append(reserved, h.key)
-			continue
-		}
-		md[h.key] = h.value
-	}
-	if reserved != nil {
-		slices.Sort(reserved)
-		md[plugins.MetaReservedHeaders] = strings.Join(slices.Compact(reserved), ",")
-	}
+	copyRowHeaders(md, headers)
 	if headersErr != "" {
 		md[MetaHeadersError] = headersErr
 	}
@@ -416,6 +397,29 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	}
 	r.stampVersion(md)
 	return m
+}
+
+// copyRowHeaders sets the row's headers as metadata, but none that would
+// steer Ferry (internal keys: ferry_topic, ferry_final… could route a row
+// past the filter or to another tenant), the broker or the consumers'
+// deduplication (Nats-Msg-Id, Watermill's uuid), or pass for Ferry's own
+// headers (plugins.ReservedHeader): those it lists under
+// plugins.MetaReservedHeaders, for the pipeline to count and log.
+func copyRowHeaders(md message.Metadata, headers []header) {
+	var reserved []string
+	for _, h := range headers {
+		switch {
+		case plugins.IsInternal(h.key):
+		case plugins.ReservedHeader(h.key):
+			reserved = append(reserved, h.key)
+		default:
+			md[h.key] = h.value
+		}
+	}
+	if reserved != nil {
+		slices.Sort(reserved)
+		md[plugins.MetaReservedHeaders] = strings.Join(slices.Compact(reserved), ",")
+	}
 }
 
 // metaKeys is how many metadata keys Message sets besides the headers, the
