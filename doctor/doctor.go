@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -76,6 +77,10 @@ type Options struct {
 	Timeout time.Duration
 	// Registry builds the components; nil means plugins.Default.
 	Registry *plugins.Registry
+	// Logger is what the components the doctor builds log to; nil
+	// discards their lines, so the report is all the doctor prints (a
+	// sink saying it connected is the broker check's evidence already).
+	Logger *slog.Logger
 
 	instance    *instance // what URL answered
 	instanceErr error     // why it did not
@@ -93,6 +98,9 @@ func (o *Options) defaults() {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 }
 
@@ -189,7 +197,7 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	d := Diagnosis{Pipeline: spec.Name, Tenant: spec.Tenant}
 	// Its own sessions named apart from a relay's ferry:pool, which the
 	// relay stage looks for.
-	p, err := engine.Build(spec, plugins.Env{PoolName: "ferry:doctor"})
+	p, err := engine.Build(spec, plugins.Env{PoolName: "ferry:doctor", Logger: o.Logger})
 	if err != nil {
 		d.Checks = append(d.Checks, Check{Stage: StageBacklog, Status: Unknown, Evidence: []string{err.Error()}})
 		return d
