@@ -204,7 +204,14 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	}
 	defer p.Close()
 
-	backlog, health := checkBacklog(ctx, p, o)
+	backlog, health, err := checkBacklog(ctx, p, o)
+	if pg, ok := denied(err); ok {
+		// The source's role may not read its table: nothing after this
+		// can work, and the database said exactly why.
+		d.Checks = append(d.Checks, backlog, checkPrivileges(ctx, spec, pg, o))
+		d.Stage = StageSource
+		return d
+	}
 	relay, suspect := checkRelay(ctx, spec, o)
 	d.Checks = append(d.Checks, backlog, relay)
 	if relay.Status == Unhealthy {
@@ -240,14 +247,15 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	return d
 }
 
-// checkBacklog measures the oldest undelivered event, twice, Sample apart.
-func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *plugins.Health) {
+// checkBacklog measures the oldest undelivered event, twice, Sample apart;
+// err is why it could not.
+func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *plugins.Health, error) {
 	c := Check{Stage: StageBacklog}
 	pr, ok := p.Source.(plugins.Prober)
 	if !ok {
 		c.Status = Skipped
 		c.Evidence = []string{fmt.Sprintf("the %s source cannot be measured", p.Spec.Source.Type)}
-		return c, nil
+		return c, nil, nil
 	}
 	probe := func() (plugins.Health, error) {
 		ctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -255,10 +263,16 @@ func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *p
 		return pr.Probe(ctx)
 	}
 	h, err := probe()
+	if pg, ok := denied(err); ok {
+		// The wrapping may guess at the cause (a missing column); the
+		// SQLSTATE is what happened, and the source check names it.
+		c.Status, c.Evidence = Unknown, []string{"cannot measure the backlog: permission denied (" + redact.String(pg.Message) + ")"}
+		return c, nil, err
+	}
 	if err != nil {
 		c.Status, c.Evidence = Unknown, []string{"cannot measure the backlog: " + redact.String(err.Error())}
 		c.Action = "check that the source database is reachable with the pipeline's dsn"
-		return c, nil
+		return c, nil, err
 	}
 	c.Evidence = append(c.Evidence, fmt.Sprintf("backlog %d %s, oldest undelivered %s (budget %s)", h.Backlog, h.BacklogUnit, h.OldestAge.Round(time.Millisecond), o.MaxAge))
 	if o.Sample > 0 {
@@ -276,7 +290,7 @@ func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *p
 		c.Status = Unhealthy
 		c.Action = "events are ageing: the stages below say why"
 	}
-	return c, &h
+	return c, &h, nil
 }
 
 // instance is what a running Ferry says about itself.
