@@ -52,50 +52,86 @@ func checkPrivileges(ctx context.Context, spec *pipelines.Spec, pg *pgconn.PgErr
 		return c
 	}
 	ot := src.OutboxTable()
-	table := ot.Table
-	if !strings.Contains(table, ".") {
-		table = "public." + table
+	schema, rel, ok := strings.Cut(ot.Table, ".")
+	if !ok {
+		schema, rel = "public", ot.Table
 	}
+	table := schema + "." + rel
 	role := "<the pipeline's role>"
 	if cfg, err := pgconn.ParseConfig(ot.DSN); err == nil && cfg.User != "" {
 		role = quoteRole(cfg.User)
 	}
 	need := tablePrivileges(spec.Source.Type)
-	missing := missingPrivileges(ctx, ot.DSN, ot.Table, need, o)
-	if len(missing) == 0 {
-		missing = need // the privileges could not be read: ask for all it needs
+	lacks, known := missingPrivileges(ctx, ot.DSN, schema, rel, need, o)
+	if known && !lacks.usage && len(lacks.table) == 0 {
+		// The table is not what was refused (a replication slot, a
+		// function): say what PostgreSQL said.
+		c.Evidence = []string{fmt.Sprintf("role %s has %s on %s, yet PostgreSQL refused the %s source (SQLSTATE 42501: %s)",
+			role, strings.Join(need, ", "), table, spec.Source.Type, redact.String(pg.Message))}
+		c.Action = fmt.Sprintf("grant role %s what the %s source needs besides its table (docs/security.md, Least-privilege grants)", role, spec.Source.Type)
+		if spec.Source.Type == "wal" {
+			c.Action = fmt.Sprintf("the wal source's role needs REPLICATION: ALTER ROLE %s REPLICATION; (docs/security.md, Least-privilege grants)", role)
+		}
+		return c
+	}
+	if !known {
+		lacks.table = need // the privileges could not be read: ask for all it needs
+	}
+	var what, grants []string
+	if lacks.usage {
+		what = append(what, "USAGE on schema "+schema)
+		grants = append(grants, fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", schema, role))
+	}
+	if len(lacks.table) > 0 {
+		what = append(what, strings.Join(lacks.table, ", ")+" on "+table)
+		grants = append(grants, fmt.Sprintf("GRANT %s ON %s TO %s;", strings.Join(lacks.table, ", "), table, role))
 	}
 	c.Evidence = []string{
-		fmt.Sprintf("role %s lacks %s on %s: PostgreSQL refused the %s source (SQLSTATE 42501: %s)",
-			role, strings.Join(missing, ", "), table, spec.Source.Type, redact.String(pg.Message)),
+		fmt.Sprintf("role %s lacks %s: PostgreSQL refused the %s source (SQLSTATE 42501: %s)",
+			role, strings.Join(what, " and "), spec.Source.Type, redact.String(pg.Message)),
 		fmt.Sprintf("the %s source needs %s on its outbox table", spec.Source.Type, strings.Join(need, ", ")),
 	}
-	c.Action = fmt.Sprintf("as the table's owner: GRANT %s ON %s TO %s; (docs/security.md, Least-privilege grants: DELETE too with retention or on_delivered: delete)",
-		strings.Join(missing, ", "), table, role)
+	c.Action = fmt.Sprintf("as the owner (of the table, of its schema): %s (docs/security.md, Least-privilege grants: DELETE too with retention or on_delivered: delete)",
+		strings.Join(grants, " "))
 	return c
 }
 
+// lacking is what the source's role lacks: USAGE on the table's schema,
+// privileges on the table.
+type lacking struct {
+	usage bool
+	table []string
+}
+
 // missingPrivileges asks the database, as the source's role, which of
-// need it lacks on table; nil when it cannot tell.
-func missingPrivileges(ctx context.Context, dsn, table string, need []string, o Options) []string {
+// need it lacks on schema.rel, and whether it may use schema; known is
+// false when it cannot tell. It finds the table in the catalog, which
+// asks for no privilege, so a schema it may not use does not hide it.
+func missingPrivileges(ctx context.Context, dsn, schema, rel string, need []string, o Options) (l lacking, known bool) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return nil
+		return l, false
 	}
 	defer conn.Close(context.Background())
-	var missing []string
+	var usage bool
+	var oid uint32
+	if err := conn.QueryRow(ctx, `SELECT has_schema_privilege(current_user, n.oid, 'USAGE'), c.oid
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`, schema, rel).Scan(&usage, &oid); err != nil {
+		return l, false
+	}
+	l.usage = !usage
 	for _, p := range need {
 		var has bool
-		if err := conn.QueryRow(ctx, `SELECT has_table_privilege(current_user, $1::regclass, $2)`, table, p).Scan(&has); err != nil {
-			return nil
+		if err := conn.QueryRow(ctx, `SELECT has_table_privilege(current_user, $1::oid, $2)`, oid, p).Scan(&has); err != nil {
+			return l, false
 		}
 		if !has {
-			missing = append(missing, p)
+			l.table = append(l.table, p)
 		}
 	}
-	return missing
+	return l, true
 }
 
 var plainRole = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
