@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -76,6 +77,10 @@ type Options struct {
 	Timeout time.Duration
 	// Registry builds the components; nil means plugins.Default.
 	Registry *plugins.Registry
+	// Logger is what the components the doctor builds log to; nil
+	// discards their lines, so the report is all the doctor prints (a
+	// sink saying it connected is the broker check's evidence already).
+	Logger *slog.Logger
 
 	instance    *instance // what URL answered
 	instanceErr error     // why it did not
@@ -93,6 +98,9 @@ func (o *Options) defaults() {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
 	}
 }
 
@@ -189,14 +197,21 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	d := Diagnosis{Pipeline: spec.Name, Tenant: spec.Tenant}
 	// Its own sessions named apart from a relay's ferry:pool, which the
 	// relay stage looks for.
-	p, err := engine.Build(spec, plugins.Env{PoolName: "ferry:doctor"})
+	p, err := engine.Build(spec, plugins.Env{PoolName: "ferry:doctor", Logger: o.Logger})
 	if err != nil {
 		d.Checks = append(d.Checks, Check{Stage: StageBacklog, Status: Unknown, Evidence: []string{err.Error()}})
 		return d
 	}
 	defer p.Close()
 
-	backlog, health := checkBacklog(ctx, p, o)
+	backlog, health, err := checkBacklog(ctx, p, o)
+	if pg, ok := denied(err); ok {
+		// The source's role may not read its table: nothing after this
+		// can work, and the database said exactly why.
+		d.Checks = append(d.Checks, backlog, checkPrivileges(ctx, spec, pg, o))
+		d.Stage = StageSource
+		return d
+	}
 	relay, suspect := checkRelay(ctx, spec, o)
 	d.Checks = append(d.Checks, backlog, relay)
 	if relay.Status == Unhealthy {
@@ -232,14 +247,15 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	return d
 }
 
-// checkBacklog measures the oldest undelivered event, twice, Sample apart.
-func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *plugins.Health) {
+// checkBacklog measures the oldest undelivered event, twice, Sample apart;
+// err is why it could not.
+func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *plugins.Health, error) {
 	c := Check{Stage: StageBacklog}
 	pr, ok := p.Source.(plugins.Prober)
 	if !ok {
 		c.Status = Skipped
 		c.Evidence = []string{fmt.Sprintf("the %s source cannot be measured", p.Spec.Source.Type)}
-		return c, nil
+		return c, nil, nil
 	}
 	probe := func() (plugins.Health, error) {
 		ctx, cancel := context.WithTimeout(ctx, o.Timeout)
@@ -247,10 +263,16 @@ func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *p
 		return pr.Probe(ctx)
 	}
 	h, err := probe()
+	if pg, ok := denied(err); ok {
+		// The wrapping may guess at the cause (a missing column); the
+		// SQLSTATE is what happened, and the source check names it.
+		c.Status, c.Evidence = Unknown, []string{"cannot measure the backlog: permission denied (" + redact.String(pg.Message) + ")"}
+		return c, nil, err
+	}
 	if err != nil {
 		c.Status, c.Evidence = Unknown, []string{"cannot measure the backlog: " + redact.String(err.Error())}
 		c.Action = "check that the source database is reachable with the pipeline's dsn"
-		return c, nil
+		return c, nil, err
 	}
 	c.Evidence = append(c.Evidence, fmt.Sprintf("backlog %d %s, oldest undelivered %s (budget %s)", h.Backlog, h.BacklogUnit, h.OldestAge.Round(time.Millisecond), o.MaxAge))
 	if o.Sample > 0 {
@@ -268,7 +290,7 @@ func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *p
 		c.Status = Unhealthy
 		c.Action = "events are ageing: the stages below say why"
 	}
-	return c, &h
+	return c, &h, nil
 }
 
 // instance is what a running Ferry says about itself.

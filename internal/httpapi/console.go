@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/ferryhq/ferry/doctor"
@@ -46,11 +47,25 @@ func (c *api) diagnose(w http.ResponseWriter, r *http.Request, p principal) {
 	// pipeline's with its tenant's secrets (never the server's environment).
 	spec, prob := c.sourceOf(v)
 	if prob != nil {
-		writeProblem(w, prob)
+		writeProblem(w, readProblem(prob, v.Name))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
 	rep := doctor.Run(ctx, []*pipelines.Spec{spec}, doctor.Options{Timeout: 5 * time.Second, Sample: time.Second})
 	writeJSON(w, http.StatusOK, rep.Pipelines[0])
+}
+
+// readProblem says what a failed read of a store pipeline's definition
+// means for a read: storeProblem words a store failure for writes
+// ("nothing was changed"), which a doctor's read never tries. Still 503:
+// asked again once the store is back, it answers.
+func readProblem(prob *problem, name string) *problem {
+	const write = "the store is unavailable; nothing was changed ("
+	if prob.code != http.StatusServiceUnavailable || !strings.Contains(prob.msg, write) {
+		return prob
+	}
+	cause := strings.TrimSuffix(prob.msg[strings.Index(prob.msg, write)+len(write):], ")")
+	return &problem{code: http.StatusServiceUnavailable,
+		msg: "pipeline " + name + ": the store is unreachable, so its definition cannot be read to diagnose it; retry once the store is back (" + cause + ")"}
 }

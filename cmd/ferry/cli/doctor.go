@@ -23,12 +23,14 @@ import (
 // GET /api/v1/pipelines/{name}/doctor for each, the walk done where the
 // pipeline runs), the same with or without its --store; with -c it walks
 // the files' pipelines from here, reading their state from --url when
-// something answers there.
+// something answers there. A positional argument is a file when one
+// exists at that path, else a pipeline's name: `ferry doctor orders`
+// asks the running ferry about orders, wherever it is defined.
 func doctorCmd(args []string, stdout, stderr io.Writer) int {
-	fs := newFlags("doctor", "[-c PATH…] [--url URL] [--token-file F] [--pipeline NAME…] [--json]", stderr)
+	fs := newFlags("doctor", "[NAME…] [-c PATH…] [--url URL] [--token-file F] [--pipeline NAME…] [--json]", stderr)
 	var files, names paths
 	fs.Var(&files, "c", "pipeline file or directory of *.yaml (repeatable): walk these from here; without it, the running ferry at --url walks its own")
-	fs.Var(&names, "pipeline", "without -c: only this pipeline (repeatable; default every one the token may see)")
+	fs.Var(&names, "pipeline", "only this pipeline (repeatable; default every one the token may see, or every one in the files); a positional NAME is the same")
 	var af apiFlags
 	af.register(fs)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -41,7 +43,13 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
-	files = append(files, fs.Args()...)
+	for _, a := range fs.Args() {
+		if _, err := os.Stat(a); err == nil {
+			files = append(files, a)
+		} else {
+			names = append(names, a)
+		}
+	}
 	c, err := af.client()
 	if err != nil {
 		fmt.Fprintf(stderr, "ferry doctor: %v\n", err)
@@ -68,6 +76,10 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 			for _, e := range plugins.Flatten(err) {
 				fmt.Fprintln(stderr, e)
 			}
+			return 2
+		}
+		if specs, err = only(specs, names); err != nil {
+			fmt.Fprintf(stderr, "ferry doctor: %v\n", err)
 			return 2
 		}
 		r = doctor.Run(context.Background(), specs, o)
@@ -131,4 +143,21 @@ func remoteDoctor(c *apiClient, o doctor.Options, names []string) (doctor.Report
 	wg.Wait()
 	r.Pipelines = todo
 	return r, nil
+}
+
+// only keeps the specs named (all of them when none is), and says which
+// name no file defines.
+func only(specs []*pipelines.Spec, names []string) ([]*pipelines.Spec, error) {
+	if len(names) == 0 {
+		return specs, nil
+	}
+	var kept []*pipelines.Spec
+	for _, n := range names {
+		i := slices.IndexFunc(specs, func(s *pipelines.Spec) bool { return s.Name == n })
+		if i < 0 {
+			return nil, fmt.Errorf("no pipeline %q in the files given (nor a file at that path)", n)
+		}
+		kept = append(kept, specs[i])
+	}
+	return kept, nil
 }
