@@ -16,6 +16,7 @@ import (
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
 
@@ -46,27 +47,7 @@ func runSpecs(t *testing.T, yaml string) (*engine.Supervisor, *prometheus.Regist
 func TestBacklogMeasureFailureShows(t *testing.T) {
 	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema, Extra: "metrics_interval: 1s"})
 	ctx := context.Background()
-	role := testenv.Name("limited")
-	for _, q := range []string{
-		"CREATE ROLE " + role + " LOGIN",
-		"GRANT USAGE, CREATE ON SCHEMA public TO " + role,
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO " + role,
-		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO " + role,
-	} {
-		if _, err := e.Pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = e.Pool.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = e.Pool.Exec(context.Background(), "DROP ROLE "+role)
-	})
-	u, err := url.Parse(e.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(role)
-	dsn := u.String()
+	role, dsn := limitedRole(t, e)
 	sup, reg := runSpecs(t, strings.Replace(e.YAML("orders", 100), "dsn: "+e.DSN, "dsn: "+dsn, 1))
 	health := func() *engine.Status { st := status(t, sup, "orders"); return &st }
 	testenv.Eventually(t, 30*time.Second, "the empty backlog measured", func() bool {
@@ -174,4 +155,50 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, pipeline string) 
 	}
 	t.Fatalf("no %s for %s", name, pipeline)
 	return 0
+}
+
+// limitedRole makes a login role that may read and write e's tables (not
+// a superuser, so a REVOKE bites), and returns it with e's DSN as it.
+func limitedRole(t *testing.T, e *relaytest.Env) (role, dsn string) {
+	t.Helper()
+	ctx := context.Background()
+	role = testenv.Name("limited")
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"GRANT USAGE, CREATE ON SCHEMA public TO " + role,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO " + role,
+		"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO " + role,
+	} {
+		if _, err := e.Pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = e.Pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = e.Pool.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	u, err := url.Parse(e.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	return role, u.String()
+}
+
+// A poll source whose role may not read the outbox says so, not that the
+// table lacks a column.
+func TestPollPermissionErrorIsNamed(t *testing.T) {
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: poll.Name, Schema: poll.Schema})
+	role, dsn := limitedRole(t, e)
+	if _, err := e.Pool.Exec(context.Background(), "REVOKE SELECT ON "+e.Table+" FROM "+role); err != nil {
+		t.Fatal(err)
+	}
+	sup, _ := runSpecs(t, strings.Replace(e.YAML("orders", 100), "dsn: "+e.DSN, "dsn: "+dsn, 1))
+	testenv.Eventually(t, 30*time.Second, "the permission error named", func() bool {
+		st := status(t, sup, "orders")
+		if strings.Contains(st.LastError, "lacks a column") {
+			t.Fatalf("a permission error blamed on a column: %s", st.LastError)
+		}
+		return strings.Contains(st.LastError, "may not read it") && strings.Contains(st.LastError, "42501")
+	})
 }

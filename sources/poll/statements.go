@@ -4,9 +4,11 @@ package poll
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ferryhq/ferry/sources/internal/pgsource"
 	"github.com/ferryhq/ferry/sources/outbox"
@@ -74,6 +76,11 @@ func (s *Source) prepare(ctx context.Context, pool pgsource.Querier) error {
 	}
 	// Fail now, naming what is missing, rather than on every claim.
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`SELECT %s, o.published_at, o.claimed_until, o.claimed_by, o.attempts, o.last_error FROM %s AS o LIMIT 0`, cols, tbl)); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			// Not a missing column: say what is missing.
+			return fmt.Errorf("outbox %s: the source's role may not read it (the poll source needs SELECT, UPDATE on the table and USAGE on its schema; `ferry doctor` names the GRANT): %w", s.cfg.Table, err)
+		}
 		return fmt.Errorf("outbox %s lacks a column the poll source needs (see `ferry schema poll`, check source.columns): %w", s.cfg.Table, err)
 	}
 	return nil
