@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -47,22 +48,24 @@ const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [-
 
 func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintf(stderr, "Usage: ferry pipelines %s\n\nManage the pipelines of a running ferry (--store) over its API. Flags of every subcommand:\n  --url URL (else $FERRY_URL), --token-file F (else $FERRY_TOKEN), -o table|json|yaml\n", pipelinesUsage)
+		fmt.Fprintf(stderr, "Usage: ferry pipelines %s\n\nManage the pipelines of a running ferry (--store) over its API. Flags of every subcommand (ferry pipelines SUB --help for its own):\n  --url URL (else $FERRY_URL), --token-file F (else $FERRY_TOKEN), -o table|json|yaml\n", pipelinesUsage)
 		if len(args) == 0 {
 			return 2
 		}
 		return 0
 	}
 	sub, args := args[0], args[1:]
-	fs := newFlags("pipelines "+sub, "", stderr)
+	fs := newFlags("pipelines "+sub, subSynopsis(pipelinesUsage, sub), stderr)
+	all := flag.NewFlagSet("", flag.ContinueOnError)
 	r := pipelinesRun{sub: sub, stdout: stdout, stderr: stderr}
-	r.af.register(fs)
-	r.tenant = fs.String("tenant", "", "list: only this tenant's pipelines")
-	r.config = fs.Bool("config", false, "get: print the pipeline's YAML as stored")
-	r.purge = fs.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
-	r.dir = fs.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
-	r.prune = fs.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
-	r.offsets = registerOffsetFlags(fs)
+	r.af.register(all)
+	r.tenant = all.String("tenant", "", "list: only this tenant's pipelines")
+	r.config = all.Bool("config", false, "get: print the pipeline's YAML as stored")
+	r.purge = all.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
+	r.dir = all.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
+	r.prune = all.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
+	r.offsets = registerOffsetFlags(all)
+	scopeFlags(fs, all, sub, subcommands(pipelinesUsage))
 	// Flags may follow the pipeline name: ferry pipelines get orders -o json.
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		r.name, args = args[0], args[1:]

@@ -45,17 +45,19 @@ func tenantsCmd(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	sub, args := args[0], args[1:]
-	fs := newFlags("tenants "+sub, "", stderr)
+	fs := newFlags("tenants "+sub, subSynopsis(tenantsUsage, sub), stderr)
+	all := flag.NewFlagSet("", flag.ContinueOnError)
 	r := tenantsRun{sub: sub, fs: fs, stdout: stdout, stderr: stderr, limits: map[string]*int{}}
-	r.af.register(fs)
-	fs.Var(&r.dbs, "allow-database", "set: a database the tenant's sources may read, host:port/database[/user] or host:port/* (repeatable; replaces the list)")
-	fs.Var(&r.brokers, "allow-broker", "set: a broker the tenant's sinks may publish to, host:port (repeatable; replaces the list)")
-	fs.Var(&r.dests, "allow-destination", "set: a topic/subject/exchange prefix the tenant may publish to (repeatable; replaces the list)")
-	r.allowFiles = fs.Bool("allow-files", false, "set: the tenant's pipelines may name files on the server (TLS files, NATS credentials)")
-	r.shared = fs.Bool("shared-databases", false, "set: the tenant may read a database another tenant's pipeline reads")
+	r.af.register(all)
+	all.Var(&r.dbs, "allow-database", "set: a database the tenant's sources may read, host:port/database[/user] or host:port/* (repeatable; replaces the list)")
+	all.Var(&r.brokers, "allow-broker", "set: a broker the tenant's sinks may publish to, host:port (repeatable; replaces the list)")
+	all.Var(&r.dests, "allow-destination", "set: a topic/subject/exchange prefix the tenant may publish to (repeatable; replaces the list)")
+	r.allowFiles = all.Bool("allow-files", false, "set: the tenant's pipelines may name files on the server (TLS files, NATS credentials)")
+	r.shared = all.Bool("shared-databases", false, "set: the tenant may read a database another tenant's pipeline reads")
 	for _, l := range []string{"max-pipelines", "rate", "max-in-flight", "max-connections"} {
-		r.limits[l] = fs.Int(l, 0, "set: limits."+strings.ReplaceAll(l, "-", "_")+" (0: no cap)")
+		r.limits[l] = all.Int(l, 0, "set: limits."+strings.ReplaceAll(l, "-", "_")+" (0: no cap)")
 	}
+	scopeFlags(fs, all, sub, subcommands(tenantsUsage))
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		r.name, args = args[0], args[1:]
 	}
