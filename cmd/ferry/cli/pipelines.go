@@ -211,7 +211,7 @@ func (r pipelinesRun) planApply() int {
 		if r.af.output != "table" {
 			return exitOf(printAs(r.stdout, r.af.output, plan))
 		}
-		printPlan(r.stdout, plan, "Plan")
+		printPlan(r.stdout, plan)
 		return 0
 	}
 	done, err := applyPlan(r.c, plan)
@@ -220,7 +220,7 @@ func (r pipelinesRun) planApply() int {
 			return r.fail(perr)
 		}
 	} else {
-		printPlan(r.stdout, done, "Applied")
+		printApplied(r.stdout, done)
 	}
 	if err != nil {
 		return r.fail(err)
@@ -503,68 +503,4 @@ func samePolicy(a, b policy.Policy) bool {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return bytes.Equal(ja, jb)
-}
-
-// applyPlan carries out a plan, each step guarded by the version the plan
-// saw: a pipeline someone changed since is refused, not overwritten.
-func applyPlan(c *apiClient, plan []planStep) ([]planStep, error) {
-	var errs []error
-	done := make([]planStep, 0, len(plan))
-	for _, s := range plan {
-		var out struct {
-			Pipeline store.Pipeline `json:"pipeline"`
-		}
-		var err error
-		path := "/pipelines/" + url.PathEscape(s.Pipeline)
-		if tenant, ok := strings.CutPrefix(s.Pipeline, tenantStep); ok {
-			if s.Action != "unchanged" {
-				var t store.Tenant
-				hdr := []string{}
-				if s.Version > 0 {
-					hdr = []string{"If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10))}
-				}
-				_, err = c.call("PUT", "/tenants/"+url.PathEscape(tenant), "application/json", s.text, &t, hdr...)
-				s.Version = t.Version
-			}
-			if err != nil {
-				s.Error = err.Error()
-				errs = append(errs, fmt.Errorf("%s %s: %w", s.Action, s.Pipeline, err))
-			}
-			done = append(done, s)
-			continue
-		}
-		switch s.Action {
-		case "create":
-			_, err = c.call("POST", "/pipelines", "application/yaml", s.text, &out)
-			s.Version = out.Pipeline.Version
-		case "update":
-			_, err = c.call("PUT", path+"/config", "application/yaml", s.text, &out, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))
-			s.Version = out.Pipeline.Version
-		case "delete":
-			_, err = c.call("DELETE", path, "", nil, nil, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))
-		}
-		if err != nil {
-			s.Error = err.Error()
-			errs = append(errs, fmt.Errorf("%s %s: %w", s.Action, s.Pipeline, err))
-		}
-		done = append(done, s)
-	}
-	return done, errors.Join(errs...)
-}
-
-func printPlan(w io.Writer, plan []planStep, title string) {
-	counts := map[string]int{}
-	sign := map[string]string{"create": "+", "update": "~", "delete": "-", "unchanged": "="}
-	for _, s := range plan {
-		counts[s.Action]++
-		line := fmt.Sprintf("%s %s %s", sign[s.Action], s.Action, s.Pipeline)
-		if s.File != "" {
-			line += "  (" + s.File + ")"
-		}
-		if s.Error != "" {
-			line += "  FAILED: " + strings.ReplaceAll(s.Error, "\n", "\n    ")
-		}
-		fmt.Fprintln(w, line)
-	}
-	fmt.Fprintf(w, "%s: %d to create, %d to update, %d to delete, %d unchanged.\n", title, counts["create"], counts["update"], counts["delete"], counts["unchanged"])
 }
