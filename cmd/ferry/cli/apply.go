@@ -98,4 +98,7 @@ func printStep(w io.Writer, s planStep) {
 		line += "  FAILED: " + strings.ReplaceAll(s.Error, "\n", "\n    ")
 	}
 	fmt.Fprintln(w, line)
+	for _, c := range s.Changes {
+		fmt.Fprintf(w, "    %s\n", c)
+	}
 }

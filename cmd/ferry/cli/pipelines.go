@@ -204,6 +204,9 @@ func (r pipelinesRun) planApply() int {
 		return r.fail(err)
 	}
 	plan, err := makePlan(r.c, local, *r.prune)
+	if err == nil {
+		err = addChanges(r.c, plan)
+	}
 	if err != nil {
 		return r.fail(err)
 	}
@@ -407,6 +410,8 @@ type planStep struct {
 	Version int64  `json:"version,omitempty"`
 	File    string `json:"file,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// Changes are an update's field-level differences, secrets masked.
+	Changes []fieldChange `json:"changes,omitempty"`
 	text    []byte
 }
 

@@ -88,3 +88,40 @@ func TestApplySummaryCountsFailures(t *testing.T) {
 	}
 }
 
+// plan shows an update's changed fields with old and new values, secrets
+// masked.
+func TestPlanShowsFieldDiff(t *testing.T) {
+	srv := fakePipelinesAPI(t, oldOrders)
+	dir := writePipelineDir(t, map[string]string{"b.yaml": newOrders})
+	var out, errb bytes.Buffer
+	if code := Main([]string{"pipelines", "plan", "-f", dir, "--url", srv.URL}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	got := out.String()
+	for _, want := range []string{
+		`~ update orders`,
+		`~ sink.topic: "orders" → "orders.v2"`,
+		`+ sink.brokers[1]: "k2:9092"`,
+		`~ sink.password: xxxxx → xxxxx (secret changed)`,
+		`~ source.dsn: "postgres://ferry:xxxxx@db:5432/app" → "postgres://ferry:xxxxx@db:5432/app" (secret changed)`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("plan lacks %q:\n%s", want, got)
+		}
+	}
+	for _, secret := range []string{"hunter2", "swordfish", "old-secret", "new-secret"} {
+		if strings.Contains(got, secret) {
+			t.Errorf("plan shows the secret %q:\n%s", secret, got)
+		}
+	}
+	if strings.Contains(got, "sink.type") || strings.Contains(got, "brokers[0]") {
+		t.Errorf("plan lists unchanged fields:\n%s", got)
+	}
+	out.Reset()
+	if code := Main([]string{"pipelines", "plan", "-f", dir, "--url", srv.URL, "-o", "json"}, &out, &errb); code != 0 {
+		t.Fatalf("-o json: exit %d", code)
+	}
+	if !strings.Contains(out.String(), `"path": "sink.topic"`) || strings.Contains(out.String(), "hunter2") {
+		t.Errorf("-o json changes:\n%s", out.String())
+	}
+}
