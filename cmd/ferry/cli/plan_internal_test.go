@@ -100,10 +100,10 @@ func TestPlanShowsFieldDiff(t *testing.T) {
 	got := out.String()
 	for _, want := range []string{
 		`~ update orders`,
-		`~ sink.topic: "orders" → "orders.v2"`,
-		`+ sink.brokers[1]: "k2:9092"`,
-		`~ sink.password: xxxxx → xxxxx (secret changed)`,
-		`~ source.dsn: "postgres://ferry:xxxxx@db:5432/app" → "postgres://ferry:xxxxx@db:5432/app" (secret changed)`,
+		"\n    sink.topic: \"orders\" → \"orders.v2\"\n",
+		"\n    sink.brokers[1]: (none) → \"k2:9092\"\n",
+		`    sink.password: xxxxx → xxxxx (secret changed)`,
+		`    source.dsn: "postgres://ferry:xxxxx@db:5432/app" → "postgres://ferry:xxxxx@db:5432/app" (secret changed)`,
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("plan lacks %q:\n%s", want, got)
@@ -112,6 +112,12 @@ func TestPlanShowsFieldDiff(t *testing.T) {
 	for _, secret := range []string{"hunter2", "swordfish", "old-secret", "new-secret"} {
 		if strings.Contains(got, secret) {
 			t.Errorf("plan shows the secret %q:\n%s", secret, got)
+		}
+	}
+	// Only step lines start with a sign: scripts read those.
+	for _, line := range strings.Split(got, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.Contains("+~-=!", f[0]) && line != strings.TrimLeft(line, " ") {
+			t.Errorf("a change line reads as a step: %q", line)
 		}
 	}
 	if strings.Contains(got, "sink.type") || strings.Contains(got, "brokers[0]") {

@@ -24,14 +24,10 @@ type fieldChange struct {
 	New  string `json:"new,omitempty"`
 }
 
+// String is the change as plan prints it, indented under its step and
+// with no leading +/~/- so that it never reads as a step of its own.
 func (c fieldChange) String() string {
-	switch c.Op {
-	case "added":
-		return fmt.Sprintf("+ %s: %s", c.Path, c.New)
-	case "removed":
-		return fmt.Sprintf("- %s: %s", c.Path, c.Old)
-	}
-	return fmt.Sprintf("~ %s: %s → %s", c.Path, c.Old, c.New)
+	return fmt.Sprintf("%s: %s → %s", c.Path, cmpOr(c.Old, "(none)"), cmpOr(c.New, "(none)"))
 }
 
 // addChanges sets each update step's Changes: the pipeline's stored YAML
