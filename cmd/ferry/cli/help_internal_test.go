@@ -16,6 +16,7 @@ func TestSubcommandHelpListsOwnFlags(t *testing.T) {
 		{[]string{"pipelines", "apply", "--help"}, []string{"-f ", "-prune", "-url", "-token-file", "-o "}, []string{"-purge", "-to-time", "-tenant", "-config", "-replay"}},
 		{[]string{"pipelines", "reset", "--help"}, []string{"-to-time", "-to-latest", "-dry-run"}, []string{"-prune", "-aggregate-id", "-reason"}},
 		{[]string{"pipelines", "dead-letters", "--help"}, []string{"-replay", "-reason", "-dry-run"}, []string{"-to-time", "-prune"}},
+		{[]string{"pipelines", "backfill", "--help"}, []string{"-from", "-to ", "-aggregate-id", "-type", "-dry-run"}, []string{"-to-time", "-replay"}},
 		{[]string{"tokens", "rotate", "--help"}, []string{"-grace"}, []string{"-scope", "-ttl"}},
 		{[]string{"tenants", "list", "--help"}, []string{"-url"}, []string{"-rate", "-allow-broker"}},
 		{[]string{"secrets", "list", "--help"}, []string{"-tenant"}, []string{"-from-file"}},
