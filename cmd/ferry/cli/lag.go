@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -94,43 +95,62 @@ func printCoordination(w io.Writer, c *engine.Coordination) {
 // printLag writes one row per pipeline: state, backlog, oldest age, the
 // delivery rate and the backlog's ETA, the publishes the broker answered
 // as duplicates ("-" where it cannot say), and each lag segment's p50/p99
-// over the last minute.
+// over the last minute. A pipeline's notes (its last error, a backlog that
+// cannot be measured) follow its row outside the columns, each line of a
+// multi-line error indented under the first, so rows stay aligned.
 func printLag(w io.Writer, sts []engine.Status) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tRATE\tETA\tDUPLICATES\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
-	for _, s := range sts {
-		backlog, oldest, measured := backlogCells(s.Health)
-		rate, eta := progressCells(s.Progress)
-		state := string(s.State)
-		if s.State == engine.StateStandby && s.Owner != "" {
-			state += " (on " + s.Owner + ")"
-		}
-		dups := "-"
-		if s.Duplicates != nil {
-			dups = fmt.Sprint(*s.Duplicates)
-		}
-		row := []string{s.Name, s.Tenant, state, backlog, oldest, measured, rate, eta, dups}
-		for _, seg := range plugins.Segments {
-			l := s.Lag[seg]
-			if l.Count == 0 {
-				row = append(row, "-")
-				continue
-			}
-			row = append(row, fmt.Sprintf("%s / %s", seconds(l.P50), seconds(l.P99)))
-		}
-		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	notes := make([][]string, len(sts))
+	for i, s := range sts {
+		fmt.Fprintln(tw, strings.Join(lagRow(s), "\t"))
 		if s.LastError != "" && s.State != engine.StateRunning {
 			next := ""
 			if !s.NextRetry.IsZero() {
 				next = fmt.Sprintf(" (next retry in %s)", max(time.Until(s.NextRetry), 0).Round(100*time.Millisecond))
 			}
-			fmt.Fprintf(tw, "  └ %s%s\n", s.LastError, next)
+			notes[i] = append(notes[i], s.LastError+next)
 		}
 		if h := s.Health; h != nil && h.Failing() {
-			fmt.Fprintf(tw, "  └ backlog cannot be measured: %s\n", h.MeasureError)
+			notes[i] = append(notes[i], "backlog cannot be measured: "+h.MeasureError)
 		}
 	}
 	tw.Flush()
+	lines := strings.SplitAfter(table.String(), "\n")
+	io.WriteString(w, lines[0])
+	for i, line := range lines[1:] {
+		io.WriteString(w, line)
+		if i < len(notes) {
+			for _, n := range notes[i] {
+				fmt.Fprintf(w, "  └ %s\n", strings.ReplaceAll(strings.TrimRight(n, "\n"), "\n", "\n    "))
+			}
+		}
+	}
+}
+
+// lagRow is a pipeline's cells.
+func lagRow(s engine.Status) []string {
+	backlog, oldest, measured := backlogCells(s.Health)
+	rate, eta := progressCells(s.Progress)
+	state := string(s.State)
+	if s.State == engine.StateStandby && s.Owner != "" {
+		state += " (on " + s.Owner + ")"
+	}
+	dups := "-"
+	if s.Duplicates != nil {
+		dups = fmt.Sprint(*s.Duplicates)
+	}
+	row := []string{s.Name, s.Tenant, state, backlog, oldest, measured, rate, eta, dups}
+	for _, seg := range plugins.Segments {
+		l := s.Lag[seg]
+		if l.Count == 0 {
+			row = append(row, "-")
+			continue
+		}
+		row = append(row, fmt.Sprintf("%s / %s", seconds(l.P50), seconds(l.P99)))
+	}
+	return row
 }
 
 // backlogCells are the backlog, oldest-age and measured-ago cells: "-" for

@@ -30,7 +30,7 @@ func registerOffsetFlags(fs interface {
 	fs.StringVar(&o.toTime, "to-time", "", "reset: deliver from the first event created at or after this RFC 3339 time (again)")
 	fs.StringVar(&o.toPosition, "to-position", "", `reset: move to the source's own position, as JSON (xid8 {"xact_id":"…","id":N}, poll {"id":N}, wal {"lsn":"…"})`)
 	fs.BoolVar(&o.toLatest, "to-latest", false, "reset: skip everything not yet delivered")
-	fs.BoolVar(&o.dryRun, "dry-run", false, "reset, dead-letters --replay: say what would happen, change nothing")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "reset, backfill, dead-letters --replay: say what would happen, change nothing")
 	fs.BoolVar(&o.replay, "replay", false, "dead-letters: unpark them (poll), and republish the dead-letter topic's to their destinations, each once more")
 	fs.StringVar(&o.reason, "reason", "", "dead-letters: only those whose reason contains this")
 	fs.IntVar(&o.limit, "limit", 0, "dead-letters: at most this many (listing: 100 by default; --replay: all)")

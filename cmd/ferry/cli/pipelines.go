@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -47,22 +48,24 @@ const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [-
 
 func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintf(stderr, "Usage: ferry pipelines %s\n\nManage the pipelines of a running ferry (--store) over its API. Flags of every subcommand:\n  --url URL (else $FERRY_URL), --token-file F (else $FERRY_TOKEN), -o table|json|yaml\n", pipelinesUsage)
+		fmt.Fprintf(stderr, "Usage: ferry pipelines %s\n\nManage the pipelines of a running ferry (--store) over its API. Flags of every subcommand (ferry pipelines SUB --help for its own):\n  --url URL (else $FERRY_URL), --token-file F (else $FERRY_TOKEN), -o table|json|yaml\n", pipelinesUsage)
 		if len(args) == 0 {
 			return 2
 		}
 		return 0
 	}
 	sub, args := args[0], args[1:]
-	fs := newFlags("pipelines "+sub, "", stderr)
+	fs := newFlags("pipelines "+sub, subSynopsis(pipelinesUsage, sub), stderr)
+	all := flag.NewFlagSet("", flag.ContinueOnError)
 	r := pipelinesRun{sub: sub, stdout: stdout, stderr: stderr}
-	r.af.register(fs)
-	r.tenant = fs.String("tenant", "", "list: only this tenant's pipelines")
-	r.config = fs.Bool("config", false, "get: print the pipeline's YAML as stored")
-	r.purge = fs.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
-	r.dir = fs.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
-	r.prune = fs.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
-	r.offsets = registerOffsetFlags(fs)
+	r.af.register(all)
+	r.tenant = all.String("tenant", "", "list: only this tenant's pipelines")
+	r.config = all.Bool("config", false, "get: print the pipeline's YAML as stored")
+	r.purge = all.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
+	r.dir = all.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
+	r.prune = all.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
+	r.offsets = registerOffsetFlags(all)
+	scopeFlags(fs, all, sub, subcommands(pipelinesUsage))
 	// Flags may follow the pipeline name: ferry pipelines get orders -o json.
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		r.name, args = args[0], args[1:]
@@ -201,6 +204,9 @@ func (r pipelinesRun) planApply() int {
 		return r.fail(err)
 	}
 	plan, err := makePlan(r.c, local, *r.prune)
+	if err == nil {
+		err = addChanges(r.c, plan)
+	}
 	if err != nil {
 		return r.fail(err)
 	}
@@ -208,7 +214,7 @@ func (r pipelinesRun) planApply() int {
 		if r.af.output != "table" {
 			return exitOf(printAs(r.stdout, r.af.output, plan))
 		}
-		printPlan(r.stdout, plan, "Plan")
+		printPlan(r.stdout, plan)
 		return 0
 	}
 	done, err := applyPlan(r.c, plan)
@@ -217,7 +223,7 @@ func (r pipelinesRun) planApply() int {
 			return r.fail(perr)
 		}
 	} else {
-		printPlan(r.stdout, done, "Applied")
+		printApplied(r.stdout, done)
 	}
 	if err != nil {
 		return r.fail(err)
@@ -404,6 +410,8 @@ type planStep struct {
 	Version int64  `json:"version,omitempty"`
 	File    string `json:"file,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// Changes are an update's field-level differences, secrets masked.
+	Changes []fieldChange `json:"changes,omitempty"`
 	text    []byte
 }
 
@@ -500,68 +508,4 @@ func samePolicy(a, b policy.Policy) bool {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return bytes.Equal(ja, jb)
-}
-
-// applyPlan carries out a plan, each step guarded by the version the plan
-// saw: a pipeline someone changed since is refused, not overwritten.
-func applyPlan(c *apiClient, plan []planStep) ([]planStep, error) {
-	var errs []error
-	done := make([]planStep, 0, len(plan))
-	for _, s := range plan {
-		var out struct {
-			Pipeline store.Pipeline `json:"pipeline"`
-		}
-		var err error
-		path := "/pipelines/" + url.PathEscape(s.Pipeline)
-		if tenant, ok := strings.CutPrefix(s.Pipeline, tenantStep); ok {
-			if s.Action != "unchanged" {
-				var t store.Tenant
-				hdr := []string{}
-				if s.Version > 0 {
-					hdr = []string{"If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10))}
-				}
-				_, err = c.call("PUT", "/tenants/"+url.PathEscape(tenant), "application/json", s.text, &t, hdr...)
-				s.Version = t.Version
-			}
-			if err != nil {
-				s.Error = err.Error()
-				errs = append(errs, fmt.Errorf("%s %s: %w", s.Action, s.Pipeline, err))
-			}
-			done = append(done, s)
-			continue
-		}
-		switch s.Action {
-		case "create":
-			_, err = c.call("POST", "/pipelines", "application/yaml", s.text, &out)
-			s.Version = out.Pipeline.Version
-		case "update":
-			_, err = c.call("PUT", path+"/config", "application/yaml", s.text, &out, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))
-			s.Version = out.Pipeline.Version
-		case "delete":
-			_, err = c.call("DELETE", path, "", nil, nil, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))
-		}
-		if err != nil {
-			s.Error = err.Error()
-			errs = append(errs, fmt.Errorf("%s %s: %w", s.Action, s.Pipeline, err))
-		}
-		done = append(done, s)
-	}
-	return done, errors.Join(errs...)
-}
-
-func printPlan(w io.Writer, plan []planStep, title string) {
-	counts := map[string]int{}
-	sign := map[string]string{"create": "+", "update": "~", "delete": "-", "unchanged": "="}
-	for _, s := range plan {
-		counts[s.Action]++
-		line := fmt.Sprintf("%s %s %s", sign[s.Action], s.Action, s.Pipeline)
-		if s.File != "" {
-			line += "  (" + s.File + ")"
-		}
-		if s.Error != "" {
-			line += "  FAILED: " + strings.ReplaceAll(s.Error, "\n", "\n    ")
-		}
-		fmt.Fprintln(w, line)
-	}
-	fmt.Fprintf(w, "%s: %d to create, %d to update, %d to delete, %d unchanged.\n", title, counts["create"], counts["update"], counts["delete"], counts["unchanged"])
 }

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -26,12 +27,14 @@ func secretsCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 0
 	}
 	sub, args := args[0], args[1:]
-	fs := newFlags("secrets "+sub, "", stderr)
+	fs := newFlags("secrets "+sub, subSynopsis(secretsUsage, sub), stderr)
+	all := flag.NewFlagSet("", flag.ContinueOnError)
 	var af apiFlags
-	af.register(fs)
-	tenant := fs.String("tenant", "", "the tenant whose secret it is")
-	fromFile := fs.String("from-file", "", "set: read the value from this file")
-	fromEnv := fs.String("from-env", "", "set: take the value from this environment variable")
+	af.register(all)
+	tenant := all.String("tenant", "", "the tenant whose secret it is")
+	fromFile := all.String("from-file", "", "set: read the value from this file")
+	fromEnv := all.String("from-env", "", "set: take the value from this environment variable")
+	scopeFlags(fs, all, sub, subcommands(secretsUsage))
 	var name string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		name, args = args[0], args[1:]

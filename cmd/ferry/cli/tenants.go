@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 )
 
-const tenantsUsage = `list | get NAME | set NAME [--max-pipelines N] [--rate N] [--max-in-flight N] [--max-connections N] [--allow-database HOST:PORT/DB[/USER]]… [--allow-broker HOST:PORT]… [--allow-destination PREFIX]… [--allow-files=true|false] [--shared-databases=true|false]`
+const tenantsUsage = `list | get NAME | create NAME [the flags of set] | set NAME [--max-pipelines N] [--rate N] [--max-in-flight N] [--max-connections N] [--allow-database HOST:PORT/DB[/USER]]… [--allow-broker HOST:PORT]… [--allow-destination PREFIX]… [--allow-files=true|false] [--shared-databases=true|false]`
 
 // tenantRecord is a tenant as the API shows and takes it.
 type tenantRecord struct {
@@ -45,17 +45,19 @@ func tenantsCmd(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	sub, args := args[0], args[1:]
-	fs := newFlags("tenants "+sub, "", stderr)
+	fs := newFlags("tenants "+sub, subSynopsis(tenantsUsage, sub), stderr)
+	all := flag.NewFlagSet("", flag.ContinueOnError)
 	r := tenantsRun{sub: sub, fs: fs, stdout: stdout, stderr: stderr, limits: map[string]*int{}}
-	r.af.register(fs)
-	fs.Var(&r.dbs, "allow-database", "set: a database the tenant's sources may read, host:port/database[/user] or host:port/* (repeatable; replaces the list)")
-	fs.Var(&r.brokers, "allow-broker", "set: a broker the tenant's sinks may publish to, host:port (repeatable; replaces the list)")
-	fs.Var(&r.dests, "allow-destination", "set: a topic/subject/exchange prefix the tenant may publish to (repeatable; replaces the list)")
-	r.allowFiles = fs.Bool("allow-files", false, "set: the tenant's pipelines may name files on the server (TLS files, NATS credentials)")
-	r.shared = fs.Bool("shared-databases", false, "set: the tenant may read a database another tenant's pipeline reads")
+	r.af.register(all)
+	all.Var(&r.dbs, "allow-database", "set, create: a database the tenant's sources may read, host:port/database[/user] or host:port/* (repeatable; replaces the list)")
+	all.Var(&r.brokers, "allow-broker", "set, create: a broker the tenant's sinks may publish to, host:port (repeatable; replaces the list)")
+	all.Var(&r.dests, "allow-destination", "set, create: a topic/subject/exchange prefix the tenant may publish to (repeatable; replaces the list)")
+	r.allowFiles = all.Bool("allow-files", false, "set, create: the tenant's pipelines may name files on the server (TLS files, NATS credentials)")
+	r.shared = all.Bool("shared-databases", false, "set, create: the tenant may read a database another tenant's pipeline reads")
 	for _, l := range []string{"max-pipelines", "rate", "max-in-flight", "max-connections"} {
-		r.limits[l] = fs.Int(l, 0, "set: limits."+strings.ReplaceAll(l, "-", "_")+" (0: no cap)")
+		r.limits[l] = all.Int(l, 0, "set, create: limits."+strings.ReplaceAll(l, "-", "_")+" (0: no cap)")
 	}
+	scopeFlags(fs, all, sub, subcommands(tenantsUsage))
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		r.name, args = args[0], args[1:]
 	}
@@ -76,8 +78,11 @@ func tenantsCmd(args []string, stdout, stderr io.Writer) int {
 		return r.list()
 	case "get":
 		return r.get()
-	case "set":
+	case "set", "create":
 		return r.set()
+	case "delete":
+		fmt.Fprintln(stderr, "ferry tenants delete: the API has no route to delete a tenant (no DELETE /api/v1/tenants/{name}); set its limits and policy instead")
+		return 2
 	}
 	fmt.Fprintf(stderr, "ferry tenants: unknown subcommand %q (%s)\n", sub, tenantsUsage)
 	return 2
@@ -127,13 +132,19 @@ func (r tenantsRun) get() int {
 	return 0
 }
 
-// set reads the tenant, changes what the flags name and writes it back.
+// set reads the tenant, changes what the flags name and writes it back;
+// create does the same for a tenant that has no record yet, and refuses
+// one that has. (PUT /tenants/{name} takes no If-None-Match: a create
+// racing another may still overwrite it.)
 func (r tenantsRun) set() int {
 	var t tenantRecord
 	h, err := r.c.call("GET", "/tenants/"+url.PathEscape(r.name), "", nil, &t)
 	var ae *apiError
 	if err != nil && !(errors.As(err, &ae) && ae.Status == 404) {
 		return r.fail(err)
+	}
+	if r.sub == "create" && err == nil && t.Version > 0 {
+		return r.fail(fmt.Errorf("tenant %q already exists (version %d): change it with ferry tenants set %s", r.name, t.Version, r.name))
 	}
 	r.apply(&t)
 	body, _ := json.Marshal(struct {

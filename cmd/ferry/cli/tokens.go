@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -23,13 +24,15 @@ func tokensCmd(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	sub, args := args[0], args[1:]
-	fs := newFlags("tokens "+sub, "", stderr)
+	fs := newFlags("tokens "+sub, subSynopsis(tokensUsage, sub), stderr)
+	all := flag.NewFlagSet("", flag.ContinueOnError)
 	var af apiFlags
-	af.register(fs)
-	scope := fs.String("scope", "", "create: admin, read, tenant:NAME or read:NAME")
-	desc := fs.String("description", "", "create: what the token is for")
-	ttl := fs.Duration("ttl", 0, "create: the token expires after this long (0: never)")
-	grace := fs.Duration("grace", 0, "rotate: how long the old token keeps working (0: it stops now)")
+	af.register(all)
+	scope := all.String("scope", "", "create: admin, read, tenant:NAME or read:NAME")
+	desc := all.String("description", "", "create: what the token is for")
+	ttl := all.Duration("ttl", 0, "create: the token expires after this long (0: never)")
+	grace := all.Duration("grace", 0, "rotate: how long the old token keeps working (0: it stops now)")
+	scopeFlags(fs, all, sub, subcommands(tokensUsage))
 	var id string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		id, args = args[0], args[1:]
