@@ -256,12 +256,19 @@ func (es *entries) measures(e *entry) (*plugins.Health, *plugins.Flow) {
 	return health, flow
 }
 
-// observeProgress records every pipeline's counters for its Progress.
+// observeProgress records every running pipeline's counters for its
+// Progress. A pipeline that does not run here (paused, backing off before
+// its start, another instance's) delivers nothing and drains nothing: its
+// readings start over, and it shows no rate or ETA.
 func (es *entries) observeProgress(now time.Time) {
 	for _, e := range es.all() {
 		h, f := es.measures(e)
 		es.mu.Lock()
-		e.progress.observe(now, f, h)
+		if e.running() && e.status.State != StatePaused {
+			e.progress.observe(now, f, h)
+		} else {
+			e.progress = progressTracker{}
+		}
 		es.mu.Unlock()
 	}
 }

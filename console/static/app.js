@@ -206,9 +206,11 @@
     $('.owner', el).textContent = where.owner;
     const h = p.health;
     const measured = h && h.checked_at && !h.checked_at.startsWith('0001');
-    const eta = p.progress && p.progress.eta_seconds != null ? ' · ETA ' + dur(p.progress.eta_seconds) : '';
     $('.backlog', el).textContent = h && h.measure_error ? 'cannot be measured: ' + h.measure_error
-      : measured ? num(h.backlog) + ' ' + (h.backlog_unit || '') + eta : '—';
+      : measured ? num(h.backlog) + ' ' + (h.backlog_unit || '') : '—';
+    const pr = p.progress;
+    $('.drain', el).textContent = !pr ? '—'
+      : num(Math.round(pr.delivered_per_second)) + '/s' + (pr.eta_seconds != null ? ' · ETA ' + dur(pr.eta_seconds) : '');
     $('.oldest', el).textContent = measured && !h.measure_error ? dur(h.oldest_age_seconds) : '—';
     $('.inflight', el).textContent = p.flow ? num(p.flow.in_flight) : '—';
     // Only a broker that says so is counted (NATS); '—' where it cannot.
