@@ -184,7 +184,9 @@ func TestResetWalToTime(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "the permanent slot in the offsets", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/wt/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
-		return r.code == 200 && pos["slot"] == "ferry_wt"
+		// Without the slot the answer still names it, with a note: the
+		// slot exists once its confirmed position shows.
+		return r.code == 200 && pos["slot"] == "ferry_wt" && pos["confirmed_flush_lsn"] != nil
 	})
 	if r := f.do(t, "POST", "/api/v1/pipelines/wt/pause", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("pause: %d %s", r.code, r.raw)
