@@ -117,14 +117,13 @@ func TestBacklogFreshAtDrainEnd(t *testing.T) {
 		}
 		return len(e.Coll.All()) >= n
 	})
-	drained := time.Now()
-	testenv.Eventually(t, 20*time.Second, "the backlog 0 after the drain", func() bool {
+	// The deadline, not a timer, is the check: without the re-measure
+	// while draining, 0 would show only at the next metrics_interval,
+	// some 25 s after the last event.
+	testenv.Eventually(t, 15*time.Second, "the backlog 0 after the drain", func() bool {
 		h := status(t, sup, "orders").Health
 		return h != nil && h.Backlog == 0 && !h.Failing()
 	})
-	if took := time.Since(drained); took > 10*time.Second {
-		t.Errorf("the backlog showed 0 %s after the last event arrived, want within a few seconds", took)
-	}
 	if !sawRate || !sawETA {
 		t.Errorf("during the drain: a delivery rate %v, an ETA %v; want both", sawRate, sawETA)
 	}
