@@ -12,6 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/ferryhq/ferry/doctor"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -44,6 +45,11 @@ func (c *api) writePipeline(w http.ResponseWriter, r *http.Request, p principal,
 		writeProblem(w, prob)
 		return
 	}
+	connect, prob := wantConnect(r)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	text, spec, prob := c.preparePipeline(body, name, p.actor.Scope)
 	if prob != nil {
 		writeProblem(w, prob)
@@ -64,6 +70,13 @@ func (c *api) writePipeline(w http.ResponseWriter, r *http.Request, p principal,
 	if prob := c.checkPolicy(ctx, spec); prob != nil {
 		writeProblem(w, prob)
 		return
+	}
+	if connect {
+		// After the policy: the check reaches only hosts the tenant may name.
+		if prob := connectProblem(r.Context(), spec); prob != nil {
+			writeProblem(w, prob)
+			return
+		}
 	}
 	res, err := c.o.Control.Store.PutPipeline(ctx, p.actor, store.Write{Name: spec.Name, Tenant: spec.Tenant, Config: string(text),
 		Canonical: sum, IfMatch: version, CreateOnly: createOnly})
@@ -327,8 +340,14 @@ func (c *api) validate(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, prob)
 		return
 	}
+	connect, prob := wantConnect(r)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	specs, err := c.o.Control.loader().LoadBytes("request", body)
 	names := []string{}
+	checks := []doctor.Diagnosis{}
 	errs := []detail{}
 	if err != nil {
 		errs = loadDetails(err)
@@ -343,9 +362,26 @@ func (c *api) validate(w http.ResponseWriter, r *http.Request, p principal) {
 		}
 		if prob := c.checkPolicy(ctx, s); prob != nil {
 			errs = append(errs, prob.details...)
+			continue // never connect where the policy forbids
+		}
+		if connect {
+			d, err := connectCheck(r.Context(), s)
+			if err != nil {
+				errs = append(errs, detail{Path: "", Message: "pipeline " + s.Name + ": " + err.Error()})
+				continue
+			}
+			checks = append(checks, d)
+			for _, e := range connectDetails(d) {
+				e.Message = "pipeline " + s.Name + ": " + e.Message
+				errs = append(errs, e)
+			}
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"valid": len(errs) == 0, "pipelines": names, "errors": errs})
+	out := map[string]any{"valid": len(errs) == 0, "pipelines": names, "errors": errs}
+	if connect {
+		out["checks"] = checks
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // checkPolicy judges a tenant's pipeline against its tenant's policy, as

@@ -13,7 +13,11 @@ import (
 
 // applyPlan carries out a plan, each step guarded by the version the plan
 // saw: a pipeline someone changed since is refused, not overwritten.
-func applyPlan(c *apiClient, plan []planStep) ([]planStep, error) {
+func applyPlan(c *apiClient, plan []planStep, connect bool) ([]planStep, error) {
+	query := ""
+	if connect {
+		query = "?connect=true"
+	}
 	var errs []error
 	done := make([]planStep, 0, len(plan))
 	for _, s := range plan {
@@ -41,10 +45,10 @@ func applyPlan(c *apiClient, plan []planStep) ([]planStep, error) {
 		}
 		switch s.Action {
 		case "create":
-			_, err = c.call("POST", "/pipelines", "application/yaml", s.text, &out)
+			_, err = c.call("POST", "/pipelines"+query, "application/yaml", s.text, &out)
 			s.Version = out.Pipeline.Version
 		case "update":
-			_, err = c.call("PUT", path+"/config", "application/yaml", s.text, &out, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))
+			_, err = c.call("PUT", path+"/config"+query, "application/yaml", s.text, &out, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))
 			s.Version = out.Pipeline.Version
 		case "delete":
 			_, err = c.call("DELETE", path, "", nil, nil, "If-Match", fmt.Sprintf("%q", strconv.FormatInt(s.Version, 10)))

@@ -42,7 +42,7 @@ type remotePipeline struct {
 	} `json:"running_on"`
 }
 
-const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [--purge] | pause NAME | resume NAME | plan -f DIR [--prune] | apply -f DIR [--prune] | ` +
+const pipelinesUsage = `list [--tenant T] | get NAME [--config] | delete NAME [--purge] | pause NAME | resume NAME | plan -f DIR [--prune] | apply -f DIR [--prune] [--connect] | ` +
 	`offsets NAME | reset NAME (--to-time T | --to-position JSON | --to-latest) [--dry-run] | dead-letters NAME [--reason R] [--limit N] [--replay [--dry-run]] | ` +
 	`backfill NAME [--from T] [--to T] [--aggregate-type A] [--aggregate-id ID] [--type E] [--dry-run]`
 
@@ -64,6 +64,7 @@ func pipelinesCmd(args []string, stdout, stderr io.Writer) int {
 	r.purge = all.Bool("purge", false, "delete: also drop the wal slot and publication or the xid8 cursor row")
 	r.dir = all.String("f", "", "plan, apply: directory (or file) of pipeline YAML")
 	r.prune = all.Bool("prune", false, "plan, apply: delete API-managed pipelines the directory does not define")
+	r.connect = all.Bool("connect", false, "apply: the server first connects to each created or updated pipeline's database and broker (with the tenant's secrets) and refuses one that fails")
 	r.offsets = registerOffsetFlags(all)
 	scopeFlags(fs, all, sub, subcommands(pipelinesUsage))
 	// Flags may follow the pipeline name: ferry pipelines get orders -o json.
@@ -91,7 +92,7 @@ type pipelinesRun struct {
 	c              *apiClient
 	tenant, dir    *string
 	config, purge  *bool
-	prune          *bool
+	prune, connect *bool
 	offsets        *offsetFlags
 	stdout, stderr io.Writer
 }
@@ -217,7 +218,7 @@ func (r pipelinesRun) planApply() int {
 		printPlan(r.stdout, plan)
 		return 0
 	}
-	done, err := applyPlan(r.c, plan)
+	done, err := applyPlan(r.c, plan, *r.connect)
 	if r.af.output != "table" {
 		if perr := printAs(r.stdout, r.af.output, done); perr != nil {
 			return r.fail(perr)

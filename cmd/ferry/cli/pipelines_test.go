@@ -190,6 +190,20 @@ func TestPipelinesPlanApply(t *testing.T) {
 		return st == "running"
 	})
 
+	// apply --connect: the server connects first, and refuses a pipeline
+	// whose broker does not answer; plain apply would have stored it.
+	write("d.yaml", strings.Replace(p("delta", "s.delta"), e.NATS, "nats://"+freeAddr(t), 1))
+	code, applied, errOut = run("pipelines", "apply", "-f", dir, "--connect", "--url", url)
+	if code != 1 || !strings.Contains(errOut, "the connect check failed at the broker") || !strings.Contains(applied+errOut, "delta") {
+		t.Fatalf("apply --connect with an unreachable broker: %d\n%s\n%s", code, applied, errOut)
+	}
+	if code, _ := in.api("GET", "/api/v1/pipelines/delta", "", nil); code != 404 {
+		t.Fatalf("apply --connect stored the pipeline it refused: GET %d", code)
+	}
+	if err := os.Remove(filepath.Join(dir, "d.yaml")); err != nil {
+		t.Fatal(err)
+	}
+
 	// The other subcommands, and a token with a tenant's scope.
 	if code, out, errOut := run("pipelines", "pause", "alpha", "--url", url); code != 0 || !strings.Contains(out, "alpha: paused") {
 		t.Fatalf("pause: %d %s %s", code, out, errOut)
