@@ -35,6 +35,7 @@ const (
 	ActionPause           = "pause"
 	ActionResume          = "resume"
 	ActionTenantPut       = "tenant_put"
+	ActionTenantDelete    = "tenant_delete"
 	ActionTokenCreate     = "token_create"
 	ActionTokenDelete     = "token_delete"
 	ActionTokenRotate     = "token_rotate"

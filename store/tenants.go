@@ -168,6 +168,10 @@ func (s *Store) PutTenantSpec(ctx context.Context, actor Actor, name string, spe
 	return s.putTenant(ctx, actor, name, ifMatch, func(Tenant) TenantSpec { return spec })
 }
 
+// CreateOnly, as a tenant write's ifMatch, writes only a tenant that does
+// not exist yet (If-None-Match: *); one that does is ErrExists.
+const CreateOnly int64 = -1
+
 // putTenant writes what next makes of the tenant's current record (the
 // zero Tenant when there is none) on the locked row.
 func (s *Store) putTenant(ctx context.Context, actor Actor, name string, ifMatch int64, next func(cur Tenant) TenantSpec) (t Tenant, created bool, err error) {
@@ -185,6 +189,9 @@ func (s *Store) putTenant(ctx context.Context, actor Actor, name string, ifMatch
 		cur, err := scanTenant(tx.QueryRow(ctx, `SELECT `+tenantColumns+` FROM ferry_tenants WHERE name = $1 FOR UPDATE`, name))
 		if err != nil {
 			return err
+		}
+		if ifMatch == CreateOnly && !created {
+			return ErrExists
 		}
 		if ifMatch > 0 && (created || ifMatch != cur.Version) {
 			if created {

@@ -89,6 +89,7 @@ func (c *api) controlRoutes() []route {
 		{"GET", "/tenants", accessRead, c.listTenants},
 		{"GET", "/tenants/{name}", accessRead, c.getTenant},
 		{"PUT", "/tenants/{name}", accessAdmin, c.storeOnly(noTenants, c.putTenant)},
+		{"DELETE", "/tenants/{name}", accessAdmin, c.storeOnly(noTenants, c.deleteTenant)},
 		{"GET", "/tokens", accessAdmin, c.listTokens},
 		{"POST", "/tokens", accessAdmin, c.storeOnly(noTokens, c.createToken)},
 		{"DELETE", "/tokens/{id}", accessAdmin, c.storeOnly(noTokens, c.deleteToken)},

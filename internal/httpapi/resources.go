@@ -108,6 +108,13 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, prob)
 		return
 	}
+	if inm := r.Header.Get("If-None-Match"); inm != "" {
+		if inm != "*" || version != 0 {
+			writeProblem(w, &problem{code: http.StatusBadRequest, msg: `If-None-Match: only "*" (create, never replace), and not with If-Match`})
+			return
+		}
+		version = store.CreateOnly
+	}
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
 	var spec store.TenantSpec
@@ -118,6 +125,10 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 			spec = store.TenantSpec{Limits: cur.Limits, Policy: cur.Policy}
 			if version == 0 {
 				version = cur.Version // what is kept must still be what was read
+			}
+			if version == store.CreateOnly {
+				writeProblem(w, storeProblem(store.ErrExists, "tenant "+name))
+				return
 			}
 		case !errors.Is(err, store.ErrNotFound):
 			writeProblem(w, storeProblem(err, "tenant "+name))
@@ -150,6 +161,37 @@ func (c *api) putTenant(w http.ResponseWriter, r *http.Request, p principal) {
 	}
 	setETag(w, t.Version)
 	writeJSON(w, code, storeTenantView(t))
+}
+
+// deleteTenant removes a tenant with no pipelines, its secrets and its
+// tokens (admin only). One that still has pipelines is 409 naming them:
+// its caps and policy hold while they exist.
+func (c *api) deleteTenant(w http.ResponseWriter, r *http.Request, p principal) {
+	name := r.PathValue("name")
+	if prob := checkName("tenant", name); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	version, prob := ifMatch(r)
+	if prob != nil {
+		writeProblem(w, prob)
+		return
+	}
+	ctx, cancel := ctxTimeout(r)
+	defer cancel()
+	del, err := c.o.Control.Store.DeleteTenant(ctx, p.actor, name, version)
+	var inUse *store.TenantInUseError
+	if errors.As(err, &inUse) {
+		writeProblem(w, &problem{code: http.StatusConflict, msg: inUse.Error(), extra: map[string]any{"pipelines": inUse.Pipelines}})
+		return
+	}
+	if err != nil {
+		writeProblem(w, storeProblem(err, "tenant "+name))
+		return
+	}
+	c.o.Control.Converger.Changed()
+	c.log().Info("tenant deleted", "tenant", name, "tokens_revoked", len(del.Tokens), "secrets_deleted", del.Secrets, "by", p.actor.TokenID)
+	writeJSON(w, http.StatusOK, map[string]any{"deleted": name, "tokens_revoked": del.Tokens, "secrets_deleted": del.Secrets})
 }
 
 // tokenRequest is POST /tokens's body.

@@ -124,6 +124,8 @@ func TestScopeRouteTable(t *testing.T) {
 		routeCase{"POST", "/api/v1/tokens/{id}/rotate", "application/json", `{"grace":"1m"}`, "", "admin", false},
 		routeCase{"POST", "/api/v1/secrets/reencrypt", "", "", "", "admin", false},
 		routeCase{"GET", "/api/v1/audit", "", "", "", "admin", false},
+		// A tenant with no pipelines: only an admin deletes it.
+		routeCase{"DELETE", "/api/v1/tenants/{tenant}", "", "", "", "admin", false},
 		routeCase{"POST", "/api/v1/reload", "", "", "", "admin", false},
 	)
 	expect := func(scope string, c routeCase) outcome {
@@ -163,6 +165,12 @@ func TestScopeRouteTable(t *testing.T) {
 				}
 				path = strings.ReplaceAll(path, "{id}", tok.ID)
 			}
+			if strings.Contains(path, "{tenant}") {
+				if _, _, err := f.st.PutTenantSpec(ctx, admin, "team-gone", store.TenantSpec{}, 0); err != nil {
+					t.Fatal(err)
+				}
+				path = strings.ReplaceAll(path, "{tenant}", "team-gone")
+			}
 			r := f.do(t, c.method, path, tokens[scope], c.ct, c.body)
 			got, want := outcomeOf(r.code), expect(scope, c)
 			if want == allowed && got == notFound && strings.HasSuffix(c.path, "/restart") {
@@ -170,6 +178,7 @@ func TestScopeRouteTable(t *testing.T) {
 			}
 			rows++
 			route := strings.SplitN(c.path, "?", 2)[0]
+			route = strings.ReplaceAll(route, "{tenant}", "{name}")
 			for _, n := range []string{"a-pipe", "b-pipe", "team-a", "team-b"} {
 				route = strings.ReplaceAll(route, n, "{name}")
 			}

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 )
 
-const tenantsUsage = `list | get NAME | create NAME [the flags of set] | set NAME [--max-pipelines N] [--rate N] [--max-in-flight N] [--max-connections N] [--allow-database HOST:PORT/DB[/USER]]… [--allow-broker HOST:PORT]… [--allow-destination PREFIX]… [--allow-files=true|false] [--shared-databases=true|false]`
+const tenantsUsage = `list | get NAME | delete NAME | create NAME [the flags of set] | set NAME [--max-pipelines N] [--rate N] [--max-in-flight N] [--max-connections N] [--allow-database HOST:PORT/DB[/USER]]… [--allow-broker HOST:PORT]… [--allow-destination PREFIX]… [--allow-files=true|false] [--shared-databases=true|false]`
 
 // tenantRecord is a tenant as the API shows and takes it.
 type tenantRecord struct {
@@ -81,8 +81,7 @@ func tenantsCmd(args []string, stdout, stderr io.Writer) int {
 	case "set", "create":
 		return r.set()
 	case "delete":
-		fmt.Fprintln(stderr, "ferry tenants delete: the API has no route to delete a tenant (no DELETE /api/v1/tenants/{name}); set its limits and policy instead")
-		return 2
+		return r.delete()
 	}
 	fmt.Fprintf(stderr, "ferry tenants: unknown subcommand %q (%s)\n", sub, tenantsUsage)
 	return 2
@@ -132,10 +131,27 @@ func (r tenantsRun) get() int {
 	return 0
 }
 
+// delete removes a tenant that has no pipelines, with its tokens and
+// secrets (the API refuses one that still has pipelines, naming them).
+func (r tenantsRun) delete() int {
+	var out struct {
+		Tokens  []string `json:"tokens_revoked"`
+		Secrets int      `json:"secrets_deleted"`
+	}
+	if _, err := r.c.call("DELETE", "/tenants/"+url.PathEscape(r.name), "", nil, &out); err != nil {
+		return r.fail(err)
+	}
+	if r.af.output != "table" {
+		return exitOf(printAs(r.stdout, r.af.output, out))
+	}
+	fmt.Fprintf(r.stdout, "tenant %s deleted: %d token(s) revoked, %d secret(s) deleted\n", r.name, len(out.Tokens), out.Secrets)
+	return 0
+}
+
 // set reads the tenant, changes what the flags name and writes it back;
 // create does the same for a tenant that has no record yet, and refuses
-// one that has. (PUT /tenants/{name} takes no If-None-Match: a create
-// racing another may still overwrite it.)
+// one that has: If-None-Match: * makes the server refuse it too, so a
+// create racing another never overwrites it.
 func (r tenantsRun) set() int {
 	var t tenantRecord
 	h, err := r.c.call("GET", "/tenants/"+url.PathEscape(r.name), "", nil, &t)
@@ -154,6 +170,9 @@ func (r tenantsRun) set() int {
 	var hdr []string
 	if etag := h.Get("ETag"); err == nil && etag != "" {
 		hdr = []string{"If-Match", etag} // a change made since the read is refused, not overwritten
+	}
+	if r.sub == "create" {
+		hdr = []string{"If-None-Match", "*"}
 	}
 	var out tenantRecord
 	if _, err := r.c.call("PUT", "/tenants/"+url.PathEscape(r.name), "application/json", body, &out, hdr...); err != nil {

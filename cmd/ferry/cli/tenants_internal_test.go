@@ -11,8 +11,9 @@ import (
 	"testing"
 )
 
-// tenants create writes the record of a tenant that has none and refuses
-// one that has; tenants delete says the API cannot.
+// tenants create writes the record of a tenant that has none, with
+// If-None-Match: *, and refuses one that has; tenants delete deletes and
+// says what went with the tenant.
 func TestTenantsCreateAndDelete(t *testing.T) {
 	var mu sync.Mutex
 	puts := map[string]string{}
@@ -25,7 +26,15 @@ func TestTenantsCreateAndDelete(t *testing.T) {
 		}
 		w.Write([]byte(`{"name":"existing","version":2,"limits":{"rate":1}}`))
 	})
+	mux.HandleFunc("DELETE /api/v1/tenants/{name}", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"deleted":"acme","tokens_revoked":["t1","t2"],"secrets_deleted":3}`))
+	})
 	mux.HandleFunc("PUT /api/v1/tenants/{name}", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("If-None-Match") != "*" {
+			w.WriteHeader(400)
+			w.Write([]byte(`{"error":"create without If-None-Match"}`))
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		mu.Lock()
 		puts[r.PathValue("name")] = string(body)
@@ -62,8 +71,8 @@ func TestTenantsCreateAndDelete(t *testing.T) {
 	if body, ok := put("existing"); ok {
 		t.Errorf("create overwrote an existing tenant: %s", body)
 	}
-	code, _, errs = run("tenants", "delete", "acme")
-	if code != 2 || !strings.Contains(errs, "no route to delete a tenant") {
-		t.Errorf("delete: exit %d: %s", code, errs)
+	code, out, errs = run("tenants", "delete", "acme")
+	if code != 0 || !strings.Contains(out, "tenant acme deleted: 2 token(s) revoked, 3 secret(s) deleted") {
+		t.Errorf("delete: exit %d: %s%s", code, out, errs)
 	}
 }
