@@ -33,6 +33,7 @@ import (
 // instance's, checked before any pipeline's.
 const (
 	StageCoordination = "coordination"
+	StageStore        = "store"
 	StageBacklog      = "backlog"
 	StageRelay        = "relay"
 	StageSource       = "source"
@@ -126,16 +127,21 @@ type Diagnosis struct {
 type Report struct {
 	// Coordination is the instance's coordination database (high
 	// availability), when the doctor asked a running Ferry.
-	Coordination *Check      `json:"coordination,omitempty"`
-	Pipelines    []Diagnosis `json:"pipelines"`
+	Coordination *Check `json:"coordination,omitempty"`
+	// Store is the instance's control-plane store, when the doctor asked
+	// a running Ferry that has one (--store).
+	Store     *Check      `json:"store,omitempty"`
+	Pipelines []Diagnosis `json:"pipelines"`
 }
 
 // ExitCode is 0 when every pipeline is healthy, 1 when one is not (or the
 // coordination database is unreachable), 2 when something could not be
 // checked (and nothing was found unhealthy).
 func (r Report) ExitCode() int {
-	if r.Coordination != nil && r.Coordination.Status == Unhealthy {
-		return 1
+	for _, c := range []*Check{r.Coordination, r.Store} {
+		if c != nil && c.Status == Unhealthy {
+			return 1
+		}
 	}
 	code := 0
 	for _, d := range r.Pipelines {
@@ -169,6 +175,7 @@ func Run(ctx context.Context, specs []*pipelines.Spec, o Options) Report {
 		default:
 			o.instance = inst
 			r.Coordination = checkCoordination(inst.Coordination)
+			r.Store = checkStore(inst.Store)
 		}
 	}
 	for _, s := range specs {
@@ -297,6 +304,39 @@ func checkBacklog(ctx context.Context, p *engine.Pipeline, o Options) (Check, *p
 type instance struct {
 	Pipelines    []engine.Status      `json:"pipelines"`
 	Coordination *engine.Coordination `json:"coordination"`
+	Store        *storeState          `json:"store"`
+}
+
+// storeState is GET /api/v1/pipelines's store: the control-plane store as
+// the instance last found it.
+type storeState struct {
+	Up        bool       `json:"up"`
+	ReadAt    *time.Time `json:"read_at"`
+	Since     *time.Time `json:"since"`
+	LastError string     `json:"last_error"`
+}
+
+// checkStore judges the instance's control-plane store: while it is
+// unreachable the pipelines run as last read and no change can be made,
+// which every pipeline's own checks would not show.
+func checkStore(s *storeState) *Check {
+	if s == nil {
+		return nil // no store
+	}
+	if s.Up {
+		return &Check{Stage: StageStore, Status: OK, Evidence: []string{"the control-plane store answers"}}
+	}
+	since, last := "this instance's start", "never"
+	if s.Since != nil {
+		since = s.Since.Format(time.RFC3339)
+	}
+	if s.ReadAt != nil {
+		last = s.ReadAt.Format(time.RFC3339)
+	}
+	return &Check{Stage: StageStore, Status: Unhealthy,
+		Evidence: []string{fmt.Sprintf("the control-plane store is unreachable since %s: %s", since, redact.String(s.LastError)),
+			"pipelines run as last read (at " + last + "); creates, updates, pauses and deletes are refused until it answers"},
+		Action: "make the store's database reachable (the --store DSN); nothing needs restarting: instances read it again on their own"}
 }
 
 func fetchInstance(ctx context.Context, base, token string) (*instance, error) {
@@ -452,6 +492,13 @@ func (r Report) Print(w io.Writer) {
 		if c.Action != "" && c.Status != OK {
 			fmt.Fprintf(w, "       → %s\n", c.Action)
 		}
+	}
+	if c := r.Store; c != nil && c.Status != OK {
+		fmt.Fprintf(w, "instance: store %s\n", c.Status)
+		for _, e := range c.Evidence {
+			fmt.Fprintf(w, "       %s\n", e)
+		}
+		fmt.Fprintf(w, "       → %s\n", c.Action)
 	}
 	for _, d := range r.Pipelines {
 		verdict := "healthy"

@@ -91,3 +91,24 @@ func TestPermissionDeniedOnSchema(t *testing.T) {
 		t.Errorf("action %q, want only %q", src.Action, want)
 	}
 }
+
+// The preflight (validate --connect, the API's ?connect=true) finds a
+// privilege the role lacks before the first use of it fails: a poll
+// role that may read the outbox but not mark it is named with the GRANT,
+// and with both the source is ok.
+func TestPreflightNamesAMissingGrant(t *testing.T) {
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: poll.Name, Schema: poll.Schema, Extra: "poll_interval: 20ms"})
+	role := loginRole(t, e, `GRANT SELECT ON public.outbox TO %s`)
+	d := doctor.Preflight(context.Background(), load(t, e.YAML("readonly", 100))[0], opts)
+	src := d.Checks[0]
+	if d.Healthy || d.Stage != doctor.StageSource || !strings.Contains(strings.Join(src.Evidence, " "), "lacks UPDATE on public.outbox") ||
+		!strings.Contains(src.Action, "GRANT UPDATE ON public.outbox TO "+role) {
+		t.Fatalf("preflight of a read-only poll role: %+v", d)
+	}
+	if _, err := e.Pool.Exec(context.Background(), fmt.Sprintf(`GRANT UPDATE ON public.outbox TO %s`, role)); err != nil {
+		t.Fatal(err)
+	}
+	if d := doctor.Preflight(context.Background(), load(t, e.YAML("readonly", 100))[0], opts); !d.Healthy {
+		t.Fatalf("preflight with SELECT and UPDATE: %+v", d)
+	}
+}

@@ -46,6 +46,7 @@ func lagCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		if af.output == "table" {
 			printCoordination(stdout, body.Coordination)
+			printStore(stdout, body.Store)
 			printLag(stdout, body.Pipelines)
 		} else {
 			var generic any
@@ -67,6 +68,33 @@ func lagCmd(args []string, stdout, stderr io.Writer) int {
 type lagList struct {
 	Pipelines    []engine.Status      `json:"pipelines"`
 	Coordination *engine.Coordination `json:"coordination"`
+	Store        *storeState          `json:"store"`
+}
+
+// storeState is the control-plane store as the instance asked last found
+// it (with --store).
+type storeState struct {
+	Up        bool       `json:"up"`
+	ReadAt    *time.Time `json:"read_at"`
+	Since     *time.Time `json:"since"`
+	LastError string     `json:"last_error"`
+}
+
+// printStore says, above the table, when the instance cannot read its
+// store: the rows are then what it last read, and no change can be made.
+func printStore(w io.Writer, s *storeState) {
+	if s == nil || s.Up {
+		return
+	}
+	since, last := "its start", "never"
+	if s.Since != nil {
+		since = s.Since.Format(time.RFC3339)
+	}
+	if s.ReadAt != nil {
+		last = s.ReadAt.Format(time.RFC3339)
+	}
+	fmt.Fprintf(w, "STORE DOWN since %s: %s\n  pipelines run as last read (at %s); changes are refused until it is back\n\n",
+		since, strings.ReplaceAll(strings.TrimSpace(s.LastError), "\n", "\n  "), last)
 }
 
 // defaultURL is where the API commands look for a running ferry when
@@ -101,7 +129,7 @@ func printCoordination(w io.Writer, c *engine.Coordination) {
 func printLag(w io.Writer, sts []engine.Status) {
 	var table bytes.Buffer
 	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tBACKLOG\tOLDEST\tMEASURED\tRATE\tETA\tDUPLICATES\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
+	fmt.Fprintln(tw, "PIPELINE\tTENANT\tSTATE\tON\tBACKLOG\tOLDEST\tMEASURED\tRATE\tETA\tDUPLICATES\tCOMMIT→READ p50/p99\tREAD→ACK p50/p99\tCOMMIT→ACK p50/p99\tACK→CONSUMED p50/p99")
 	notes := make([][]string, len(sts))
 	for i, s := range sts {
 		fmt.Fprintln(tw, strings.Join(lagRow(s), "\t"))
@@ -133,15 +161,14 @@ func printLag(w io.Writer, sts []engine.Status) {
 func lagRow(s engine.Status) []string {
 	backlog, oldest, measured := backlogCells(s.Health)
 	rate, eta := progressCells(s.Progress)
-	state := string(s.State)
-	if s.State == engine.StateStandby && s.Owner != "" {
-		state += " (on " + s.Owner + ")"
-	}
+	// ON is where the pipeline runs, for every row: the instance asked
+	// answers for all, so the reader needs to know whose status it is.
+	on := cmpOr(s.Owner, "-")
 	dups := "-"
 	if s.Duplicates != nil {
 		dups = fmt.Sprint(*s.Duplicates)
 	}
-	row := []string{s.Name, s.Tenant, state, backlog, oldest, measured, rate, eta, dups}
+	row := []string{s.Name, s.Tenant, string(s.State), on, backlog, oldest, measured, rate, eta, dups}
 	for _, seg := range plugins.Segments {
 		l := s.Lag[seg]
 		if l.Count == 0 {

@@ -22,20 +22,21 @@ import (
 )
 
 // ferry lag and doctor take --url as --http takes its address: a URL,
-// host:port, :port or a bare port. lag shows the owner of a standby
-// pipeline, the age of each backlog measurement, the next retry, the
-// publishes the broker answered as duplicates, and a degraded
-// coordination database above the table.
+// host:port, :port or a bare port. lag shows where every pipeline runs,
+// the age of each backlog measurement, the next retry, the publishes the
+// broker answered as duplicates, and a degraded coordination database and
+// an unreachable store above the table.
 func TestLagURLForms(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"pipelines": [
 			{"name": "orders", "state": "standby", "owner": "ferry-b", "since": "2026-01-01T00:00:00Z", "lag": {}},
-			{"name": "billing", "state": "backing_off", "last_error": "read outbox: dial tcp 127.0.0.1:1: connect: connection refused",
+			{"name": "billing", "state": "backing_off", "owner": "ferry-a", "last_error": "read outbox: dial tcp 127.0.0.1:1: connect: connection refused",
 			 "next_retry": "2999-01-01T00:00:00Z", "since": "2026-01-01T00:00:00Z", "lag": {}, "duplicates_total": 4321,
 			 "health": {"backlog": 7, "backlog_unit": "events", "oldest_age_seconds": 12.5, "xmin_horizon_age_seconds": 0, "checked_at": "2026-01-01T00:00:00Z"}}],
 			"coordination": {"up": false, "database": "postgres://ferry:xxxxx@db:5432/coord", "instance": "ferry-a",
-			 "last_error": "dial tcp 10.0.0.9:5432: connect: connection refused", "since": "2026-01-01T00:00:00Z", "degraded": "keeps what it owns"}}`))
+			 "last_error": "dial tcp 10.0.0.9:5432: connect: connection refused", "since": "2026-01-01T00:00:00Z", "degraded": "keeps what it owns"},
+			"store": {"up": false, "since": "2026-01-01T00:00:05Z", "read_at": "2026-01-01T00:00:04Z", "last_error": "dial tcp 10.0.0.8:5432: connect: connection refused"}}`))
 	}))
 	defer srv.Close()
 	hostPort := strings.TrimPrefix(srv.URL, "http://")
@@ -46,9 +47,14 @@ func TestLagURLForms(t *testing.T) {
 			t.Errorf("lag --url %s: exit %d: %s", u, code, errOut)
 			continue
 		}
-		for _, want := range []string{"HA DEGRADED", "dial tcp 10.0.0.9:5432", "standby (on ferry-b)", "7 events", "12.5s", "ago", "(next retry in", "DUPLICATES", "4321"} {
+		for _, want := range []string{"HA DEGRADED", "dial tcp 10.0.0.9:5432", "STORE DOWN since 2026-01-01T00:00:05Z: dial tcp 10.0.0.8:5432", "as last read (at 2026-01-01T00:00:04Z)", "7 events", "12.5s", "ago", "(next retry in", "DUPLICATES", "4321"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("lag --url %s: no %q in:\n%s", u, want, out)
+			}
+		}
+		for _, row := range [][]string{{"orders", "standby", "ferry-b"}, {"billing", "backing_off", "ferry-a"}} {
+			if !slices.ContainsFunc(strings.Split(out, "\n"), func(l string) bool { return slices.Equal(strings.Fields(l)[:min(3, len(strings.Fields(l)))], row) }) {
+				t.Errorf("lag --url %s: no row starting %v in:\n%s", u, row, out)
 			}
 		}
 	}
