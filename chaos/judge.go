@@ -45,6 +45,7 @@ func (r *run) judge(w *Writer) {
 	res.Rounds, res.Events, res.Deliveries = ws.Rounds, v.Events, v.Deliveries
 	res.Lost, res.Phantom, res.RolledBackDelivered = len(v.Lost), len(v.Phantom), len(v.RolledBack)
 	res.OrderViolations, res.Duplicates = v.OrderViolations, v.Duplicates
+	r.walExtra = walRegression(r.walCrashes, got)
 	res.DuplicateBound = r.cfg.MaxInFlight*max(1, res.Faults) + r.walExtra + r.walRereads
 	if r.walExtra > 0 {
 		r.note("duplicate bound includes %d events the wal slot streamed again after crash recovery (its position is persisted at checkpoints)", r.walExtra)

@@ -40,6 +40,11 @@ type run struct {
 	// documented behaviour), so it can go back to before events Ferry had
 	// confirmed.
 	walExtra int
+	// walCrashes are the crashes of a wal run: when each struck and where
+	// crash recovery left the slot. walExtra is counted from them once
+	// every delivery is in (judge): at the restart, the verifier may not
+	// have read yet what the relay published just before the crash.
+	walCrashes []walCrash
 	// walRereads is what kills may re-send beyond the window while the wal
 	// source still streams from its initial snapshot's slot (see
 	// walSnapshotRereads).
@@ -236,6 +241,7 @@ func (r *run) outage(brk, heal func()) {
 // after crash recovery says how much the database itself will send again.
 func (r *run) pgCrash() {
 	r.pgCrashes++
+	struck := time.Now()
 	if err := r.db.Crash(); err != nil {
 		r.t.Fatalf("crash PostgreSQL: %v", err)
 	}
@@ -247,7 +253,10 @@ func (r *run) pgCrash() {
 		r.t.Fatalf("restart PostgreSQL: %v", err)
 	}
 	if r.cfg.Source == "wal" {
-		r.walExtra += r.walRegression(ctx)
+		if c, ok := r.slotAfterRecovery(ctx); ok {
+			c.struck = struck
+			r.walCrashes = append(r.walCrashes, c)
+		}
 	}
 	r.pgProxy.Heal()
 }
@@ -279,33 +288,53 @@ func (r *run) walSnapshotRereads() int {
 	return rows
 }
 
-// walRegression counts the events already on the broker that the slot,
-// as crash recovery left it, will stream again.
-func (r *run) walRegression(ctx context.Context) int {
+// walCrash is one crash of a wal run's database.
+type walCrash struct {
+	struck   time.Time     // when the crash was injected
+	restored pglogrepl.LSN // the slot's confirmed position after recovery
+	// noSlot: the configured slot did not exist after recovery — the crash
+	// struck while the source still streamed its initial snapshot's
+	// temporary slot, which the crash dropped — so the restart reads the
+	// snapshot again and sends every row read so far once more.
+	noSlot bool
+}
+
+// slotAfterRecovery is the slot's position as crash recovery left it.
+func (r *run) slotAfterRecovery(ctx context.Context) (walCrash, bool) {
 	slot := wal.DefaultName(r.name)
 	lsnText, err := r.db.Slot(ctx, slot)
 	for err != nil && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
 		lsnText, err = r.db.Slot(ctx, slot)
 	}
-	if err != nil || lsnText == "" {
+	if err != nil {
 		r.note("pg-crash: slot position unreadable after restart: %v", err)
-		return 0
+		return walCrash{}, false
+	}
+	if lsnText == "" {
+		r.note("pg-crash: slot %s did not exist after recovery: the crash struck before the initial snapshot's slot was promoted", slot)
+		return walCrash{noSlot: true}, true
 	}
 	restored, err := pglogrepl.ParseLSN(lsnText)
-	if err != nil {
-		return 0
-	}
+	return walCrash{restored: restored}, err == nil
+}
+
+// walRegression counts, per crash, the events the relay had read before
+// it struck from at or past where recovery left the slot: the slot
+// streams each of them again. It runs on every delivery (the judge's), so
+// a verifier still behind the broker at the restart undercounts nothing.
+func walRegression(crashes []walCrash, got []Delivery) int {
 	n := 0
-	seen := map[int64]bool{}
-	for _, d := range r.ver.All() {
-		lsn, err := pglogrepl.ParseLSN(d.CommitLSN)
-		if err != nil || seen[d.OutboxID] {
-			continue
-		}
-		seen[d.OutboxID] = true
-		if lsn >= restored {
-			n++
+	for _, c := range crashes {
+		seen := map[int64]bool{}
+		for _, d := range got {
+			if seen[d.OutboxID] || !d.ReadAt.Before(c.struck) {
+				continue
+			}
+			seen[d.OutboxID] = true
+			if lsn, err := pglogrepl.ParseLSN(d.CommitLSN); c.noSlot || (err == nil && lsn >= c.restored) {
+				n++
+			}
 		}
 	}
 	return n
