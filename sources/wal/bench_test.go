@@ -43,7 +43,7 @@ func BenchmarkCommitToAck(b *testing.B) {
 	url := testenv.NATS(b)
 	name := testenv.Name("bench")
 	subject := "ferry.bench." + name
-	lean := collectLean(b, url, subject, jetstream.FileStorage)
+	lean := collectLean(b, url, subject, jetstream.FileStorage, 100*time.Millisecond)
 	stop := runPipeline(b, fmt.Sprintf(`name: %s
 source:
   type: wal

@@ -323,10 +323,14 @@ func dropSlotsOf(t testing.TB, pool *pgxpool.Pool) {
 type leanStream struct {
 	mu      sync.Mutex
 	got     []plugintest.Delivered
+	ids     map[int64]bool
 	latency []time.Duration // broker store time − commit time
 }
 
-func collectLean(t testing.TB, url, subject string, storage jetstream.StorageType) *leanStream {
+// collectLean reads subject through a stream with the duplicate window
+// dupWindow: a publish the relay retries (its ack timed out on a loaded
+// machine) within it is stored once, as with a stream's default window.
+func collectLean(t testing.TB, url, subject string, storage jetstream.StorageType, dupWindow time.Duration) *leanStream {
 	t.Helper()
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -340,7 +344,7 @@ func collectLean(t testing.TB, url, subject string, storage jetstream.StorageTyp
 	defer cancel()
 	name := strings.ToUpper(testenv.Name("lean"))
 	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject},
-		Storage: storage, Duplicates: 100 * time.Millisecond})
+		Storage: storage, Duplicates: dupWindow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +352,7 @@ func collectLean(t testing.TB, url, subject string, storage jetstream.StorageTyp
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &leanStream{}
+	l := &leanStream{ids: map[int64]bool{}}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		var body struct {
 			Agg string `json:"agg"`
@@ -365,6 +369,7 @@ func collectLean(t testing.TB, url, subject string, storage jetstream.StorageTyp
 		}
 		l.mu.Lock()
 		l.got = append(l.got, d)
+		l.ids[id] = true
 		l.latency = append(l.latency, lat)
 		l.mu.Unlock()
 	})
@@ -385,6 +390,14 @@ func (l *leanStream) len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.got)
+}
+
+// distinct is how many different events arrived: what a wait for "all
+// of them" counts, so that a duplicate cannot stand in for one missing.
+func (l *leanStream) distinct() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.ids)
 }
 
 func (l *leanStream) delivered() []plugintest.Delivered {
