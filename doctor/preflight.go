@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
@@ -87,19 +85,8 @@ func checkGrants(ctx context.Context, spec *pipelines.Spec, o Options) *Check {
 	if !known || (!lacks.usage && len(lacks.table) == 0) {
 		return nil
 	}
-	role := "<the pipeline's role>"
-	if cfg, err := pgconn.ParseConfig(ot.DSN); err == nil && cfg.User != "" {
-		role = quoteRole(cfg.User)
-	}
-	var what, grants []string
-	if lacks.usage {
-		what = append(what, "USAGE on schema "+schema)
-		grants = append(grants, fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", schema, role))
-	}
-	if len(lacks.table) > 0 {
-		what = append(what, strings.Join(lacks.table, ", ")+" on "+schema+"."+rel)
-		grants = append(grants, fmt.Sprintf("GRANT %s ON %s.%s TO %s;", strings.Join(lacks.table, ", "), schema, rel, role))
-	}
+	role := roleOf(ot.DSN)
+	what, grants := lacks.grants(schema, schema+"."+rel, role)
 	return &Check{Stage: StageSource, Status: Unhealthy,
 		Evidence: []string{fmt.Sprintf("role %s lacks %s, which the %s source needs (it would be refused with SQLSTATE 42501 at its first use)",
 			role, strings.Join(what, " and "), spec.Source.Type)},

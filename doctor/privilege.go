@@ -57,10 +57,7 @@ func checkPrivileges(ctx context.Context, spec *pipelines.Spec, pg *pgconn.PgErr
 		schema, rel = "public", ot.Table
 	}
 	table := schema + "." + rel
-	role := "<the pipeline's role>"
-	if cfg, err := pgconn.ParseConfig(ot.DSN); err == nil && cfg.User != "" {
-		role = quoteRole(cfg.User)
-	}
+	role := roleOf(ot.DSN)
 	need := tablePrivileges(spec.Source.Type)
 	lacks, known := missingPrivileges(ctx, ot.DSN, schema, rel, need, o)
 	if known && !lacks.usage && len(lacks.table) == 0 {
@@ -77,15 +74,7 @@ func checkPrivileges(ctx context.Context, spec *pipelines.Spec, pg *pgconn.PgErr
 	if !known {
 		lacks.table = need // the privileges could not be read: ask for all it needs
 	}
-	var what, grants []string
-	if lacks.usage {
-		what = append(what, "USAGE on schema "+schema)
-		grants = append(grants, fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", schema, role))
-	}
-	if len(lacks.table) > 0 {
-		what = append(what, strings.Join(lacks.table, ", ")+" on "+table)
-		grants = append(grants, fmt.Sprintf("GRANT %s ON %s TO %s;", strings.Join(lacks.table, ", "), table, role))
-	}
+	what, grants := lacks.grants(schema, table, role)
 	c.Evidence = []string{
 		fmt.Sprintf("role %s lacks %s: PostgreSQL refused the %s source (SQLSTATE 42501: %s)",
 			role, strings.Join(what, " and "), spec.Source.Type, redact.String(pg.Message)),
@@ -101,6 +90,27 @@ func checkPrivileges(ctx context.Context, spec *pipelines.Spec, pg *pgconn.PgErr
 type lacking struct {
 	usage bool
 	table []string
+}
+
+// grants says what is lacking, and the GRANTs that give it to role.
+func (l lacking) grants(schema, table, role string) (what, grants []string) {
+	if l.usage {
+		what = append(what, "USAGE on schema "+schema)
+		grants = append(grants, fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO %s;", schema, role))
+	}
+	if len(l.table) > 0 {
+		what = append(what, strings.Join(l.table, ", ")+" on "+table)
+		grants = append(grants, fmt.Sprintf("GRANT %s ON %s TO %s;", strings.Join(l.table, ", "), table, role))
+	}
+	return what, grants
+}
+
+// roleOf is the role a DSN logs in as, as a GRANT names it.
+func roleOf(dsn string) string {
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil && cfg.User != "" {
+		return quoteRole(cfg.User)
+	}
+	return "<the pipeline's role>"
 }
 
 // missingPrivileges asks the database, as the source's role, which of
