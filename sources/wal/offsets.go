@@ -22,10 +22,8 @@ const noBack = "a wal pipeline's slot cannot go back: it only moves forward and 
 	"or backfill them beside live traffic (POST /api/v1/pipelines/{name}/backfill)"
 
 func (c *Config) slotName(pipeline string) string {
-	if c.Slot != "" {
-		return c.Slot
-	}
-	return DefaultName(pipeline)
+	slot, _ := c.names(pipeline)
+	return slot
 }
 
 type slotOffsets struct {
@@ -94,6 +92,9 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 // WAL between is skipped; its events are not counted (that would mean
 // decoding it), its size is in the note.
 func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.OffsetReset) (plugins.ResetResult, error) {
+	if c.shared() {
+		return plugins.ResetResult{}, errSharedReset
+	}
 	var target *pglogrepl.LSN
 	switch r.To {
 	case plugins.ResetToLatest:

@@ -124,13 +124,7 @@ func New(cfg *Config, env plugins.Env) *Source {
 	if env.MaxInFlight <= 0 {
 		env.MaxInFlight = 1000
 	}
-	slot, publication := cfg.Slot, cfg.Publication
-	if slot == "" {
-		slot = DefaultName(env.Pipeline)
-	}
-	if publication == "" {
-		publication = DefaultName(env.Pipeline)
-	}
+	slot, publication := cfg.names(env.Pipeline)
 	log := env.Logger.With("source", Name, "slot", slot)
 	slots := newSlotManager(cfg, env, log, slot, publication)
 	stream := newStreamer(cfg, env, log, slots)
@@ -223,6 +217,10 @@ var errSwitchSlot = errors.New("switch replication slot")
 func (s *Source) run(runCtx context.Context) {
 	runCtx, stop := context.WithCancel(runCtx)
 	defer stop()
+	if s.cfg.shared() {
+		s.runShared(runCtx)
+		return
+	}
 	s.slots.metrics.register(s.env.Metrics, s.log)
 
 	bo := retry.Backoff()
