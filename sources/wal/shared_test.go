@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -276,4 +277,30 @@ func TestSharedStreamRestart(t *testing.T) {
 		f.waitCount(i, 10)
 		f.assertExactly(i, from[i])
 	}
+}
+
+// A member whose broker stalls (its window stays full) is detached after
+// the stall limit instead of holding the others up; once it has room again
+// it rejoins from its position and gets everything, once, in order.
+func TestSharedStreamStalledMember(t *testing.T) {
+	const n, stalled = 2, 0
+	f := newSharedFixture(t, n)
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	f.srcs[stalled].hold()
+	f.writeRace(stalled, 75) // 150 events: more than its window of 100
+	testenv.Eventually(t, 30*time.Second, "stalled member detached", func() bool {
+		return strings.Contains(f.srcs[stalled].logs.String(), "detached from the shared stream")
+	})
+	f.writeRace(1, 5)
+	f.waitCount(1, 10) // while the first still holds its window
+	if got := len(f.srcs[stalled].messages()); got != 3 {
+		t.Fatalf("stalled member received %d events while holding; want one per aggregate", got)
+	}
+	f.srcs[stalled].release()
+	f.waitCount(stalled, 150)
+	f.assertExactly(stalled, map[string]int{})
+	f.assertExactly(1, map[string]int{})
 }
