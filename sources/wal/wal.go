@@ -24,6 +24,12 @@
 //   - bootstrap (bootstrap.go): the initial snapshot of a new slot, entered
 //     through (*bootstrap).run.
 //
+// With slot_mode: shared the source is instead a member of its database's
+// sharedStream (shared.go, sharedread.go, sharedmember.go, sharedstate.go):
+// one slot, publication and walsender for the process's shared pipelines
+// on that database, which routes each member's events to the member's own
+// streamer and confirms the slot to the lowest member position.
+//
 // It imports plugins, sources/outbox (rows and the schema check),
 // sources/window and sources/internal/pgsource; it must not import another
 // source, a sink, a transform or pipelines.
