@@ -171,6 +171,9 @@ func (h *sharedStream) release() {
 // hands it to the run goroutine, which starts streaming it at the next
 // transaction boundary.
 func (h *sharedStream) join(ctx context.Context, m *member) error {
+	h.mu.Lock()
+	h.all[m] = struct{}{} // running, even before its row exists: the watcher must not call it stopped
+	h.mu.Unlock()
 	h.joinMu.Lock()
 	defer h.joinMu.Unlock()
 	if err := h.open(ctx); err != nil {
@@ -192,7 +195,6 @@ func (h *sharedStream) join(ctx context.Context, m *member) error {
 	defer h.mu.Unlock()
 	m.out = make(chan error, 1)
 	h.pending = append(h.pending, m)
-	h.all[m] = struct{}{}
 	if !h.started {
 		h.started = true
 		runCtx, stop := context.WithCancel(context.Background())
