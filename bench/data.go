@@ -85,6 +85,18 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, pipeline string) {
 	_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{name}.Sanitize())
 }
 
+// dropShared removes the shared slot, its publication and its members
+// table that slot_mode: shared pipelines created.
+func dropShared(ctx context.Context, pool *pgxpool.Pool) {
+	_, _ = pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+		WHERE slot_name LIKE 'ferry\_shared\_%' AND database = current_database() AND NOT active`)
+	var name string
+	if pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name) == nil {
+		_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{wal.SharedName(name)}.Sanitize())
+	}
+	_, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+wal.MembersTable)
+}
+
 func dropTable(pool *pgxpool.Pool, table string) {
 	_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+outbox.Quote(table)+` CASCADE`)
 }
