@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
@@ -303,4 +304,40 @@ func TestSharedStreamStalledMember(t *testing.T) {
 	f.waitCount(stalled, 150)
 	f.assertExactly(stalled, map[string]int{})
 	f.assertExactly(1, map[string]int{})
+}
+
+// Deleting a shared pipeline (Purge) removes its row — it holds the slot
+// back no more — and its table from the publication; the slot and the
+// other members stay. Moving its position by hand is refused.
+func TestSharedStreamPurge(t *testing.T) {
+	const n, gone = 2, 1
+	f := newSharedFixture(t, n)
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	f.srcs[gone].src.Close()
+	cfg := wal.DefaultConfig()
+	cfg.DSN, cfg.Table, cfg.SlotMode, cfg.InitialSnapshot = f.dsn, f.table(gone), wal.SlotModeShared, false
+	ctx := context.Background()
+	if _, err := cfg.ResetOffsets(ctx, f.names[gone], plugins.OffsetReset{To: plugins.ResetToLatest}); err == nil ||
+		!strings.Contains(err.Error(), "slot_mode: shared") {
+		t.Fatalf("reset of a shared member: %v", err)
+	}
+	dropped, err := cfg.Purge(ctx, f.names[gone])
+	if err != nil || len(dropped) != 2 {
+		t.Fatalf("purge: %v %v", dropped, err)
+	}
+	var rows, tables int
+	_ = f.pool.QueryRow(ctx, `SELECT count(*) FROM `+wal.MembersTable).Scan(&rows)
+	_ = f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1`, f.slot).Scan(&tables)
+	if rows != 1 || tables != 1 || !readSlot(t, f.pool, f.slot).exists {
+		t.Fatalf("after purge: %d rows, %d published tables, slot exists %v; want 1, 1, true", rows, tables, readSlot(t, f.pool, f.slot).exists)
+	}
+	f.writeRace(0, 2)
+	f.waitCount(0, 4)
+	high := currentLSN(t, f.pool)
+	testenv.Eventually(t, 30*time.Second, "shared slot advances without the purged member", func() bool {
+		return readSlot(t, f.pool, f.slot).confirmed >= high
+	})
 }
