@@ -4,15 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
@@ -339,5 +342,63 @@ func TestSharedStreamPurge(t *testing.T) {
 	high := currentLSN(t, f.pool)
 	testenv.Eventually(t, 30*time.Second, "shared slot advances without the purged member", func() bool {
 		return readSlot(t, f.pool, f.slot).confirmed >= high
+	})
+}
+
+// The source conformance suite — out-of-order commits, many aggregates,
+// restart and kill mid-stream — with the pipeline as a shared-slot member.
+// A shared member delivers what commits once it joined (it has no initial
+// snapshot) and the suite writes as soon as it started the relay, so the
+// set-up joins the suite's pipelines first, as an operator would start
+// Ferry before the service writes; from then on each resumes from its row.
+func TestConformanceShared(t *testing.T) {
+	h := harness
+	h.Extra = "slot_mode: shared\ninitial_snapshot: false"
+	h.Settled = nil
+	h.Outbox = &plugintest.Outbox{
+		Create: func(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+			ddl, err := wal.Schema("outbox")
+			if err != nil {
+				return "", err
+			}
+			if _, err := pool.Exec(ctx, ddl); err != nil {
+				return "", err
+			}
+			for _, name := range []string{"metadata", "race", "many", "restart", "kill"} {
+				joinOnce(t, pool, name)
+			}
+			return "table: outbox", nil
+		},
+		Insert: func(ctx context.Context, tx pgx.Tx, agg string, _ int, payload []byte) (int64, error) {
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+				VALUES ('order', $1, 'OrderUpdated', $2) RETURNING id`, agg, payload).Scan(&id)
+			return id, err
+		},
+		IDsAfter: func(ctx context.Context, pool *pgxpool.Pool, after int64) ([]int64, error) {
+			rows, err := pool.Query(ctx, `SELECT id FROM outbox WHERE id > $1 ORDER BY id`, after)
+			if err != nil {
+				return nil, err
+			}
+			return pgx.CollectRows(rows, pgx.RowTo[int64])
+		},
+	}
+	plugintest.RunSource(t, h)
+}
+
+// joinOnce runs pipeline as a shared member of the table "outbox" until it
+// has its row, and stops it.
+func joinOnce(t *testing.T, pool *pgxpool.Pool, pipeline string) {
+	cfg := wal.DefaultConfig()
+	cfg.DSN, cfg.Table, cfg.SlotMode, cfg.InitialSnapshot = pool.Config().ConnString(), "outbox", wal.SlotModeShared, false
+	src := wal.New(cfg, plugins.Env{Pipeline: pipeline, Logger: newLogger(io.Discard)})
+	if _, err := src.Subscribe(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	testenv.Eventually(t, 30*time.Second, pipeline+" joined", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM `+wal.MembersTable+` WHERE pipeline = $1`, pipeline).Scan(&n)
+		return n == 1
 	})
 }
