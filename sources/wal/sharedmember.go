@@ -115,7 +115,10 @@ func (s *Source) leaveShared(h *sharedStream, m *member) {
 		s.log.Warn("drain timed out; unacked events will be sent again on restart", "held", s.stream.win.Stats().Held)
 	}
 	cancel()
-	if h.pool == nil {
+	h.joinMu.Lock()
+	opened := h.pool != nil // another member may be opening it
+	h.joinMu.Unlock()
+	if !opened {
 		return
 	}
 	confirm, mark := s.stream.deliverable()
