@@ -84,6 +84,7 @@ type sharedStream struct {
 	leaving []*member
 	all     map[*member]struct{} // joined and not left: for the watcher
 	conn    *pgconn.PgConn
+	wake    chan struct{} // signalled by wakeLocked, for the waits between sessions
 	started bool
 	stop    context.CancelFunc
 	done    chan struct{}
@@ -134,7 +135,7 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 		log := env.Logger.With("source", Name, "shared_slot", slot)
 		h = &sharedStream{key: key, slot: slot, publication: publication, cfg: cfg, log: log,
 			slots: newSlotManager(cfg, env, log, slot, publication), all: map[*member]struct{}{},
-			done: make(chan struct{}), failed: make(chan struct{}), members: map[*member]struct{}{}}
+			done: make(chan struct{}), failed: make(chan struct{}), members: map[*member]struct{}{}, wake: make(chan struct{}, 1)}
 		sharedStreams.m[key] = h
 	}
 	h.refs++
@@ -256,6 +257,10 @@ func (h *sharedStream) leave(m *member) {
 // wakeLocked interrupts the run goroutine's read so it takes joins and
 // leaves at once.
 func (h *sharedStream) wakeLocked() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
 	if h.conn != nil {
 		_ = h.conn.Conn().SetReadDeadline(time.Now())
 	}
@@ -352,9 +357,22 @@ func (h *sharedStream) run(ctx context.Context) {
 		for m := range h.members {
 			m.src.env.Report.Failing(fmt.Errorf("wal source (shared slot %s): %w", h.slot, err), d)
 		}
+		h.waitBetweenSessions(ctx, time.After(d))
+	}
+}
+
+// waitBetweenSessions waits for until (or ctx) while no session runs, and
+// meanwhile takes joins and leaves: a stopping member must not wait out
+// the backoff.
+func (h *sharedStream) waitBetweenSessions(ctx context.Context, until <-chan time.Time) {
+	for {
 		select {
 		case <-ctx.Done():
-		case <-time.After(d):
+			return
+		case <-until:
+			return
+		case <-h.wake:
+			h.takeChanges(nil)
 		}
 	}
 }
@@ -366,12 +384,10 @@ func (h *sharedStream) session(ctx context.Context) error {
 	h.readEnd = 0
 	h.takeChanges(nil)
 	for len(h.members) == 0 {
-		t := time.NewTimer(h.cfg.StatusInterval)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return nil
-		case <-t.C:
+		case <-h.wake:
 		}
 		h.takeChanges(nil)
 	}
