@@ -286,14 +286,16 @@ func (h *sharedStream) takeChanges(conn *pgconn.PgConn) (rewind bool) {
 	h.mu.Lock()
 	joins, leaves := h.pending, h.leaving
 	h.pending, h.leaving = nil, nil
+	for _, m := range joins {
+		// In the same critical section that takes it from pending: a leave
+		// in between must find it either pending or attached.
+		m.attached = true
+	}
 	h.mu.Unlock()
 	for _, m := range leaves {
 		h.detach(m, nil)
 	}
 	for _, m := range joins {
-		h.mu.Lock()
-		m.attached = true
-		h.mu.Unlock()
 		h.members[m] = struct{}{}
 		m.st = h.newSession(m, conn)
 		if m.src.stream.readEnd < h.readEnd {
