@@ -100,6 +100,8 @@ type sharedStream struct {
 	inTx      bool
 	heard     time.Time
 	asked     time.Time
+	// persistFailing: the members table cannot be written (logged once).
+	persistFailing bool
 }
 
 // member is a pipeline's part in a shared stream.

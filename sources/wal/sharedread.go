@@ -219,8 +219,17 @@ func (h *sharedStream) progress(force bool) error {
 		others, err := h.persist(ctx, pipelines, lsns)
 		cancel()
 		if err != nil {
-			h.log.Warn("record the members' positions; will retry", "err", redact.Error(err))
+			if !h.persistFailing {
+				// Once per failure, not every tick: the slot holds still
+				// meanwhile, which the slot's gauges show.
+				h.log.Warn("record the members' positions; the shared slot is not confirmed until it works again", "err", redact.Error(err))
+				h.persistFailing = true
+			}
 			return h.maybeStatus(force, h.confirmed)
+		}
+		if h.persistFailing {
+			h.log.Info("members' positions recorded again")
+			h.persistFailing = false
 		}
 		for i, m := range moved {
 			m.persisted = at[i]
