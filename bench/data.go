@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -83,6 +84,48 @@ func dropSlot(ctx context.Context, pool *pgxpool.Pool, pipeline string) {
 	name := wal.DefaultName(pipeline)
 	_, _ = pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active`, name)
 	_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{name}.Sanitize())
+}
+
+// joinShared makes pipeline a member of the database's shared wal stream
+// before the child runs it, as prepareSlot creates a pipeline's own slot:
+// a shared member delivers what commits once it joined, and the bench
+// writes as soon as the child is ready. It runs the member until it has
+// its row, then stops it; the child resumes from the row.
+func joinShared(ctx context.Context, pool *pgxpool.Pool, dsn, pipeline, table string) error {
+	cfg := wal.DefaultConfig()
+	cfg.DSN, cfg.Table, cfg.SlotMode, cfg.InitialSnapshot = dsn, table, wal.SlotModeShared, false
+	src := wal.New(cfg, plugins.Env{Pipeline: pipeline, Logger: slog.New(slog.DiscardHandler)})
+	if _, err := src.Subscribe(ctx, ""); err != nil {
+		return err
+	}
+	defer src.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+wal.MembersTable+` WHERE pipeline = $1`, pipeline).Scan(&n); err == nil && n == 1 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not join the shared wal stream in a minute: %v", pipeline, src.Err())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// dropShared removes the shared slot, its publication and its members
+// table that slot_mode: shared pipelines created.
+func dropShared(ctx context.Context, pool *pgxpool.Pool) {
+	_, _ = pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+		WHERE slot_name LIKE 'ferry\_shared\_%' AND database = current_database() AND NOT active`)
+	var name string
+	if pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name) == nil {
+		_, _ = pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{wal.SharedName(name)}.Sanitize())
+	}
+	_, _ = pool.Exec(ctx, `DROP TABLE IF EXISTS `+wal.MembersTable)
 }
 
 func dropTable(pool *pgxpool.Pool, table string) {

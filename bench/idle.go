@@ -37,7 +37,7 @@ func (r *runner) idleScenario(ctx context.Context) error {
 					r.prog.note(fmt.Sprintf("idle ferry %s→%s ×%d: skipped, a connection per pipeline is more than a default RabbitMQ accepts (at most %d here)", src, sink, n, maxIdleRabbitMQ))
 					continue
 				}
-				if src == wal.Name && n > maxIdleWal {
+				if src == wal.Name && n > maxIdleWal && !r.walShared() {
 					r.prog.note(fmt.Sprintf("idle ferry %s→%s ×%d: skipped, each wal pipeline holds a replication slot and a walsender (the bench cluster has %s)", src, sink, n, clusterSettings["max_replication_slots"]))
 					continue
 				}
@@ -115,19 +115,31 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 // pipeline reading each into t.
 func (r *runner) idlePipelines(ctx context.Context, td *teardown, source, id string, n int, t *target) ([]string, error) {
 	var docs []string
+	shared := source == wal.Name && r.walShared()
+	if shared {
+		// The pipelines create the shared slot as they join.
+		td.add(func() { dropShared(context.Background(), r.s.pool) })
+	}
 	for i := range n {
 		name := fmt.Sprintf("%s_%d", id, i)
 		table := "bench_" + name
 		if err := setUpTable(ctx, td, r.s.pool, source, table); err != nil {
 			return nil, err
 		}
-		if err := setUpSlot(ctx, td, r.s.pool, source, name, table); err != nil {
-			return nil, err
+		if !shared {
+			if err := setUpSlot(ctx, td, r.s.pool, source, name, table); err != nil {
+				return nil, err
+			}
 		}
 		docs = append(docs, r.pipelineYAML(name, source, table, t))
 	}
 	return docs, nil
 }
+
+// walShared reports whether --set wal.slot_mode=shared makes the wal
+// pipelines share one slot (then the bench creates no slots, and the
+// cluster's slot count does not bound the idle pipelines).
+func (r *runner) walShared() bool { return r.set[wal.Name]["slot_mode"] == wal.SlotModeShared }
 
 // sessionSampler reads, every 250ms until stopped, the server sessions
 // Ferry holds, and keeps the most it saw.

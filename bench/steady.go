@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/sources/outbox"
+	"github.com/ferryhq/ferry/sources/wal"
 )
 
 // steadyScenario measures, per repeat and sink, commit→ack latency under
@@ -118,6 +119,15 @@ func (r *runner) steadyTables(ctx context.Context, td *teardown, source, id stri
 			if _, err := pool.Exec(ctx, `SELECT setval(pg_get_serial_sequence($1, 'id'), $2)`, outbox.Quote(table), int64(i)*1_000_000_000+1); err != nil {
 				return nil, nil, fmt.Errorf("offset the ids of %s: %w", table, err)
 			}
+		}
+		if source == wal.Name && r.walShared() {
+			if i == 0 {
+				td.add(func() { dropShared(context.Background(), pool) })
+			}
+			if err := joinShared(ctx, pool, r.s.dsn, names[i], table); err != nil {
+				return nil, nil, err
+			}
+			continue
 		}
 		if err := setUpSlot(ctx, td, pool, source, names[i], table); err != nil {
 			return nil, nil, err

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
 )
@@ -123,6 +125,29 @@ func TestWalBackfillDuringLiveTraffic(t *testing.T) {
 	f := startControlOn(t, adminToken, true, nil, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	y := fmt.Sprintf("name: wb\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wb}\n", f.e.DSN, f.e.NATS, f.e.Subject)
 	backfillDuringLive(t, f, "wb", y)
+}
+
+// wal with slot_mode: shared: the backfill goes through the shared
+// stream's one check for requests, and is sent beside the stream the same
+// way. A shared member delivers what commits once it joined, so it joins
+// before the events are written.
+func TestWalSharedBackfillDuringLiveTraffic(t *testing.T) {
+	f := startControlOn(t, adminToken, true, nil, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
+	cfg := wal.DefaultConfig()
+	cfg.DSN, cfg.SlotMode, cfg.InitialSnapshot = f.e.DSN, wal.SlotModeShared, false
+	src := wal.New(cfg, plugins.Env{Pipeline: "wbs", Logger: slog.New(slog.DiscardHandler)})
+	if _, err := src.Subscribe(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "wbs joined the shared stream", func() bool {
+		var n int
+		_ = f.e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+wal.MembersTable+` WHERE pipeline = 'wbs'`).Scan(&n)
+		return n == 1
+	})
+	src.Close()
+	y := fmt.Sprintf("name: wbs\nsource: {type: wal, dsn: %q, slot_mode: shared, initial_snapshot: false}\nsink: {type: nats, url: %q, subject: %s.wbs}\n",
+		f.e.DSN, f.e.NATS, f.e.Subject)
+	backfillDuringLive(t, f, "wbs", y)
 }
 
 // A backfill of nothing is refused for a filter, finished at once for a

@@ -331,6 +331,11 @@ func (r *Runner) Load(ctx context.Context, q Querier) (*Request, error) {
 	return r.req, nil
 }
 
+// Busy reports whether a request is being sent or its progress recorded:
+// a source that steps the runner only when woken keeps stepping it until
+// then.
+func (r *Runner) Busy() bool { return r.req != nil }
+
 // Pending reports whether rows of the current request are left to admit.
 func (r *Runner) Pending() bool { return r.req != nil && !r.req.exhausted }
 

@@ -79,6 +79,11 @@ func (st *streamSession) backfillStep(ctx context.Context) error {
 	}
 	if s.backfill == nil {
 		s.backfill = backfill.NewRunner(s.cfg.Table, s.cfg.Columns.ID, s.env.Pipeline)
+		if s.cfg.shared() {
+			// The shared stream's one check wakes the runner (see
+			// checkBackfills): it does not read the table on its own.
+			s.backfill.CheckEvery = time.Hour
+		}
 	}
 	bf := s.backfill
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)

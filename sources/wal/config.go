@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/internal/pgsource"
 )
@@ -19,15 +21,49 @@ const (
 	OnSlotLostRecreate = "recreate"
 )
 
+// How a pipeline's events are read from the server.
+const (
+	// SlotModeOwn gives the pipeline a replication slot, a publication and a
+	// walsender of its own (the default).
+	SlotModeOwn = "own"
+	// SlotModeShared makes the pipeline a member of its database's shared
+	// stream: one slot, one publication and one walsender for every shared
+	// pipeline of the process on that database (see shared.go).
+	SlotModeShared = "shared"
+)
+
+// SharedName is the default slot and publication name of the shared
+// stream on database: "ferry_shared_<database>", lowercase, other
+// characters than letters, digits and _ replaced by _, cut at 63. Slot
+// names are the server's, not the database's: the database in the name
+// keeps the shared streams of two databases on one server apart.
+func SharedName(database string) string {
+	b := []byte("ferry_shared_" + strings.ToLower(database))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	return string(b[:min(len(b), 63)])
+}
+
 // Config is the `source:` section of a wal pipeline.
 type Config struct {
 	pgsource.Outbox `yaml:",inline"`
 	// Publication is the publication the slot streams; created for Table
-	// (inserts only) when missing. Default "ferry_<pipeline>" ("-" becomes "_").
+	// (inserts only) when missing. Default "ferry_<pipeline>" ("-" becomes
+	// "_"), or "ferry_shared_<database>" with slot_mode shared, which adds
+	// each member's table to it.
 	Publication string `yaml:"publication"`
 	// Slot is the logical replication slot (plugin pgoutput); created when
-	// missing. Default "ferry_<pipeline>" ("-" becomes "_").
+	// missing. Default "ferry_<pipeline>" ("-" becomes "_"), or
+	// "ferry_shared_<database>" with slot_mode shared.
 	Slot string `yaml:"slot"`
+	// SlotMode is "own" (a slot, publication and walsender per pipeline) or
+	// "shared" (the pipelines of a process on one database, with the same
+	// slot and publication names, share one slot, one publication and one
+	// walsender; each keeps its own progress). Default "own".
+	SlotMode string `yaml:"slot_mode"`
 	// TemporarySlot uses a slot that PostgreSQL drops when Ferry disconnects:
 	// nothing is retained while Ferry is down, and nothing committed meanwhile
 	// is delivered. For development. Default false.
@@ -64,6 +100,7 @@ func DefaultConfig() *Config {
 	return &Config{
 		Outbox:            pgsource.DefaultOutbox(),
 		OnSlotLost:        OnSlotLostFail,
+		SlotMode:          SlotModeOwn,
 		InitialSnapshot:   true,
 		HeartbeatInterval: time.Minute,
 		StatusInterval:    200 * time.Millisecond,
@@ -92,6 +129,7 @@ func (c *Config) Validate() error {
 	if c.OnSlotLost != OnSlotLostFail && c.OnSlotLost != OnSlotLostRecreate {
 		p.Add("on_slot_lost", "want %q or %q, got %q", OnSlotLostFail, OnSlotLostRecreate, c.OnSlotLost)
 	}
+	c.validateShared(&p)
 	if c.HeartbeatInterval < 0 || (c.HeartbeatInterval > 0 && c.HeartbeatInterval < 100*time.Millisecond) {
 		p.Add("heartbeat_interval", "must be 0 (off) or at least 100ms, got %s", c.HeartbeatInterval)
 	}
@@ -105,6 +143,36 @@ func (c *Config) Validate() error {
 	}
 	return p.Err()
 }
+
+// validateShared checks slot_mode and what the shared stream cannot do:
+// a shared slot outlives every member, so it is never temporary nor
+// dropped by one of them, and one member's initial snapshot cannot hold
+// the others' stream back.
+func (c *Config) validateShared(p *plugins.Problems) {
+	switch c.SlotMode {
+	case SlotModeOwn:
+		return
+	case SlotModeShared:
+	default:
+		p.Add("slot_mode", "want %q or %q, got %q", SlotModeOwn, SlotModeShared, c.SlotMode)
+		return
+	}
+	if c.InitialSnapshot {
+		p.Add("initial_snapshot", "must be false with slot_mode: shared (a shared stream delivers what commits once the pipeline joined it)")
+	}
+	if c.TemporarySlot {
+		p.Add("temporary_slot", "must be false with slot_mode: shared (the shared slot outlives its members)")
+	}
+	if c.DropSlotOnStop {
+		p.Add("drop_slot_on_stop", "must be false with slot_mode: shared (other pipelines stream the shared slot)")
+	}
+	if c.OnSlotLost != OnSlotLostFail {
+		p.Add("on_slot_lost", "must be %q with slot_mode: shared (recreating the slot would skip events of every member)", OnSlotLostFail)
+	}
+}
+
+// shared reports whether the pipeline is a member of a shared stream.
+func (c *Config) shared() bool { return c.SlotMode == SlotModeShared }
 
 var _ plugins.OutboxSource = (*Config)(nil)
 
@@ -120,6 +188,26 @@ var (
 	_ plugins.HASource         = (*Config)(nil)
 	_ plugins.HealthIntervaler = (*Config)(nil)
 )
+
+// names are the slot and publication the pipeline streams: the configured
+// ones, else the defaults of its slot_mode.
+func (c *Config) names(pipeline string) (slot, publication string) {
+	slot, publication = c.Slot, c.Publication
+	def := DefaultName(pipeline)
+	if c.shared() {
+		def = SharedName("")
+		if pc, err := pgconn.ParseConfig(c.DSN); err == nil {
+			def = SharedName(pc.Database)
+		}
+	}
+	if slot == "" {
+		slot = def
+	}
+	if publication == "" {
+		publication = def
+	}
+	return slot, publication
+}
 
 // DefaultName is the default slot and publication name of a pipeline:
 // "ferry_<pipeline>" with "-" replaced by "_" (slot names allow neither "-"

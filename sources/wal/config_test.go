@@ -37,6 +37,11 @@ func TestConfigValidate(t *testing.T) {
 		{"negative heartbeat", func(c *wal.Config) { c.HeartbeatInterval = -time.Second }, []string{"heartbeat_interval: "}},
 		{"status interval beyond wal_sender_timeout/2", func(c *wal.Config) { c.StatusInterval = time.Minute }, []string{"status_interval: "}},
 		{"slot check interval", func(c *wal.Config) { c.MetricsInterval = 0 }, []string{"metrics_interval: "}},
+		{"shared", func(c *wal.Config) { c.SlotMode, c.InitialSnapshot = wal.SlotModeShared, false }, nil},
+		{"slot_mode", func(c *wal.Config) { c.SlotMode = "per-database" }, []string{"slot_mode: want \"own\" or \"shared\""}},
+		{"shared with what a shared slot cannot do", func(c *wal.Config) {
+			c.SlotMode, c.TemporarySlot, c.DropSlotOnStop, c.OnSlotLost = wal.SlotModeShared, true, true, wal.OnSlotLostRecreate
+		}, []string{"initial_snapshot: must be false with slot_mode: shared", "temporary_slot: ", "drop_slot_on_stop: ", "on_slot_lost: "}},
 		{"all at once", func(c *wal.Config) { c.DSN, c.Slot, c.StatusInterval = "", "x-y", 0 },
 			[]string{"dsn: ", "slot: ", "status_interval: "}},
 	} {
@@ -82,6 +87,12 @@ sink:
 	}
 	if got := wal.DefaultName("orders-outbox"); got != "ferry_orders_outbox" {
 		t.Fatalf("default slot and publication name %q", got)
+	}
+	if got := wal.SharedName("Orders-EU"); got != "ferry_shared_orders_eu" {
+		t.Fatalf("default shared slot and publication name %q", got)
+	}
+	if c.SlotMode != wal.SlotModeOwn {
+		t.Fatalf("default slot_mode %q", c.SlotMode)
 	}
 
 	_, err = pipelines.Loader{}.LoadBytes("orders.yaml", []byte(strings.Replace(doc, "  on_slot_lost", "  on_slot_lots", 1)))

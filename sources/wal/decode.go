@@ -21,11 +21,17 @@ import (
 // read between transactions.
 
 func (st *streamSession) decode(ctx context.Context, walData []byte) error {
-	s := st.s
 	m, err := pglogrepl.Parse(walData)
 	if err != nil {
 		return fmt.Errorf("decode pgoutput message: %w", err)
 	}
+	return st.apply(ctx, m)
+}
+
+// apply takes one decoded pgoutput message: the session's own, or one a
+// shared stream decoded once and routed to this member.
+func (st *streamSession) apply(ctx context.Context, m pglogrepl.Message) error {
+	s := st.s
 	switch m := m.(type) {
 	case *pglogrepl.BeginMessage:
 		st.inTx, st.commitLSN, st.commitTime, st.ordinal = true, m.FinalLSN, m.CommitTime, 0

@@ -33,7 +33,16 @@ func (st *streamSession) admit(ctx context.Context, key string, pos Position, ms
 		// The socket is not read while waiting: silence meanwhile says
 		// nothing about the connection.
 		defer func() { st.heard = time.Now() }()
+		// A shared stream waits for one member only so long: the others'
+		// events wait behind it (see sharedStallLimit).
+		var stalled time.Time
+		if st.hub != nil {
+			stalled = time.Now().Add(sharedStallLimit)
+		}
 		for s.win.Room() <= 0 {
+			if !stalled.IsZero() && time.Now().After(stalled) {
+				return errStalled
+			}
 			t := time.NewTimer(max(time.Until(st.nextStatus), 0))
 			select {
 			case <-s.win.Progressed():

@@ -25,6 +25,8 @@ type slotMetrics struct {
 	active      *prometheus.GaugeVec
 	status      *prometheus.GaugeVec
 	safe        *prometheus.GaugeVec
+	// behind is set for members of a shared stream only.
+	behind *prometheus.GaugeVec
 }
 
 func newSlotMetrics(slot string) *slotMetrics {
@@ -43,11 +45,13 @@ func newSlotMetrics(slot string) *slotMetrics {
 			"1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others. lost means events were missed.", "wal_status"),
 		safe: gauge("slot_safe_wal_size_bytes",
 			"WAL that can still be written before the slot is invalidated (safe_wal_size); -1 when max_slot_wal_keep_size is unlimited."),
+		behind: gauge("shared_member_behind_bytes",
+			"WAL written since this pipeline's position in its shared slot (slot_mode: shared); the slot retains at least the largest of its members'."),
 	}
 }
 
 func (m *slotMetrics) collectors() []*prometheus.GaugeVec {
-	return []*prometheus.GaugeVec{m.retained, m.unconfirmed, m.active, m.status, m.safe}
+	return []*prometheus.GaugeVec{m.retained, m.unconfirmed, m.active, m.status, m.safe, m.behind}
 }
 
 // register adds the gauges to reg. They are never unregistered: the

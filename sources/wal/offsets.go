@@ -22,10 +22,8 @@ const noBack = "a wal pipeline's slot cannot go back: it only moves forward and 
 	"or backfill them beside live traffic (POST /api/v1/pipelines/{name}/backfill)"
 
 func (c *Config) slotName(pipeline string) string {
-	if c.Slot != "" {
-		return c.Slot
-	}
-	return DefaultName(pipeline)
+	slot, _ := c.names(pipeline)
+	return slot
 }
 
 type slotOffsets struct {
@@ -81,10 +79,23 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 	if err != nil {
 		return plugins.Offsets{}, fmt.Errorf("offsets: backfills: %w", redact.Error(err))
 	}
+	pos := map[string]any{"slot": slot, "active": s.active, "confirmed_flush_lsn": s.confirmed.String(),
+		"restart_lsn": s.restart.String(), "current_wal_lsn": s.current.String(),
+		"retained_wal_bytes": s.retained, "unconfirmed_wal_bytes": s.unflushed}
+	if c.shared() {
+		// The slot is every member's: the pipeline's own position is its row.
+		var member *string
+		err := conn.QueryRow(ctx, `SELECT confirmed_lsn::text FROM `+MembersTable+` WHERE slot = $1 AND pipeline = $2`, slot, pipeline).Scan(&member)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return plugins.Offsets{}, fmt.Errorf("offsets: %s: %w", MembersTable, redact.Error(err))
+		}
+		pos["slot_mode"] = SlotModeShared
+		if member != nil {
+			pos["member_confirmed_lsn"] = *member
+		}
+	}
 	return plugins.Offsets{
-		Position: map[string]any{"slot": slot, "active": s.active, "confirmed_flush_lsn": s.confirmed.String(),
-			"restart_lsn": s.restart.String(), "current_wal_lsn": s.current.String(),
-			"retained_wal_bytes": s.retained, "unconfirmed_wal_bytes": s.unflushed},
+		Position:  pos,
 		Backfills: backfills,
 		Note:      "the WAL does not say when a change was created: newest_delivered_created_at is not known for wal",
 	}, nil
@@ -94,6 +105,9 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 // WAL between is skipped; its events are not counted (that would mean
 // decoding it), its size is in the note.
 func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.OffsetReset) (plugins.ResetResult, error) {
+	if c.shared() {
+		return plugins.ResetResult{}, errSharedReset
+	}
 	var target *pglogrepl.LSN
 	switch r.To {
 	case plugins.ResetToLatest:

@@ -15,14 +15,14 @@ import (
 // Purge drops the pipeline's replication slot (so it retains no more WAL)
 // and its publication. The slot is dropped once no session streams it:
 // the instance that ran the pipeline may still be draining.
+//
+// A member of a shared stream (slot_mode: shared) leaves it instead: the
+// slot and the publication are the other members' too (see purgeShared).
 func (c *Config) Purge(ctx context.Context, pipeline string) ([]string, error) {
-	slot, publication := c.Slot, c.Publication
-	if slot == "" {
-		slot = DefaultName(pipeline)
+	if c.shared() {
+		return c.purgeShared(ctx, pipeline)
 	}
-	if publication == "" {
-		publication = DefaultName(pipeline)
-	}
+	slot, publication := c.names(pipeline)
 	conn, err := pgx.Connect(ctx, c.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("purge: %w", redact.Error(err))

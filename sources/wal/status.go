@@ -9,6 +9,7 @@ import (
 
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/sources/internal/pgsource"
+	"github.com/ferryhq/ferry/sources/window"
 )
 
 // Standby status: which LSN may be confirmed to the server, the status
@@ -60,23 +61,27 @@ const (
 // keepalive takes the server's keepalive: a position the slot may be
 // confirmed to, and maybe a request for a status update at once.
 func (st *streamSession) keepalive(data []byte) error {
-	s := st.s
 	ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data)
 	if err != nil {
 		return err
 	}
-	// Between transactions, everything the server sent before its WAL
-	// end was read: once the window has delivered it, the slot may be
-	// confirmed up to there. This is what lets an idle database's slot
-	// advance when other databases write WAL.
-	if !st.inTx && ka.ServerWALEnd > s.readEnd {
-		s.readEnd = ka.ServerWALEnd
-		s.tail = confirmPoint{count: s.admitted, lsn: s.readEnd}
-	}
+	st.walEnd(ka.ServerWALEnd)
 	if ka.ReplyRequested {
 		return st.sendStatus()
 	}
 	return nil
+}
+
+// walEnd takes the server's WAL end from a keepalive. Between
+// transactions, everything the server sent before it was read: once the
+// window has delivered it, the slot may be confirmed up to there. This is
+// what lets an idle database's slot advance when other databases write WAL.
+func (st *streamSession) walEnd(end pglogrepl.LSN) {
+	s := st.s
+	if !st.inTx && end > s.readEnd {
+		s.readEnd = end
+		s.tail = confirmPoint{count: s.admitted, lsn: s.readEnd}
+	}
 }
 
 // sendStatus confirms what the window delivered: the Confirm LSN of the
@@ -86,14 +91,13 @@ func (st *streamSession) keepalive(data []byte) error {
 // keeps WAL from the flush position and a restart resumes there.
 func (st *streamSession) sendStatus() error {
 	s := st.s
-	pos, mark, ok := s.win.Prefix()
-	confirm := s.confirmedLSN()
-	if ok && pos.Confirm > confirm {
-		confirm = pos.Confirm
+	if st.hub != nil {
+		// A member of a shared stream: the stream confirms what every
+		// member delivered.
+		st.nextStatus = time.Now().Add(s.cfg.StatusInterval)
+		return st.hub.progress(false)
 	}
-	if uint64(mark) >= s.tail.count && s.tail.lsn > confirm {
-		confirm = s.tail.lsn
-	}
+	confirm, mark := s.deliverable()
 	write := max(s.readEnd, confirm)
 	if confirm == 0 {
 		// pglogrepl would replace a zero flush position with the write
@@ -109,14 +113,38 @@ func (st *streamSession) sendStatus() error {
 	if ask {
 		st.asked = now
 	}
-	s.advanceConfirmed(confirm)
-	s.pending.confirmedTo(confirm)
-	// Confirmed to the server: these events will not be sent again after a
-	// crash, except inside a transaction not yet complete, which the slot
-	// can only re-send whole (the unconfirmed tail).
-	s.win.Recorded(mark)
+	s.recorded(confirm, mark)
 	st.nextStatus = time.Now().Add(s.cfg.StatusInterval)
 	return nil
+}
+
+// deliverable is how far the window delivered: the LSN the slot may be
+// confirmed up to — the Confirm LSN of the acked prefix's last event, or,
+// when every event read so far was acked, the last commit, heartbeat or
+// keepalive position read between transactions — and the acked prefix's
+// mark.
+func (s *streamer) deliverable() (pglogrepl.LSN, window.Mark) {
+	pos, mark, ok := s.win.Prefix()
+	confirm := s.confirmedLSN()
+	if ok && pos.Confirm > confirm {
+		confirm = pos.Confirm
+	}
+	if uint64(mark) >= s.tail.count && s.tail.lsn > confirm {
+		confirm = s.tail.lsn
+	}
+	return confirm, mark
+}
+
+// recorded notes that confirm (and the events up to mark) was made durable:
+// confirmed to the server, or, for a member of a shared stream, written to
+// its row of the members table.
+func (s *streamer) recorded(confirm pglogrepl.LSN, mark window.Mark) {
+	s.advanceConfirmed(confirm)
+	s.pending.confirmedTo(confirm)
+	// These events will not be sent again after a crash, except inside a
+	// transaction not yet complete, which the slot can only re-send whole
+	// (the unconfirmed tail).
+	s.win.Recorded(mark)
 }
 
 // finish ends the session on shutdown: it lets dispatched events finish (up

@@ -112,6 +112,9 @@ type streamSession struct {
 	// started listening); asked is when a reply was last requested. See
 	// serverSilence.
 	heard, asked time.Time
+	// hub is the shared stream the session is a member's part of (nil for
+	// a slot of its own): it owns the connection and the status updates.
+	hub *sharedStream
 }
 
 // run streams slot on conn (started) until ctx ends — then it drains and

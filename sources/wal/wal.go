@@ -24,6 +24,12 @@
 //   - bootstrap (bootstrap.go): the initial snapshot of a new slot, entered
 //     through (*bootstrap).run.
 //
+// With slot_mode: shared the source is instead a member of its database's
+// sharedStream (shared.go, sharedread.go, sharedmember.go, sharedstate.go):
+// one slot, publication and walsender for the process's shared pipelines
+// on that database, which routes each member's events to the member's own
+// streamer and confirms the slot to the lowest member position.
+//
 // It imports plugins, sources/outbox (rows and the schema check),
 // sources/window and sources/internal/pgsource; it must not import another
 // source, a sink, a transform or pipelines.
@@ -124,13 +130,7 @@ func New(cfg *Config, env plugins.Env) *Source {
 	if env.MaxInFlight <= 0 {
 		env.MaxInFlight = 1000
 	}
-	slot, publication := cfg.Slot, cfg.Publication
-	if slot == "" {
-		slot = DefaultName(env.Pipeline)
-	}
-	if publication == "" {
-		publication = DefaultName(env.Pipeline)
-	}
+	slot, publication := cfg.names(env.Pipeline)
 	log := env.Logger.With("source", Name, "slot", slot)
 	slots := newSlotManager(cfg, env, log, slot, publication)
 	stream := newStreamer(cfg, env, log, slots)
@@ -223,6 +223,10 @@ var errSwitchSlot = errors.New("switch replication slot")
 func (s *Source) run(runCtx context.Context) {
 	runCtx, stop := context.WithCancel(runCtx)
 	defer stop()
+	if s.cfg.shared() {
+		s.runShared(runCtx)
+		return
+	}
 	s.slots.metrics.register(s.env.Metrics, s.log)
 
 	bo := retry.Backoff()

@@ -1,0 +1,412 @@
+package wal_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/plugins/plugintest"
+	"github.com/ferryhq/ferry/sources/wal"
+)
+
+// sharedFixture is N shared pipelines on one database, one outbox table each.
+type sharedFixture struct {
+	t     *testing.T
+	slot  string
+	dsn   string
+	pool  *pgxpool.Pool
+	names []string
+	srcs  []*direct
+	seq   []map[string]int // per table: the last seq written per aggregate
+}
+
+func newSharedFixture(t *testing.T, n int) *sharedFixture {
+	dsn, pool := freshOutbox(t)
+	f := &sharedFixture{t: t, dsn: dsn, pool: pool}
+	var db string
+	if err := pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	f.slot = wal.SharedName(db)
+	for i := range n {
+		ddl, err := wal.Schema(f.table(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(context.Background(), ddl); err != nil {
+			t.Fatal(err)
+		}
+		f.names = append(f.names, testenv.Name(fmt.Sprintf("shared%d", i)))
+		f.srcs = append(f.srcs, nil)
+		f.seq = append(f.seq, map[string]int{})
+	}
+	return f
+}
+
+func (f *sharedFixture) table(i int) string { return fmt.Sprintf("outbox_%d", i) }
+
+// start starts member i (again).
+func (f *sharedFixture) start(i int) {
+	f.srcs[i] = startDirect(f.t, f.dsn, f.names[i], 100, func(c *wal.Config) {
+		c.SlotMode = wal.SlotModeShared
+		c.InitialSnapshot = false
+		c.Table = f.table(i)
+	})
+}
+
+// waitJoined waits until every running member has its row and the shared
+// slot is streamed by one walsender.
+func (f *sharedFixture) waitJoined(members int) {
+	testenv.Eventually(f.t, 30*time.Second, "members joined", func() bool {
+		var rows int
+		_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+wal.MembersTable).Scan(&rows)
+		return rows >= members
+	})
+	waitStreaming(f.t, f.pool, f.slot)
+}
+
+// writeRace writes rounds of two events per aggregate into table i whose
+// transactions commit in the opposite order of their ids: the later id
+// commits first and carries the lower seq.
+func (f *sharedFixture) writeRace(i, rounds int) int {
+	t, ctx := f.t, context.Background()
+	sql := fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, type, payload)
+		VALUES ('order', $1, 'T', jsonb_build_object('agg', $1::text, 'seq', $2::int)) RETURNING id`, f.table(i))
+	for r := range rounds {
+		agg := fmt.Sprintf("agg-%d", r%3)
+		late, err := f.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lateID, earlyID int64
+		if err := late.QueryRow(ctx, sql, agg, f.seq[i][agg]+2).Scan(&lateID); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.pool.QueryRow(ctx, sql, agg, f.seq[i][agg]+1).Scan(&earlyID); err != nil {
+			t.Fatal(err)
+		}
+		if err := late.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if lateID >= earlyID {
+			t.Fatalf("not set up: the later commit's id %d should be below %d", lateID, earlyID)
+		}
+		f.seq[i][agg] += 2
+	}
+	return 2 * rounds
+}
+
+// delivered decodes what member i received in this run: seqs per aggregate.
+func delivered(t *testing.T, d *direct) map[string][]int {
+	out := map[string][]int{}
+	for _, m := range d.messages() {
+		var p struct {
+			Agg string `json:"agg"`
+			Seq int    `json:"seq"`
+		}
+		if err := json.Unmarshal(m.Payload, &p); err != nil {
+			t.Fatalf("payload %q: %v", m.Payload, err)
+		}
+		out[p.Agg] = append(out[p.Agg], p.Seq)
+	}
+	return out
+}
+
+// assertExactly checks that member i received, in this run, each
+// aggregate's seqs from..to exactly once and in order.
+func (f *sharedFixture) assertExactly(i int, from map[string]int) {
+	f.t.Helper()
+	got := delivered(f.t, f.srcs[i])
+	for agg, last := range f.seq[i] {
+		var want []int
+		for s := from[agg] + 1; s <= last; s++ {
+			want = append(want, s)
+		}
+		if fmt.Sprint(got[agg]) != fmt.Sprint(want) {
+			f.t.Errorf("member %d aggregate %s: got seqs %v, want %v", i, agg, got[agg], want)
+		}
+	}
+	if len(got) > len(f.seq[i]) {
+		f.t.Errorf("member %d got aggregates %v, wrote %v", i, got, f.seq[i])
+	}
+}
+
+func (f *sharedFixture) waitCount(i, n int) {
+	testenv.Eventually(f.t, 30*time.Second, fmt.Sprintf("member %d receives %d events", i, n), func() bool {
+		return len(f.srcs[i].messages()) >= n
+	})
+}
+
+func (f *sharedFixture) snapshotSeq(i int) map[string]int {
+	m := map[string]int{}
+	for k, v := range f.seq[i] {
+		m[k] = v
+	}
+	return m
+}
+
+func (f *sharedFixture) memberLSN(i int) pglogrepl.LSN {
+	var s string
+	if err := f.pool.QueryRow(context.Background(), `SELECT confirmed_lsn::text FROM `+wal.MembersTable+` WHERE pipeline = $1`, f.names[i]).Scan(&s); err != nil {
+		f.t.Fatal(err)
+	}
+	lsn, _ := pglogrepl.ParseLSN(s)
+	return lsn
+}
+
+// Five shared pipelines stream one slot through one walsender; each gets
+// its own table's events once, in commit order per aggregate, including
+// transactions that commit in the opposite order of their ids.
+func TestSharedStream(t *testing.T) {
+	const n = 5
+	f := newSharedFixture(t, n)
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	ctx := context.Background()
+	var slots, senders int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = current_database()`).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_activity a USING (pid)
+		WHERE a.datname = current_database()`).Scan(&senders); err != nil {
+		t.Fatal(err)
+	}
+	if slots != 1 || senders != 1 {
+		t.Fatalf("%d pipelines use %d slots and %d walsenders, want 1 and 1", n, slots, senders)
+	}
+	var tables int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1`, f.slot).Scan(&tables); err != nil || tables != n {
+		t.Fatalf("publication %s has %d tables (%v), want %d", f.slot, tables, err, n)
+	}
+	for i := range n {
+		f.writeRace(i, 10+i)
+	}
+	for i := range n {
+		f.waitCount(i, 2*(10+i))
+	}
+	for i := range n {
+		f.assertExactly(i, map[string]int{})
+	}
+	// The slot confirms what every member delivered; members with nothing
+	// in flight do not hold it back: only the first table gets events now.
+	f.writeRace(0, 2)
+	f.waitCount(0, 2*10+4)
+	high := currentLSN(t, f.pool)
+	testenv.Eventually(t, 30*time.Second, "every member's position and the shared slot past the events", func() bool {
+		for i := range n {
+			if f.memberLSN(i) < high {
+				return false
+			}
+		}
+		return readSlot(t, f.pool, f.slot).confirmed >= high
+	})
+}
+
+// A stopped (paused) member keeps its position: the slot is not confirmed
+// past it, the others go on, and on resume it gets exactly what was
+// committed meanwhile. Its health shows in the others'.
+func TestSharedStreamPausedMember(t *testing.T) {
+	const n, paused = 3, 1
+	f := newSharedFixture(t, n)
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	for i := range n {
+		f.writeRace(i, 3)
+		f.waitCount(i, 6)
+	}
+	testenv.Eventually(t, 30*time.Second, "paused member's position recorded", func() bool {
+		return f.memberLSN(paused) > 0 && readSlot(t, f.pool, f.slot).confirmed >= f.memberLSN(paused)
+	})
+	f.srcs[paused].src.Close()
+	held := f.memberLSN(paused)
+	before := f.snapshotSeq(paused)
+	f.writeRace(paused, 4)
+	for _, i := range []int{0, 2} {
+		f.writeRace(i, 4)
+		f.waitCount(i, 14)
+	}
+	high := currentLSN(t, f.pool)
+	testenv.Eventually(t, 30*time.Second, "running members' positions advance", func() bool {
+		return f.memberLSN(0) >= high && f.memberLSN(2) >= high
+	})
+	if got := readSlot(t, f.pool, f.slot).confirmed; got > held {
+		t.Fatalf("shared slot confirmed %s, past the paused member's position %s", got, held)
+	}
+	testenv.Eventually(t, 30*time.Second, "the running members' health names the paused one", func() bool {
+		d := f.srcs[0].src.Health().Details
+		return d["slowest_member"] == f.names[paused] && d["slowest_member_running"] == false
+	})
+	f.start(paused)
+	f.waitCount(paused, 8)
+	f.assertExactly(paused, before)
+	testenv.Eventually(t, 30*time.Second, "shared slot released after the resume", func() bool {
+		return readSlot(t, f.pool, f.slot).confirmed >= high
+	})
+}
+
+// Closing every member and opening them again loses nothing and repeats
+// nothing: each member resumes from its own recorded position.
+func TestSharedStreamRestart(t *testing.T) {
+	const n = 3
+	f := newSharedFixture(t, n)
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	for i := range n {
+		f.writeRace(i, 5)
+		f.waitCount(i, 10)
+	}
+	for i := range n {
+		f.srcs[i].src.Close()
+	}
+	from := make([]map[string]int, n)
+	for i := range n {
+		from[i] = f.snapshotSeq(i)
+		f.writeRace(i, 3) // committed while the stream is down
+	}
+	for i := range n {
+		f.start(i)
+	}
+	for i := range n {
+		f.writeRace(i, 2)
+	}
+	for i := range n {
+		f.waitCount(i, 10)
+		f.assertExactly(i, from[i])
+	}
+}
+
+// A member whose broker stalls (its window stays full) is detached after
+// the stall limit instead of holding the others up; once it has room again
+// it rejoins from its position and gets everything, once, in order.
+func TestSharedStreamStalledMember(t *testing.T) {
+	const n, stalled = 2, 0
+	f := newSharedFixture(t, n)
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	f.srcs[stalled].hold()
+	f.writeRace(stalled, 75) // 150 events: more than its window of 100
+	testenv.Eventually(t, 30*time.Second, "stalled member detached", func() bool {
+		return strings.Contains(f.srcs[stalled].logs.String(), "detached from the shared stream")
+	})
+	f.writeRace(1, 5)
+	f.waitCount(1, 10) // while the first still holds its window
+	if got := len(f.srcs[stalled].messages()); got != 3 {
+		t.Fatalf("stalled member received %d events while holding; want one per aggregate", got)
+	}
+	f.srcs[stalled].release()
+	f.waitCount(stalled, 150)
+	f.assertExactly(stalled, map[string]int{})
+	f.assertExactly(1, map[string]int{})
+}
+
+// Deleting a shared pipeline (Purge) removes its row — it holds the slot
+// back no more — and its table from the publication; the slot and the
+// other members stay. Moving its position by hand is refused.
+func TestSharedStreamPurge(t *testing.T) {
+	const n, gone = 2, 1
+	f := newSharedFixture(t, n)
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	f.srcs[gone].src.Close()
+	cfg := wal.DefaultConfig()
+	cfg.DSN, cfg.Table, cfg.SlotMode, cfg.InitialSnapshot = f.dsn, f.table(gone), wal.SlotModeShared, false
+	ctx := context.Background()
+	if _, err := cfg.ResetOffsets(ctx, f.names[gone], plugins.OffsetReset{To: plugins.ResetToLatest}); err == nil ||
+		!strings.Contains(err.Error(), "slot_mode: shared") {
+		t.Fatalf("reset of a shared member: %v", err)
+	}
+	dropped, err := cfg.Purge(ctx, f.names[gone])
+	if err != nil || len(dropped) != 2 {
+		t.Fatalf("purge: %v %v", dropped, err)
+	}
+	var rows, tables int
+	_ = f.pool.QueryRow(ctx, `SELECT count(*) FROM `+wal.MembersTable).Scan(&rows)
+	_ = f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication_tables WHERE pubname = $1`, f.slot).Scan(&tables)
+	if rows != 1 || tables != 1 || !readSlot(t, f.pool, f.slot).exists {
+		t.Fatalf("after purge: %d rows, %d published tables, slot exists %v; want 1, 1, true", rows, tables, readSlot(t, f.pool, f.slot).exists)
+	}
+	f.writeRace(0, 2)
+	f.waitCount(0, 4)
+	high := currentLSN(t, f.pool)
+	testenv.Eventually(t, 30*time.Second, "shared slot advances without the purged member", func() bool {
+		return readSlot(t, f.pool, f.slot).confirmed >= high
+	})
+}
+
+// The source conformance suite — out-of-order commits, many aggregates,
+// restart and kill mid-stream — with the pipeline as a shared-slot member.
+// A shared member delivers what commits once it joined (it has no initial
+// snapshot) and the suite writes as soon as it started the relay, so the
+// set-up joins the suite's pipelines first, as an operator would start
+// Ferry before the service writes; from then on each resumes from its row.
+func TestConformanceShared(t *testing.T) {
+	h := harness
+	h.Extra = "slot_mode: shared\ninitial_snapshot: false"
+	h.Settled = nil
+	h.Outbox = &plugintest.Outbox{
+		Create: func(ctx context.Context, pool *pgxpool.Pool) (string, error) {
+			ddl, err := wal.Schema("outbox")
+			if err != nil {
+				return "", err
+			}
+			if _, err := pool.Exec(ctx, ddl); err != nil {
+				return "", err
+			}
+			for _, name := range []string{"metadata", "race", "many", "restart", "kill"} {
+				joinOnce(t, pool, name)
+			}
+			return "table: outbox", nil
+		},
+		Insert: func(ctx context.Context, tx pgx.Tx, agg string, _ int, payload []byte) (int64, error) {
+			var id int64
+			err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+				VALUES ('order', $1, 'OrderUpdated', $2) RETURNING id`, agg, payload).Scan(&id)
+			return id, err
+		},
+		IDsAfter: func(ctx context.Context, pool *pgxpool.Pool, after int64) ([]int64, error) {
+			rows, err := pool.Query(ctx, `SELECT id FROM outbox WHERE id > $1 ORDER BY id`, after)
+			if err != nil {
+				return nil, err
+			}
+			return pgx.CollectRows(rows, pgx.RowTo[int64])
+		},
+	}
+	plugintest.RunSource(t, h)
+}
+
+// joinOnce runs pipeline as a shared member of the table "outbox" until it
+// has its row, and stops it.
+func joinOnce(t *testing.T, pool *pgxpool.Pool, pipeline string) {
+	cfg := wal.DefaultConfig()
+	cfg.DSN, cfg.Table, cfg.SlotMode, cfg.InitialSnapshot = pool.Config().ConnString(), "outbox", wal.SlotModeShared, false
+	src := wal.New(cfg, plugins.Env{Pipeline: pipeline, Logger: newLogger(io.Discard)})
+	if _, err := src.Subscribe(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	testenv.Eventually(t, 30*time.Second, pipeline+" joined", func() bool {
+		var n int
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM `+wal.MembersTable+` WHERE pipeline = $1`, pipeline).Scan(&n)
+		return n == 1
+	})
+}

@@ -1,0 +1,193 @@
+package wal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ferryhq/ferry/internal/pgddl"
+	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/sources/outbox"
+)
+
+// What a shared stream keeps in the database: the members table, one row
+// per member pipeline with the position it delivered up to. The slot holds
+// one position for all of them, so each member's own lives here: a member
+// resumes from its row (it never re-reads what it delivered, and never
+// skips what it did not), and the slot is confirmed only up to the lowest
+// row — a stopped or paused member's too, so the WAL it still needs is
+// never released. A row goes only when its pipeline is deleted (Purge).
+
+// MembersTable is the members table of shared streams, created in the
+// database's current schema.
+const MembersTable = "ferry_wal_members"
+
+const membersDDL = `CREATE TABLE IF NOT EXISTS ` + MembersTable + ` (
+	slot          text NOT NULL,
+	pipeline      text NOT NULL,
+	outbox_table  text NOT NULL,
+	confirmed_lsn pg_lsn NOT NULL,
+	updated_at    timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (slot, pipeline))`
+
+// prepareShared runs once per shared stream, before its first member joins:
+// the server guardrails, the members table, the publication (created empty:
+// members add their tables) and the slot. The slot is created before any
+// member row, so every row's position is one the slot can still stream.
+func (h *sharedStream) prepareShared(ctx context.Context) error {
+	m := h.slots
+	if err := m.checkServer(ctx); err != nil {
+		return err
+	}
+	if err := m.checkReplicationRole(ctx); err != nil {
+		return err
+	}
+	if err := pgddl.CreateIfMissing(ctx, h.pool, membersDDL); err != nil {
+		return fmt.Errorf("create %s: %w", MembersTable, err)
+	}
+	if err := pgddl.CreateIfMissing(ctx, h.pool, fmt.Sprintf("CREATE PUBLICATION %s WITH (publish = 'insert')",
+		pgx.Identifier{h.publication}.Sanitize())); err != nil {
+		return fmt.Errorf("create publication %s: %w", h.publication, err)
+	}
+	st, err := m.state(ctx, h.slot)
+	if err != nil {
+		return fmt.Errorf("read slot %s: %w", h.slot, err)
+	}
+	if err := m.check(st); err != nil {
+		return err
+	}
+	var rows int
+	if err := h.pool.QueryRow(ctx, `SELECT count(*) FROM `+MembersTable+` WHERE slot = $1`, h.slot).Scan(&rows); err != nil {
+		return fmt.Errorf("read %s: %w", MembersTable, err)
+	}
+	switch {
+	case st.lost():
+		return m.lost(ctx, st, st.lostReason(), 0)
+	case !st.exists && rows > 0:
+		return m.lost(ctx, st, "it no longer exists, though pipelines streamed it (their rows are in "+MembersTable+")", 0)
+	case st.exists:
+		return nil
+	}
+	conn, err := connectReplication(ctx, h.cfg.DSN, "shared:"+h.slot)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = m.create(ctx, conn)
+	return err
+}
+
+// register adds the member's table to the publication when missing and
+// returns where the member resumes: its row's position, or, for a new
+// member, the server's current position after its table joined the
+// publication (events committed from then on are the member's).
+func (h *sharedStream) register(ctx context.Context, log *slog.Logger, pipeline string, table outbox.Table) (pglogrepl.LSN, error) {
+	qualified := pgx.Identifier{table.Schema, table.Name}.Sanitize()
+	var in bool
+	if err := h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables
+		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, h.publication, table.Schema, table.Name).Scan(&in); err != nil {
+		return 0, fmt.Errorf("read publication %s: %w", h.publication, err)
+	}
+	if !in {
+		_, err := h.pool.Exec(ctx, `ALTER PUBLICATION `+pgx.Identifier{h.publication}.Sanitize()+` ADD TABLE `+qualified)
+		var pgErr interface{ SQLState() string }
+		if err != nil && !(errors.As(err, &pgErr) && pgErr.SQLState() == "42710") { // added meanwhile
+			return 0, fmt.Errorf("add %s to publication %s (the role must own the table): %w", qualified, h.publication, err)
+		}
+		log.Info("added the outbox table to the shared publication", "table", qualified, "publication", h.publication)
+	}
+	var lsn string
+	err := h.pool.QueryRow(ctx, `INSERT INTO `+MembersTable+` (slot, pipeline, outbox_table, confirmed_lsn)
+		VALUES ($1, $2, $3, pg_current_wal_lsn())
+		ON CONFLICT (slot, pipeline) DO UPDATE SET outbox_table = excluded.outbox_table
+		RETURNING confirmed_lsn::text`, h.slot, pipeline, table.Schema+"."+table.Name).Scan(&lsn)
+	if err != nil {
+		return 0, fmt.Errorf("register in %s: %w", MembersTable, err)
+	}
+	return pglogrepl.ParseLSN(lsn)
+}
+
+// persist writes the members' new positions and returns the lowest
+// position of the slot's other members (those not in pipelines: stopped,
+// paused, or in another process), or 0 when there are none. One statement:
+// it runs on the stream's goroutine.
+func (h *sharedStream) persist(ctx context.Context, pipelines []string, lsns []string) (pglogrepl.LSN, error) {
+	var others *string
+	err := h.pool.QueryRow(ctx, `WITH moved AS (
+			UPDATE `+MembersTable+` m SET confirmed_lsn = v.lsn::pg_lsn, updated_at = now()
+			FROM unnest($2::text[], $3::text[]) AS v(pipeline, lsn)
+			WHERE m.slot = $1 AND m.pipeline = v.pipeline AND m.confirmed_lsn < v.lsn::pg_lsn
+			RETURNING 1)
+		SELECT (SELECT min(confirmed_lsn)::text FROM `+MembersTable+` WHERE slot = $1 AND pipeline <> ALL($2::text[]))
+		FROM (SELECT count(*) FROM moved) AS done`, h.slot, pipelines, lsns).Scan(&others)
+	if err != nil || others == nil {
+		return 0, err
+	}
+	return pglogrepl.ParseLSN(*others)
+}
+
+// memberLag is a member's row as the watcher reads it.
+type memberLag struct {
+	pipeline string
+	behind   int64 // bytes of WAL written since its position
+}
+
+// readMemberLags lists the slot's members, the furthest behind first.
+func (h *sharedStream) readMemberLags(ctx context.Context) ([]memberLag, error) {
+	rows, err := h.pool.Query(ctx, `SELECT pipeline, greatest(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_lsn), 0)::bigint
+		FROM `+MembersTable+` WHERE slot = $1 ORDER BY confirmed_lsn, pipeline`, h.slot)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (memberLag, error) {
+		var l memberLag
+		err := r.Scan(&l.pipeline, &l.behind)
+		return l, err
+	})
+}
+
+// purgeShared removes a deleted pipeline from its shared stream: its row
+// (so it holds the slot back no more) and, when no other member reads it,
+// its table from the publication. The slot and the publication stay: other
+// pipelines stream them.
+func (c *Config) purgeShared(ctx context.Context, pipeline string) ([]string, error) {
+	slot, publication := c.names(pipeline)
+	conn, err := pgx.Connect(ctx, c.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("purge: %w", redact.Error(err))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var table *string
+	err = conn.QueryRow(ctx, `DELETE FROM `+MembersTable+` WHERE slot = $1 AND pipeline = $2 RETURNING outbox_table`, slot, pipeline).Scan(&table)
+	var pgErr interface{ SQLState() string }
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.SQLState() == "42P01":
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("purge: %s: %w", MembersTable, redact.Error(err))
+	}
+	dropped := []string{"shared slot " + slot + " member " + pipeline}
+	var used bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+MembersTable+` WHERE slot = $1 AND outbox_table = $2)`, slot, *table).Scan(&used); err != nil {
+		return dropped, fmt.Errorf("purge: %s: %w", MembersTable, redact.Error(err))
+	}
+	if !used {
+		_, err := conn.Exec(ctx, `ALTER PUBLICATION `+pgx.Identifier{publication}.Sanitize()+` DROP TABLE `+outbox.Quote(*table))
+		if err != nil {
+			return dropped, fmt.Errorf("purge: drop %s from publication %s: %w", *table, publication, redact.Error(err))
+		}
+		dropped = append(dropped, "table "+*table+" of publication "+publication)
+	}
+	return dropped, nil
+}
+
+// errSharedReset refuses moving a shared member's position by hand: the
+// slot is every member's, and the member's row is what resumes it.
+var errSharedReset = &plugins.RequestError{Field: "to", Unsupported: true,
+	Msg: "a wal pipeline with slot_mode: shared shares its slot with other pipelines; its position cannot be moved by hand " +
+		"(backfill rows beside live traffic instead: POST /api/v1/pipelines/{name}/backfill)"}
