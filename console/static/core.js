@@ -56,6 +56,8 @@
     if (seconds < 172800) return (seconds / 3600).toFixed(1) + ' h';
     return (seconds / 86400).toFixed(0) + ' d';
   };
+  // ago is how long a state has lasted, coarsely: a table cell's worth.
+  F.ago = (s) => (s == null ? '—' : s < 60 ? s + 's' : s < 3600 ? Math.floor(s / 60) + 'm' : s < 172800 ? Math.floor(s / 3600) + 'h' : Math.floor(s / 86400) + 'd');
   F.num = (n) => (n == null ? '—' : Number(n).toLocaleString('en-US'));
   F.cell = (tag, text) => Object.assign(document.createElement(tag), { textContent: text });
   F.stateText = (s) => String(s || '').replace('_', ' ');

@@ -13,7 +13,7 @@
   const COLUMNS = [
     ['name', 'Name', (r) => r.name],
     ['tenant', 'Tenant', (r) => r.tenant || '—'],
-    ['state', 'State', (r) => F.stateText(r.state) + ' · ' + dur(r.in_state), (r) => F.severity(r.state, r.error) * 1e12 - r.in_state],
+    ['state', 'State', (r) => F.stateText(r.state) + ' · ' + F.ago(r.in_state), (r) => F.severity(r.state, r.error) * 1e12 - r.in_state],
     ['owner', 'Runs on', (r) => r.owner || F.here(r.state)],
     ['backlog', 'Backlog', (r) => (r.backlog == null ? '—' : num(r.backlog) + (r.backlog_unit === 'bytes' ? ' B' : '')), (r) => r.backlog ?? -1],
     ['oldest', 'Oldest', (r) => dur(r.oldest), (r) => r.oldest ?? -1],
