@@ -116,38 +116,3 @@ func (h *history) get(name string) []Point {
 	}
 	return r.points()
 }
-
-// DeadLettered returns, per pipeline, the events its stages sent to the
-// dead-letter destination since this instance started: one pass over the
-// metrics for the whole fleet (the summary's column), where History reads
-// one pipeline's.
-func (c *Console) DeadLettered() map[string]uint64 {
-	out := map[string]uint64{}
-	if c.o.Gatherer == nil {
-		return out
-	}
-	families, err := c.o.Gatherer.Gather()
-	if err != nil && len(families) == 0 {
-		return out
-	}
-	for _, f := range families {
-		if f.GetName() != "ferry_stage_events_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			var pipeline, outcome string
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "pipeline":
-					pipeline = l.GetValue()
-				case "outcome":
-					outcome = l.GetValue()
-				}
-			}
-			if outcome == "dead_lettered" {
-				out[pipeline] += uint64(m.GetCounter().GetValue())
-			}
-		}
-	}
-	return out
-}

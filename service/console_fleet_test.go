@@ -77,8 +77,8 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 		if _, err := pool.Exec(ctx, ddl); err != nil {
 			t.Fatal(err)
 		}
-		y := fmt.Sprintf("name: %s\ntenant: %s\nsource: {type: xid8, dsn: %q, table: %s, poll_interval: 2s}\n"+
-			"sink: {type: nats, url: %q, subject: %s.%s}\nlimits: {max_connections: 1}\n", name, tenant, dsn, table, broker, subject, name)
+		y := fmt.Sprintf("name: %s\ntenant: %s\nsource: {type: xid8, dsn: %q, table: %s}\n"+
+			"sink: {type: nats, url: %q, subject: %s.%s}\n", name, tenant, dsn, table, broker, subject, name)
 		if code, body := in.api("PUT", "/api/v1/pipelines/"+name+"/config", y, nil); code != 201 {
 			t.Fatalf("create %s: %d %s", name, code, body)
 		}
@@ -143,14 +143,14 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 		tr.classList.contains('unhealthy') && tr.querySelector('.c-error').textContent.length > 0 &&
 		tr.getBoundingClientRect().bottom <= window.innerHeight)`)
 	waitJS(t, tab, 5*time.Second, "the counts", `document.querySelector('#counts button[data-state="backing_off"]').textContent === '5 backing off' &&
-		document.querySelector('#counts button[data-state="running"]').textContent === '`+fmt.Sprintf("%d", n)+` running'`)
+		document.querySelector('#counts button[data-state="running"]').textContent === (`+fmt.Sprint(n)+`).toLocaleString('en-US') + ' running'`)
 	var fleetPNG []byte
 	inBrowser(t, tab, 20*time.Second, "fleet screenshot", chromedp.CaptureScreenshot(&fleetPNG))
 
 	// A count filters; a search and a sort complete; the URL holds it all.
 	took := clickAndWait(t, tab, `#counts button[data-state="running"]`, "only running rows", `location.hash.includes('state=running') &&
 		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.classList.contains('s-running')) &&
-		document.querySelector('#page-of').textContent.startsWith('1–`+fmt.Sprint(min(50, n))+` of `+fmt.Sprint(n)+` ')`)
+		document.querySelector('#page-of').textContent.startsWith('1–`+fmt.Sprint(min(50, n))+` of ' + (`+fmt.Sprint(n)+`).toLocaleString('en-US') + ' ')`)
 	t.Logf("state filter drawn in %s", took)
 	inBrowser(t, tab, 5*time.Second, "search", chromedp.SendKeys(`#q`, "fleet-001"))
 	waitJS(t, tab, 10*time.Second, "the search's rows", `[...document.querySelectorAll('#fleet-table tbody tr')].map(tr => tr.dataset.pipeline).join() ===
@@ -199,7 +199,7 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	}
 	inBrowser(t, tab, 10*time.Second, "sign out", chromedp.Click(`#logout`, chromedp.ByQuery), chromedp.WaitVisible(`#login`))
 	inBrowser(t, tab, 10*time.Second, "sign in as team-b", chromedp.SendKeys(`#token`, tok.Token), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
-	waitJS(t, tab, 20*time.Second, "team-b's rows only", fmt.Sprintf(`document.querySelector('#counts span').textContent === '%d pipelines' &&
+	waitJS(t, tab, 20*time.Second, "team-b's rows only", fmt.Sprintf(`document.querySelector('#counts span').textContent === (%d).toLocaleString('en-US') + ' pipelines' &&
 		document.querySelector('#f-tenant').dataset.values === '\nteam-b' &&
 		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.querySelector('.c-tenant').textContent === 'team-b')`, n/len(tenants)+1))
 }
@@ -217,8 +217,8 @@ func clickAndWait(t *testing.T, tab context.Context, sel, what, cond string) tim
 // summary's bytes, plain and gzipped, and the server's time to answer.
 func measureSummary(t *testing.T, in *instance, pipelines int) {
 	t.Helper()
-	get := func(gzip bool) (int, time.Duration) {
-		req, _ := http.NewRequest("GET", "http://"+in.addr+"/api/v1/summary", nil)
+	get := func(path string, gzip bool) (int, time.Duration) {
+		req, _ := http.NewRequest("GET", "http://"+in.addr+path, nil)
 		req.Header.Set("Authorization", "Bearer "+cpAdmin)
 		tr := &http.Transport{DisableCompression: true}
 		if gzip {
@@ -237,12 +237,16 @@ func measureSummary(t *testing.T, in *instance, pipelines int) {
 	var plain, zipped int
 	var total time.Duration
 	for range rounds {
-		p, d := get(false)
-		z, dz := get(true)
+		p, d := get("/api/v1/summary", false)
+		z, dz := get("/api/v1/summary", true)
 		plain, zipped, total = p, z, total+d+dz
 	}
 	t.Logf("GET /api/v1/summary at %d pipelines: %d bytes (%d gzipped), %s per answer (mean of %d, on this loaded machine)",
 		pipelines, plain, zipped, (total / (2 * rounds)).Round(10*time.Microsecond), 2*rounds)
+	// What the cards' refresh asked for instead, for comparison (the list
+	// alone; each card also read its history).
+	list, took := get("/api/v1/pipelines", false)
+	t.Logf("GET /api/v1/pipelines at %d pipelines: %d bytes, %s", pipelines, list, took.Round(10*time.Microsecond))
 }
 
 // saveShots writes the screenshots as test artifacts and, with
