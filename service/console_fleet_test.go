@@ -41,7 +41,7 @@ func fleetSize(t *testing.T) int {
 // pipelines and five whose broker is down (a NATS port nothing listens
 // on): the failing ones come first by default, the counts filter, a
 // search and a sort complete, the keyboard opens a pipeline, whose flow
-// picture marks the sink, and a tenant token sees only its own rows.
+// picture (source → headers → sink) marks the sink, and a tenant token sees only its own rows.
 func TestConsoleFleetInBrowser(t *testing.T) {
 	tab := browser(t)
 	n := fleetSize(t)
@@ -78,7 +78,7 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 		y := fmt.Sprintf("name: %s\ntenant: %s\nsource: {type: xid8, dsn: %q, table: %s}\n"+
-			"sink: {type: nats, url: %q, subject: %s.%s}\n", name, tenant, dsn, table, broker, subject, name)
+			"transforms: [{type: headers}]\nsink: {type: nats, url: %q, subject: %s.%s}\n", name, tenant, dsn, table, broker, subject, name)
 		if code, body := in.api("PUT", "/api/v1/pipelines/"+name+"/config", y, nil); code != 201 {
 			t.Fatalf("create %s: %d %s", name, code, body)
 		}
@@ -179,7 +179,16 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 		!!document.querySelector('article.pipeline[data-pipeline="zz-broken-3"]') &&
 		document.querySelector('#flow').dataset.unhealthy === 'publish' &&
 		document.querySelector('#flow .stage-box.bad[data-stage="publish"] .why').textContent.includes('nats') &&
-		!document.querySelector('#flow .stage-box[data-stage="read"]').classList.contains('bad')`)
+		[...document.querySelectorAll('#flow .stage-box')].map(b => b.dataset.stage + (b.classList.contains('bad') ? '!' : '')).join() === 'read,0:headers,publish!'`)
+	// The same rule on what this fleet does not show: a transform that
+	// dead-letters is marked, a source's error marks the source.
+	waitJS(t, tab, 5*time.Second, "the first unhealthy stage's rule", `(() => {
+		const names = ['read', '0:router', '1:headers', 'publish'];
+		const dl = Ferry.firstUnhealthy({state: 'running', last_error: ''}, names, {'0:router': {ok: 5, dead_lettered: 3}});
+		const src = Ferry.firstUnhealthy({state: 'backing_off', last_error: 'start source xid8: connect to the database: refused'}, names, {'0:router': {dead_lettered: 1}});
+		const well = Ferry.firstUnhealthy({state: 'running', last_error: ''}, names, {'0:router': {ok: 5}});
+		return dl.stage === '0:router' && dl.why === 'dead-lettered 3 events' && src.stage === 'read' && well === null;
+	})()`)
 	var pagePNG []byte
 	inBrowser(t, tab, 20*time.Second, "pipeline screenshot", chromedp.CaptureScreenshot(&pagePNG))
 	inBrowser(t, tab, 10*time.Second, "back with Escape", chromedp.KeyEvent(kb.Escape))
