@@ -176,6 +176,7 @@
     $('#next').addEventListener('click', () => F.setView({ page: (F.view().page || 1) + 1 }));
     document.addEventListener('keydown', (ev) => {
       if ($('#fleet').hidden || ev.ctrlKey || ev.metaKey || ev.altKey || document.activeElement.tagName === 'A') return;
+      if (ev.key === 'Enter' && document.activeElement.matches('th[data-sort]')) { ev.preventDefault(); document.activeElement.click(); return; }
       const typing = /^(INPUT|SELECT|TEXTAREA)$/.test(document.activeElement.tagName);
       if (ev.key === '/' && !typing) { ev.preventDefault(); $('#q').focus(); $('#q').select(); return; }
       if (ev.key === 'Escape' && typing) { document.activeElement.blur(); return; }
