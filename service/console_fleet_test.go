@@ -45,6 +45,44 @@ func fleetSize(t *testing.T) int {
 func TestConsoleFleetInBrowser(t *testing.T) {
 	tab := browser(t)
 	n := fleetSize(t)
+	in := startFleet(t, n)
+	measureSummary(t, in, n+len(fleetBroken))
+	ui := "http://" + in.addr + "/ui/"
+	fleetPNG := checkFleetTable(t, tab, ui, n)
+	pagePNG := checkKeysAndFlow(t, tab, ui)
+
+	// A phone: nothing wider than the screen.
+	inBrowser(t, tab, 10*time.Second, "phone", emulation.SetDeviceMetricsOverride(390, 844, 3, true), chromedp.Navigate(ui+"#"))
+	waitJS(t, tab, 10*time.Second, "the phone's table", `document.querySelectorAll('#fleet-table tbody tr').length > 0 && document.documentElement.scrollWidth <= window.innerWidth`)
+	var phonePNG []byte
+	inBrowser(t, tab, 20*time.Second, "phone screenshot", chromedp.CaptureScreenshot(&phonePNG), emulation.ClearDeviceMetricsOverride())
+	saveShots(t, map[string][]byte{"console-fleet.png": fleetPNG, "console-pipeline.png": pagePNG, "console-fleet-phone.png": phonePNG})
+
+	// A tenant token sees its own rows only.
+	var tok struct{ Token string }
+	if code, body := in.api("POST", "/api/v1/tokens", `{"scope":"tenant:team-b"}`, &tok, "Content-Type", "application/json"); code != 201 {
+		t.Fatalf("create token: %d %s", code, body)
+	}
+	inBrowser(t, tab, 10*time.Second, "sign out", chromedp.Click(`#logout`, chromedp.ByQuery), chromedp.WaitVisible(`#login`))
+	inBrowser(t, tab, 10*time.Second, "sign in as team-b", chromedp.SendKeys(`#token`, tok.Token), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
+	waitJS(t, tab, 20*time.Second, "team-b's rows only", fmt.Sprintf(`document.querySelector('#counts span').textContent === (%d).toLocaleString('en-US') + ' pipelines' &&
+		document.querySelector('#f-tenant').dataset.values === '\nteam-b' &&
+		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.querySelector('.c-tenant').textContent === 'team-b')`, n/len(fleetTenants)+1))
+}
+
+// The fleet's tenants, and its failing pipelines: named to sort last, so
+// only the default order puts them first.
+var (
+	fleetTenants = []string{"team-a", "team-b", "team-c", "team-d", "team-e"}
+	fleetBroken  = []string{"zz-broken-1", "zz-broken-2", "zz-broken-3", "zz-broken-4", "zz-broken-5"}
+)
+
+// startFleet starts an instance running n idle pipelines (source →
+// headers → sink) and the fleetBroken ones, whose NATS is a port nothing
+// listens on, each with an event to publish; it returns once every one is
+// in its state (running, backing off).
+func startFleet(t *testing.T, n int) *instance {
+	t.Helper()
 	dsn := testenv.Postgres(t)
 	nats, err := natsserver.Start(0, "")
 	if err != nil {
@@ -61,8 +99,7 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	testenv.CollectStream(t, nats.URL(), strings.ToUpper(testenv.Name("fleet")), 100*time.Millisecond, subject+".>")
 	in := startStoreInstance(t, "fleet", testenv.Postgres(t), "--ui-sample-interval", "5s")
 	const dead = "nats://127.0.0.1:1" // nothing listens there
-	tenants := []string{"team-a", "team-b", "team-c", "team-d", "team-e"}
-	for _, tenant := range tenants {
+	for _, tenant := range fleetTenants {
 		body, _ := json.Marshal(map[string]any{"policy": map[string]any{"databases": []string{hostOf(t, dsn) + "/*"},
 			"brokers": []string{hostOf(t, nats.URL()), "127.0.0.1:1"}, "destinations": []string{"ferry.fleet"}, "shared_databases": true}})
 		if code, out := in.api("PUT", "/api/v1/tenants/"+tenant, string(body), nil, "Content-Type", "application/json"); code >= 300 {
@@ -85,18 +122,25 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	}
 	start := time.Now()
 	for i := range n {
-		create(fmt.Sprintf("fleet-%04d", i), tenants[i%len(tenants)], nats.URL())
+		create(fmt.Sprintf("fleet-%04d", i), fleetTenants[i%len(fleetTenants)], nats.URL())
 	}
-	// Named to sort last: only the default order puts them first.
-	broken := []string{"zz-broken-1", "zz-broken-2", "zz-broken-3", "zz-broken-4", "zz-broken-5"}
-	for i, name := range broken {
-		create(name, tenants[i%len(tenants)], dead)
+	for i, name := range fleetBroken {
+		create(name, fleetTenants[i%len(fleetTenants)], dead)
 		// The sink connects lazily: the outage shows once it publishes.
 		if _, err := pool.Exec(ctx, `INSERT INTO outbox_`+strings.ReplaceAll(name, "-", "_")+` (aggregate_type, aggregate_id, type, payload) VALUES ('order', 'o-1', 'T', '{}')`); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("%d pipelines created in %s", n+len(broken), time.Since(start).Round(time.Millisecond))
+	t.Logf("%d pipelines created in %s", n+len(fleetBroken), time.Since(start).Round(time.Millisecond))
+	waitFleet(t, in, n+len(fleetBroken))
+	t.Logf("%d pipelines in their state %s after the first was created", n+len(fleetBroken), time.Since(start).Round(time.Millisecond))
+	return in
+}
+
+// waitFleet waits for the summary to list all pipelines, the broken ones
+// backing off and the rest running.
+func waitFleet(t *testing.T, in *instance, all int) {
+	t.Helper()
 	var sum struct{ Rows [][]any }
 	defer func() {
 		if t.Failed() {
@@ -104,7 +148,7 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 		}
 	}()
 	testenv.Eventually(t, 3*time.Minute, "every pipeline in its state", func() bool {
-		if code, _ := in.api("GET", "/api/v1/summary", "", &sum); code != 200 || len(sum.Rows) != n+len(broken) {
+		if code, _ := in.api("GET", "/api/v1/summary", "", &sum); code != 200 || len(sum.Rows) != all {
 			return false
 		}
 		for _, r := range sum.Rows {
@@ -118,10 +162,14 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 		}
 		return true
 	})
-	t.Logf("%d pipelines in their state %s after the first was created", n+len(broken), time.Since(start).Round(time.Millisecond))
-	measureSummary(t, in, n+len(broken))
+}
 
-	ui := "http://" + in.addr + "/ui/"
+// checkFleetTable signs in as the admin and checks the table: the first
+// render, the failing pipelines first, the counts, a count's filter, a
+// search, a sort both ways, the view kept in the URL. It answers the
+// first screen's picture.
+func checkFleetTable(t *testing.T, tab context.Context, ui string, n int) []byte {
+	t.Helper()
 	inBrowser(t, tab, 20*time.Second, "open the console", chromedp.Navigate(ui), chromedp.WaitVisible(`#login`))
 	inBrowser(t, tab, 10*time.Second, "sign in", chromedp.SendKeys(`#token`, cpAdmin), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
 	waitJS(t, tab, 30*time.Second, "the table drawn", `document.querySelectorAll('#fleet-table tbody tr').length > 0`)
@@ -133,7 +181,7 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	inBrowser(t, tab, 5*time.Second, "render time", chromedp.Evaluate(`performance.getEntriesByName('ferry-rendered')[0].startTime`, &renderMS))
 	var drawn int
 	inBrowser(t, tab, 5*time.Second, "rows drawn", chromedp.Evaluate(`document.querySelectorAll('#fleet-table tbody tr').length`, &drawn))
-	t.Logf("fleet view first render (navigation start → table drawn, %d pipelines, %d rows in the DOM): %.0f ms", n+len(broken), drawn, renderMS)
+	t.Logf("fleet view first render (navigation start → table drawn, %d pipelines, %d rows in the DOM): %.0f ms", n+len(fleetBroken), drawn, renderMS)
 	if drawn > 50 {
 		t.Errorf("%d rows in the DOM, want one page (≤ 50)", drawn)
 	}
@@ -164,8 +212,14 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	inBrowser(t, tab, 30*time.Second, "reload the filtered view", chromedp.Reload(), chromedp.WaitVisible(`#fleet-table tbody tr`))
 	waitJS(t, tab, 10*time.Second, "the same view after a reload", `document.querySelector('#fleet-table tbody tr').dataset.pipeline === 'fleet-0019' &&
 		document.querySelector('#q').value === 'fleet-001' && document.querySelector('#f-state').value === 'running'`)
+	return fleetPNG
+}
 
-	// The keyboard: / searches, j moves, Enter opens.
+// checkKeysAndFlow finds a failing pipeline with the keyboard (/ searches,
+// j moves, Enter opens), checks its flow picture marks the sink, and goes
+// back with Escape. It answers the pipeline page's picture.
+func checkKeysAndFlow(t *testing.T, tab context.Context, ui string) []byte {
+	t.Helper()
 	inBrowser(t, tab, 10*time.Second, "back to the default view", chromedp.Navigate(ui+"#"), chromedp.WaitVisible(`#fleet-table tbody tr`))
 	waitJS(t, tab, 10*time.Second, "the default view", `document.querySelector('#fleet-table tbody tr').dataset.pipeline.startsWith('zz-broken-')`)
 	inBrowser(t, tab, 10*time.Second, "/", chromedp.KeyEvent("/"))
@@ -193,24 +247,7 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	inBrowser(t, tab, 20*time.Second, "pipeline screenshot", chromedp.CaptureScreenshot(&pagePNG))
 	inBrowser(t, tab, 10*time.Second, "back with Escape", chromedp.KeyEvent(kb.Escape))
 	waitJS(t, tab, 10*time.Second, "the search again", `!document.querySelector('#fleet').hidden && document.querySelector('#q').value === 'zz-broken-3'`)
-
-	// A phone: nothing wider than the screen.
-	inBrowser(t, tab, 10*time.Second, "phone", emulation.SetDeviceMetricsOverride(390, 844, 3, true), chromedp.Navigate(ui+"#"))
-	waitJS(t, tab, 10*time.Second, "the phone's table", `document.querySelectorAll('#fleet-table tbody tr').length > 0 && document.documentElement.scrollWidth <= window.innerWidth`)
-	var phonePNG []byte
-	inBrowser(t, tab, 20*time.Second, "phone screenshot", chromedp.CaptureScreenshot(&phonePNG), emulation.ClearDeviceMetricsOverride())
-	saveShots(t, map[string][]byte{"console-fleet.png": fleetPNG, "console-pipeline.png": pagePNG, "console-fleet-phone.png": phonePNG})
-
-	// A tenant token sees its own rows only.
-	var tok struct{ Token string }
-	if code, body := in.api("POST", "/api/v1/tokens", `{"scope":"tenant:team-b"}`, &tok, "Content-Type", "application/json"); code != 201 {
-		t.Fatalf("create token: %d %s", code, body)
-	}
-	inBrowser(t, tab, 10*time.Second, "sign out", chromedp.Click(`#logout`, chromedp.ByQuery), chromedp.WaitVisible(`#login`))
-	inBrowser(t, tab, 10*time.Second, "sign in as team-b", chromedp.SendKeys(`#token`, tok.Token), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
-	waitJS(t, tab, 20*time.Second, "team-b's rows only", fmt.Sprintf(`document.querySelector('#counts span').textContent === (%d).toLocaleString('en-US') + ' pipelines' &&
-		document.querySelector('#f-tenant').dataset.values === '\nteam-b' &&
-		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.querySelector('.c-tenant').textContent === 'team-b')`, n/len(tenants)+1))
+	return pagePNG
 }
 
 // clickAndWait clicks sel and waits for cond, answering how long it took.
