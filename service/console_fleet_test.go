@@ -200,7 +200,7 @@ func checkFleetTable(t *testing.T, tab context.Context, ui string, n int) []byte
 		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.classList.contains('s-running')) &&
 		document.querySelector('#page-of').textContent.startsWith('1–`+fmt.Sprint(min(50, n))+` of ' + (`+fmt.Sprint(n)+`).toLocaleString('en-US') + ' ')`)
 	t.Logf("state filter drawn in %s", took)
-	inBrowser(t, tab, 5*time.Second, "search", chromedp.SendKeys(`#q`, "fleet-001"))
+	inBrowser(t, tab, 20*time.Second, "search", chromedp.SendKeys(`#q`, "fleet-001"))
 	waitJS(t, tab, 10*time.Second, "the search's rows", `[...document.querySelectorAll('#fleet-table tbody tr')].map(tr => tr.dataset.pipeline).join() ===
 		Array.from({length: 10}, (_, i) => 'fleet-001' + i).join() && location.hash.includes('q=fleet-001')`)
 	took = clickAndWait(t, tab, `#fleet-table th[data-sort="name"]`, "sorted by name", `location.hash.includes('sort=name') &&

@@ -24,7 +24,13 @@
   const byKey = new Map(COLUMNS.map((c) => [c.key = c[0], c]));
   const FILTERS = ['tenant', 'state', 'source', 'sink'];
 
-  let rows = [], shown = [], selected = '';
+  let rows = [], shown = [], selected = '', searchTimer = 0;
+
+  // search applies what the search box holds.
+  function search() {
+    clearTimeout(searchTimer);
+    F.setView({ q: $('#q').value || undefined, page: undefined });
+  }
 
   // setData takes a summary answer: rows as arrays, named by fields.
   function setData(s) {
@@ -163,7 +169,12 @@
     });
     for (const f of FILTERS) $('#f-' + f).addEventListener('change', (ev) => F.setView({ [f]: ev.target.value || undefined, page: undefined }));
     $('#unhealthy').addEventListener('change', (ev) => F.setView({ unhealthy: ev.target.checked ? '1' : undefined, page: undefined }));
-    $('#q').addEventListener('input', (ev) => F.setView({ q: ev.target.value || undefined, page: undefined }));
+    // Typing redraws once it pauses, not on every key: a thousand rows
+    // are filtered and sorted on each draw.
+    $('#q').addEventListener('input', () => {
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(search, 120);
+    });
     $('#filters').addEventListener('submit', (ev) => ev.preventDefault());
     $('#fleet-table thead').addEventListener('click', (ev) => {
       const th = ev.target.closest('th[data-sort]');
@@ -182,6 +193,7 @@
       if (ev.key === 'Escape' && typing) { document.activeElement.blur(); return; }
       if (typing && ev.key !== 'ArrowDown' && ev.key !== 'ArrowUp' && ev.key !== 'Enter') return;
       if (typing && ev.key === 'Enter' && document.activeElement !== $('#q')) return;
+      if (ev.key === 'Enter' && document.activeElement === $('#q')) search();
       const v = F.view();
       if (ev.key === 'ArrowDown' || (!typing && ev.key === 'j')) { ev.preventDefault(); move(1, v); }
       else if (ev.key === 'ArrowUp' || (!typing && ev.key === 'k')) { ev.preventDefault(); move(-1, v); }
