@@ -24,12 +24,15 @@
   const byKey = new Map(COLUMNS.map((c) => [c.key = c[0], c]));
   const FILTERS = ['tenant', 'state', 'source', 'sink'];
 
-  let rows = [], shown = [], selected = '', searchTimer = 0;
+  let rows = [], shown = [], selected = '', searchTimer = 0, typed = null;
 
-  // search applies what the search box holds.
+  // search applies what was typed into the search box.
   function search() {
     clearTimeout(searchTimer);
-    F.setView({ q: $('#q').value || undefined, page: undefined });
+    if (typed === null) return;
+    const q = typed;
+    typed = null;
+    F.setView({ q: q || undefined, page: undefined });
   }
 
   // setData takes a summary answer: rows as arrays, named by fields.
@@ -142,7 +145,8 @@
       sel.value = v[f] || '';
     }
     $('#unhealthy').checked = !!v.unhealthy;
-    if (document.activeElement !== $('#q')) $('#q').value = v.q || '';
+    // Not while it has the focus or holds what is not applied yet.
+    if (document.activeElement !== $('#q') && typed === null) $('#q').value = v.q || '';
   }
 
   // move selects the row `by` away from the selected one (the first when
@@ -171,7 +175,8 @@
     $('#unhealthy').addEventListener('change', (ev) => F.setView({ unhealthy: ev.target.checked ? '1' : undefined, page: undefined }));
     // Typing redraws once it pauses, not on every key: a thousand rows
     // are filtered and sorted on each draw.
-    $('#q').addEventListener('input', () => {
+    $('#q').addEventListener('input', (ev) => {
+      typed = ev.target.value;
       clearTimeout(searchTimer);
       searchTimer = setTimeout(search, 120);
     });
