@@ -12,12 +12,10 @@ import (
 	"embed"
 	"io/fs"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ferryhq/ferry/engine"
 )
@@ -43,8 +41,9 @@ type Options struct {
 // Console serves the page and keeps the lag history. Safe for concurrent
 // use.
 type Console struct {
-	o    Options
-	hist *history
+	o      Options
+	hist   *history
+	counts stageCounts
 }
 
 // New returns a console; it samples nothing until Run.
@@ -55,7 +54,7 @@ func New(o Options) *Console {
 	if o.Points <= 0 {
 		o.Points = 90
 	}
-	return &Console{o: o, hist: newHistory(o.Points)}
+	return &Console{o: o, hist: newHistory(o.Points), counts: stageCounts{maxAge: countsMaxAge}}
 }
 
 // Run samples every pipeline's lag each Interval until ctx ends: one
@@ -107,48 +106,12 @@ type Stage struct {
 func (c *Console) History(name string) History {
 	h := History{Pipeline: name, IntervalSeconds: c.o.Interval.Seconds(),
 		WindowSeconds: c.o.Interval.Seconds() * float64(c.o.Points), Points: c.hist.get(name), Stages: []Stage{}}
-	h.Stages, h.DeadLettered = c.stages(name)
+	byName, dead := c.counts.get(c.o.Gatherer)
+	if st := byName[name]; st != nil {
+		h.Stages = st
+	}
+	h.DeadLettered = dead[name]
 	return h
-}
-
-// stages reads ferry_stage_events_total for one pipeline. The counters are
-// the single source of these numbers; reading them keeps the console from
-// counting twice on the hot path.
-func (c *Console) stages(name string) ([]Stage, uint64) {
-	out := []Stage{}
-	if c.o.Gatherer == nil {
-		return out, 0
-	}
-	families, err := c.o.Gatherer.Gather()
-	if err != nil && len(families) == 0 {
-		return out, 0
-	}
-	var dead uint64
-	index := map[string]int{}
-	for _, f := range families {
-		if f.GetName() != "ferry_stage_events_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			l := labels(m)
-			if l["pipeline"] != name {
-				continue
-			}
-			i, ok := index[l["stage"]]
-			if !ok {
-				i = len(out)
-				index[l["stage"]] = i
-				out = append(out, Stage{Stage: l["stage"], Events: map[string]uint64{}})
-			}
-			n := uint64(m.GetCounter().GetValue())
-			out[i].Events[l["outcome"]] = n
-			if l["outcome"] == "dead_lettered" {
-				dead += n
-			}
-		}
-	}
-	slices.SortStableFunc(out, func(a, b Stage) int { return stageOrder(a.Stage) - stageOrder(b.Stage) })
-	return out, dead
 }
 
 // stageOrder puts read first, the transforms ("<index>:<type>") by index,
@@ -168,14 +131,6 @@ func stageOrder(s string) int {
 		n = n*10 + int(r-'0')
 	}
 	return n
-}
-
-func labels(m *dto.Metric) map[string]string {
-	out := map[string]string{}
-	for _, l := range m.GetLabel() {
-		out[l.GetName()] = l.GetValue()
-	}
-	return out
 }
 
 // Handler serves the page's files under /ui/. The page holds no data: what

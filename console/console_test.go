@@ -83,6 +83,9 @@ func TestHistoryStagesFromMetrics(t *testing.T) {
 	if h.DeadLettered != dead {
 		t.Errorf("dead letters %d, want %d", h.DeadLettered, dead)
 	}
+	if got := c.DeadLettered(); got["orders"] != dead || got["other"] != 0 || len(got) != 1 {
+		t.Errorf("the fleet's dead letters %v, want orders %d, other 0", got, dead)
+	}
 }
 
 // The page and its files are served from the binary with headers that
@@ -91,9 +94,13 @@ func TestHandlerServesThePage(t *testing.T) {
 	srv := httptest.NewServer(New(Options{Statuses: func() []engine.Status { return nil }}).Handler())
 	defer srv.Close()
 	for path, want := range map[string][2]string{
-		"/ui/":        {"text/html", `<script src="app.js"`},
-		"/ui/app.js":  {"javascript", "sessionStorage"},
-		"/ui/app.css": {"text/css", ".pipeline"},
+		"/ui/":            {"text/html", `<script src="app.js"`},
+		"/ui/core.js":     {"javascript", "sessionStorage"},
+		"/ui/app.js":      {"javascript", "/api/v1/summary"},
+		"/ui/fleet.js":    {"javascript", "PAGE"},
+		"/ui/flow.js":     {"javascript", "firstUnhealthy"},
+		"/ui/pipeline.js": {"javascript", "drawCharts"},
+		"/ui/app.css":     {"text/css", ".pipeline"},
 	} {
 		resp, err := http.Get(srv.URL + path)
 		if err != nil {

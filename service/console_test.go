@@ -103,13 +103,24 @@ func waitJS(t *testing.T, ctx context.Context, timeout time.Duration, what, js s
 	}
 }
 
+// openPipeline opens a pipeline's page from the URL, as a row's link does,
+// and waits for its card.
+func openPipeline(t *testing.T, tab context.Context, ui, name string) {
+	t.Helper()
+	inBrowser(t, tab, 10*time.Second, "open "+name, chromedp.Navigate(ui+"#p="+name))
+	waitJS(t, tab, 15*time.Second, name+"'s page", fmt.Sprintf(`!document.querySelector('#page').hidden && !!document.querySelector('article.pipeline[data-pipeline=%q]')`, name))
+}
+
+// fleetRows lists the fleet table's rows as "name@tenant".
+const fleetRows = `[...document.querySelectorAll('#fleet-table tbody tr')].map(tr => tr.dataset.pipeline + '@' + tr.querySelector('.c-tenant').textContent).sort().join()`
+
 func cardState(name string) string {
 	return fmt.Sprintf(`(document.querySelector('article[data-pipeline=%q] .state')||{}).textContent`, name)
 }
 
 // The console against a real `ferry run --store` with PostgreSQL and NATS,
-// in headless Chromium: it asks for a token, lists every pipeline grouped by
-// tenant, pauses one from its button, resets its offsets (dry run first),
+// in headless Chromium: it asks for a token, lists every pipeline in the
+// fleet table, pauses one from its page's button, resets its offsets (dry run first),
 // lists a poll pipeline's dead letters and replays them, draws the lag
 // charts, shows a broker outage as backing off with the error, and a tenant
 // token sees only its tenant.
@@ -242,20 +253,20 @@ func TestConsoleInBrowser(t *testing.T) {
 	inBrowser(t, tab, 10*time.Second, "sign in with a wrong token", chromedp.SendKeys(`#token`, "not-a-token"), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
 	waitJS(t, tab, 10*time.Second, "refusing the wrong token", `document.querySelector('#login-error').textContent.length > 0 && !document.querySelector('#login').hidden`)
 	inBrowser(t, tab, 10*time.Second, "sign in", chromedp.SendKeys(`#token`, cpAdmin), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
-	waitJS(t, tab, 15*time.Second, "listing the three pipelines by tenant", `
-		[...document.querySelectorAll('section[data-tenant="team-a"] article')].map(a => a.dataset.pipeline).sort().join() === 'invoices,orders' &&
-		[...document.querySelectorAll('section[data-tenant="team-b"] article')].map(a => a.dataset.pipeline).join() === 'billing'`)
+	waitJS(t, tab, 15*time.Second, "listing the pipelines with their tenants", fleetRows+` === 'billing@team-b,invoices@team-a,orders@team-a,refunds@team-c'`)
+	openPipeline(t, tab, ui, "billing")
 	waitJS(t, tab, 15*time.Second, "billing running on the instance", cardState("billing")+` === 'running' &&
 		document.querySelector('article[data-pipeline="billing"] .owner').textContent === 'console'`)
 
 	// Render time: a reload with the token already in the tab's session.
 	var renderMS float64
-	inBrowser(t, tab, 20*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(`article[data-pipeline="billing"]`))
+	inBrowser(t, tab, 20*time.Second, "reload", chromedp.Navigate(ui+"#"), chromedp.Reload(), chromedp.WaitVisible(`#fleet-table tr[data-pipeline="billing"]`))
 	waitJS(t, tab, 10*time.Second, "rendered", `document.body.dataset.rendered === 'true'`)
 	inBrowser(t, tab, 5*time.Second, "render time", chromedp.Evaluate(`performance.getEntriesByName('ferry-rendered')[0].startTime`, &renderMS))
 	t.Logf("console render time (navigation start → pipelines drawn, %d pipelines): %.0f ms", len(pipes)+1, renderMS)
 
 	// Pause from the button.
+	openPipeline(t, tab, ui, "orders")
 	inBrowser(t, tab, 10*time.Second, "click pause", chromedp.Click(`article[data-pipeline="orders"] button[data-action="pause"]`))
 	waitJS(t, tab, 15*time.Second, "orders paused", cardState("orders")+` === 'paused'`)
 	testenv.Eventually(t, 15*time.Second, "orders paused in the API", func() bool {
@@ -291,6 +302,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the reset from the page is not in the audit log: %d %s", code, body)
 	}
 	invo := `article[data-pipeline="invoices"] `
+	openPipeline(t, tab, ui, "invoices")
 	// A bad time is the API's 422, shown inline.
 	inBrowser(t, tab, 5*time.Second, "open invoices' offsets", chromedp.Click(invo+`button[data-action="offsets"]`, chromedp.ByQuery),
 		chromedp.SetValue(invo+`.reset select`, "time", chromedp.ByQuery),
@@ -310,6 +322,7 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// Dead letters: an xid8 source parks none, which the list says; Replay
 	// shows the API's refusal inline.
+	openPipeline(t, tab, ui, "orders")
 	inBrowser(t, tab, 5*time.Second, "open orders' dead letters", chromedp.Click(ord+`button[data-action="deadletters"]`, chromedp.ByQuery))
 	waitJS(t, tab, 10*time.Second, "no dead letters for xid8", `document.querySelector('`+ord+`.dl-summary').textContent.includes('parks no events') && document.querySelector('`+ord+`.dl-list').hidden`)
 	inBrowser(t, tab, 5*time.Second, "replay", chromedp.Click(ord+`button[data-action="replay"]`, chromedp.ByQuery))
@@ -324,6 +337,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		code, _ := in.api("GET", "/api/v1/pipelines/refunds/dead-letters", "", &dl)
 		return code == 200 && dl.Total == 3
 	})
+	openPipeline(t, tab, ui, "refunds")
 	inBrowser(t, tab, 5*time.Second, "open refunds' dead letters", chromedp.Click(ref+`button[data-action="deadletters"]`, chromedp.ByQuery))
 	waitJS(t, tab, 10*time.Second, "the 3 dead letters listed", `(() => {
 		const rows = [...document.querySelectorAll('`+ref+`.dl-list tbody tr')].map(tr => [...tr.children].map(td => td.textContent));
@@ -344,6 +358,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Edit config: a bad key is reported inline by Validate and by Apply,
 	// nothing changes; a good edit is applied as the next version.
 	inv := `article[data-pipeline="invoices"] `
+	openPipeline(t, tab, ui, "invoices")
 	inBrowser(t, tab, 10*time.Second, "edit invoices", chromedp.Click(inv+`button[data-action="edit"]`, chromedp.ByQuery))
 	waitJS(t, tab, 10*time.Second, "the editor holding invoices' config", `document.querySelector('`+inv+`textarea').value.includes('outbox_invoices')`)
 	setConfig := func(js string) {
@@ -363,6 +378,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	// Charts: several samples drawn (paths with segments) and stage counts.
+	openPipeline(t, tab, ui, "billing")
 	waitJS(t, tab, 60*time.Second, "billing's charts drawn", `(() => {
 		const c = document.querySelector('article[data-pipeline="billing"] .chart[data-segment="commit_to_ack"] path.p50');
 		return c && (c.getAttribute('d').match(/L/g) || []).length >= 15 &&
@@ -410,15 +426,17 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Signing out hides everything; a tenant token then sees only its
 	// tenant.
 	inBrowser(t, tab, 10*time.Second, "sign out", chromedp.Click(`#logout`, chromedp.ByQuery), chromedp.WaitVisible(`#login`))
-	waitJS(t, tab, 5*time.Second, "nothing shown after signing out", `document.querySelectorAll('article.pipeline').length === 0 && sessionStorage.length === 0`)
+	waitJS(t, tab, 5*time.Second, "nothing shown after signing out", `document.querySelectorAll('article.pipeline, #fleet-table tbody tr').length === 0 && sessionStorage.length === 0`)
+	inBrowser(t, tab, 10*time.Second, "the fleet view", chromedp.Navigate(ui+"#"))
 	inBrowser(t, tab, 20*time.Second, "sign in as team-b",
 		chromedp.SendKeys(`#token`, tok.Token), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
-	waitJS(t, tab, 15*time.Second, "team-b's pipeline listed", cardState("billing")+` === 'running'`)
+	waitJS(t, tab, 15*time.Second, "team-b's pipeline listed", `!!document.querySelector('#fleet-table tr[data-pipeline="billing"].s-running')`)
 	var seen string
-	inBrowser(t, tab, 5*time.Second, "tenant view", chromedp.Evaluate(`[...document.querySelectorAll('article.pipeline')].map(a => a.dataset.pipeline).join() + '|' + [...document.querySelectorAll('section.tenant')].map(s => s.dataset.tenant).join()`, &seen))
-	if seen != "billing|team-b" {
-		t.Errorf("a team-b token sees pipelines|tenants %q, want billing|team-b", seen)
+	inBrowser(t, tab, 5*time.Second, "tenant view", chromedp.Evaluate(fleetRows, &seen))
+	if seen != "billing@team-b" {
+		t.Errorf("a team-b token sees %q, want billing@team-b", seen)
 	}
+	openPipeline(t, tab, ui, "billing")
 	// The API refuses it another tenant's history (the page has no card
 	// to ask for it), as if the pipeline did not exist.
 	if code, body := apiAs(in, tok.Token, "GET", "/api/v1/pipelines/orders/history"); code != 404 {
@@ -513,8 +531,9 @@ func TestConsoleInBrowserWithoutStore(t *testing.T) {
 	inBrowser(t, tab, 20*time.Second, "open the console", chromedp.Navigate("http://"+in.addr+"/ui/"), chromedp.WaitVisible(`#login`))
 	inBrowser(t, tab, 10*time.Second, "sign in", chromedp.SendKeys(`#token`, cpAdmin), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
 	card := `article[data-pipeline="shipments"] `
-	waitJS(t, tab, 15*time.Second, "the file pipeline's card, under its tenant", `!!document.querySelector('section[data-tenant="team-s"] `+card+`') &&
-		`+cardState("shipments")+` === 'running' && document.querySelector('`+card+`.path').textContent.endsWith(' · file') &&
+	waitJS(t, tab, 15*time.Second, "the file pipeline's row, with its tenant", fleetRows+` === 'shipments@team-s'`)
+	openPipeline(t, tab, "http://"+in.addr+"/ui/", "shipments")
+	waitJS(t, tab, 15*time.Second, "the file pipeline's card", cardState("shipments")+` === 'running' && document.querySelector('`+card+`.path').textContent.endsWith(' · file') &&
 		document.querySelector('`+card+`.owner').textContent === 'this instance'`)
 	var hidden string
 	inBrowser(t, tab, 5*time.Second, "the actions offered", chromedp.Evaluate(`[...document.querySelectorAll('`+card+`.actions button')].filter(b => b.hidden).map(b => b.dataset.action).join()`, &hidden))

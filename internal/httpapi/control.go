@@ -74,6 +74,7 @@ func (c *api) controlRoutes() []route {
 	)
 	return append([]route{
 		{"GET", "/pipelines", accessRead, c.listPipelines},
+		{"GET", "/summary", accessRead, c.summary},
 		{"POST", "/pipelines", accessWrite, c.storeOnly(filesOnly, c.createPipeline)},
 		{"GET", "/pipelines/{name}", accessRead, c.getPipeline},
 		{"DELETE", "/pipelines/{name}", accessWrite, c.storeOnly(filesOnly, c.deletePipeline)},

@@ -88,6 +88,7 @@ func TestScopeRouteTable(t *testing.T) {
 		tenant := "team-" + who
 		cases = append(cases,
 			routeCase{"GET", "/api/v1/pipelines?tenant=" + tenant, "", "", who, "read", false},
+			routeCase{"GET", "/api/v1/summary?tenant=" + tenant, "", "", who, "read", false},
 			routeCase{"GET", "/api/v1/pipelines/" + name, "", "", who, "read", true},
 			routeCase{"GET", "/api/v1/pipelines/" + name + "/config", "", "", who, "read", true},
 			routeCase{"GET", "/api/v1/pipelines/" + name + "/history", "", "", who, "read", true},
@@ -114,6 +115,7 @@ func TestScopeRouteTable(t *testing.T) {
 	}
 	cases = append(cases,
 		routeCase{"GET", "/api/v1/pipelines", "", "", "", "read", false},
+		routeCase{"GET", "/api/v1/summary", "", "", "", "read", false},
 		routeCase{"GET", "/api/v1/tenants", "", "", "", "read", false},
 		routeCase{"GET", "/api/v1/plugins", "", "", "", "read", false},
 		routeCase{"GET", "/api/v1/openapi.json", "", "", "", "read", false},

@@ -45,6 +45,10 @@ type PipelineView struct {
 	// RunningOn is what the instances running the pipeline last reported
 	// (every few seconds, through the store), whichever instance answers.
 	RunningOn []store.InstanceStatus `json:"running_on"`
+	// Stages are the pipeline's stages in the order events pass them, as
+	// its metrics name them (read, "<index>:<type>", publish); only GET
+	// /pipelines/{name} fills them, for the console's flow picture.
+	Stages []string `json:"stages,omitempty"`
 }
 
 // views builds every pipeline's view from the files, the store (or, when
@@ -207,6 +211,7 @@ func (c *api) getPipeline(w http.ResponseWriter, r *http.Request, p principal) {
 		return
 	}
 	setETag(w, v.Version)
+	v.Stages = stagesOf(c.o.Control.Converger.Snapshot(), v)
 	writeJSON(w, http.StatusOK, struct {
 		PipelineView
 		Stale bool `json:"stale"`
