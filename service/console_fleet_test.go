@@ -199,7 +199,7 @@ func checkFleetTable(t *testing.T, tab context.Context, ui string, n int) []byte
 	took := clickAndWait(t, tab, `#counts button[data-state="running"]`, "only running rows", `location.hash.includes('state=running') &&
 		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.classList.contains('s-running')) &&
 		document.querySelector('#page-of').textContent.startsWith('1–`+fmt.Sprint(min(50, n))+` of ' + (`+fmt.Sprint(n)+`).toLocaleString('en-US') + ' ')`)
-	t.Logf("state filter drawn in %s", took)
+	t.Logf("state filter: click → drawn %s as the driver sees it; %s in the page", took, pageMS(t, tab))
 	inBrowser(t, tab, 20*time.Second, "search", chromedp.SendKeys(`#q`, "fleet-001"))
 	waitJS(t, tab, 10*time.Second, "the search's rows", `[...document.querySelectorAll('#fleet-table tbody tr')].map(tr => tr.dataset.pipeline).join() ===
 		Array.from({length: 10}, (_, i) => 'fleet-001' + i).join() && location.hash.includes('q=fleet-001')`)
@@ -207,7 +207,7 @@ func checkFleetTable(t *testing.T, tab context.Context, ui string, n int) []byte
 		document.querySelector('#fleet-table tbody tr').dataset.pipeline === 'fleet-0010'`)
 	took += clickAndWait(t, tab, `#fleet-table th[data-sort="name"]`, "sorted by name, descending", `location.hash.includes('dir=desc') &&
 		document.querySelector('#fleet-table tbody tr').dataset.pipeline === 'fleet-0019'`)
-	t.Logf("two sorts drawn in %s", took)
+	t.Logf("two sorts: click → drawn %s as the driver sees it; the last %s in the page", took, pageMS(t, tab))
 	// The view survives a reload: it is in the URL.
 	inBrowser(t, tab, 30*time.Second, "reload the filtered view", chromedp.Reload(), chromedp.WaitVisible(`#fleet-table tbody tr`))
 	waitJS(t, tab, 10*time.Second, "the same view after a reload", `document.querySelector('#fleet-table tbody tr').dataset.pipeline === 'fleet-0019' &&
@@ -248,6 +248,15 @@ func checkKeysAndFlow(t *testing.T, tab context.Context, ui string) []byte {
 	inBrowser(t, tab, 10*time.Second, "back with Escape", chromedp.KeyEvent(kb.Escape))
 	waitJS(t, tab, 10*time.Second, "the search again", `!document.querySelector('#fleet').hidden && document.querySelector('#q').value === 'zz-broken-3'`)
 	return pagePNG
+}
+
+// pageMS is what the fleet table's last draw took in the page: the
+// driver's click-to-condition time adds its own round trips and polling.
+func pageMS(t *testing.T, tab context.Context) time.Duration {
+	t.Helper()
+	var ms float64
+	inBrowser(t, tab, 10*time.Second, "the last draw's time", chromedp.Evaluate(`Ferry.renderMS || 0`, &ms))
+	return time.Duration(ms * float64(time.Millisecond)).Round(100 * time.Microsecond)
 }
 
 // clickAndWait clicks sel and waits for cond, answering how long it took.
