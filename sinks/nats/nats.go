@@ -30,7 +30,7 @@
 // messages as before.
 //
 // A sink imports plugins, sinks/format and the internal helpers (redact,
-// tlsconf), never another sink, a source, pipelines or a lab package.
+// tlsconf, brokerconn), never another sink, a source, pipelines or a lab package.
 package nats
 
 import (

@@ -22,7 +22,7 @@
 // they were published.
 //
 // A sink imports plugins, sinks/format and the internal helpers (redact,
-// tlsconf), never another sink, a source, pipelines or a lab package.
+// tlsconf, brokerconn), never another sink, a source, pipelines or a lab package.
 package rabbitmq
 
 import (
