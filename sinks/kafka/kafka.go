@@ -40,6 +40,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	metrics "github.com/rcrowley/go-metrics"
 
+	"github.com/ferryhq/ferry/internal/brokerconn"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sinks/format"
@@ -71,7 +72,8 @@ type Sink struct {
 	// mu is held for reading by every Publish, so Close waits for publishes
 	// in flight and the producer is never closed under one.
 	mu       sync.RWMutex
-	producer sarama.SyncProducer
+	lease    *brokerconn.Lease[*sharedProducer] // the producer, shared (shared.go)
+	producer sarama.SyncProducer                // lease's
 	admin    sarama.ClusterAdmin
 	metrics  metrics.Registry
 	closed   bool
@@ -129,12 +131,14 @@ func (s *Sink) Start(ctx context.Context) error {
 		s.closeAdmin()
 		return err
 	}
-	producer, err := sarama.NewSyncProducer(s.cfg.brokers(), sc)
+	lease, err := producers.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(), Endpoint: s.cfg.endpointLabel()},
+		func() (*sharedProducer, error) { return openProducer(s.cfg.brokers(), sc) })
 	if err != nil {
 		s.closeAdmin()
-		return redact.Error(fmt.Errorf("connect kafka: %w (brokers %s)", err, strings.Join(s.cfg.brokers(), ",")))
+		return err
 	}
-	s.producer, s.metrics = producer, sc.MetricRegistry
+	shared := lease.Client()
+	s.lease, s.producer, s.metrics = lease, shared.producer, shared.metrics
 	s.log.Info("kafka sink connected", "brokers", strings.Join(s.cfg.brokers(), ","), "topic", s.cfg.Topic,
 		"acks", s.cfg.Acks, "idempotent", s.cfg.Idempotent)
 	return nil
@@ -302,7 +306,8 @@ func (s *Sink) ensureTopic(topic string) error {
 	return nil
 }
 
-// Close flushes and closes the producer. Idempotent.
+// Close waits for the sink's publishes in flight and lets go of the shared
+// producer, which the last sink using it flushes and closes. Idempotent.
 func (s *Sink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -311,12 +316,12 @@ func (s *Sink) Close() error {
 	}
 	s.closed = true
 	s.closeAdmin()
-	if s.producer == nil {
+	if s.lease == nil {
 		return nil
 	}
-	err := s.producer.Close()
-	s.producer = nil
-	return err
+	s.lease.Release()
+	s.lease, s.producer = nil, nil
+	return nil
 }
 
 // ProduceStats says how well publishes batched: the produce requests Sarama
