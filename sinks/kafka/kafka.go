@@ -13,7 +13,10 @@
 // Batching: Sarama's producer keeps one request in flight per broker and puts
 // every record that arrives meanwhile into the next one, so the concurrent
 // publishes of a pipeline's in-flight window share produce requests, and
-// PublishBatch hands the producer a whole batch at once.
+// PublishBatch hands the producer a whole batch at once. The producer is
+// shared by every pipeline of the process with the same brokers,
+// credentials and producer settings (shared.go): their records share
+// produce requests too, and each call still gets its own outcomes.
 //
 // Why not Watermill's Kafka publisher any more: it sends the messages of a
 // call one after another, each waiting for its confirmation, and keeps its

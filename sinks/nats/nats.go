@@ -18,7 +18,10 @@
 // The connection authenticates with user/password, a token or a .creds file
 // and may use TLS. It has no reconnect buffer: while disconnected a publish
 // fails at once, instead of being buffered, timing out here and reaching the
-// stream later behind newer events.
+// stream later behind newer events. The pipelines of a process that name
+// the same servers, credentials, TLS and ping interval share one
+// connection (shared.go); each keeps its own JetStream context, so its
+// pending acks, timeouts and failures stay its own.
 //
 // Publishes are JetStream asynchronous publishes: every concurrent Publish
 // of the pipeline's in-flight window shares one reply subscription, and each
