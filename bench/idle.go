@@ -10,16 +10,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ferryhq/ferry/sinks/rabbitmq"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
-// maxIdleRabbitMQ is the most idle pipelines the bench runs into RabbitMQ;
-// maxIdleWal the most idle wal pipelines (within the cluster's slots).
-const (
-	maxIdleRabbitMQ = 500
-	maxIdleWal      = 100
-)
+// maxIdleWal is the most idle wal pipelines the bench runs (within the
+// cluster's slots). RabbitMQ has no such cap any more: the pipelines share
+// one AMQP connection per broker (a channel pool each), where a connection
+// each ran a default RabbitMQ out of file descriptors.
+const maxIdleWal = 100
 
 // idleScenario measures what idle pipelines cost: each count of
 // IdlePipelines in one process, per source × sink, within what the
@@ -29,14 +27,6 @@ func (r *runner) idleScenario(ctx context.Context) error {
 	for _, src := range r.sources() {
 		for _, sink := range r.o.Sinks {
 			for _, n := range r.o.IdlePipelines {
-				if sink == rabbitmq.Name && n > maxIdleRabbitMQ {
-					// Each pipeline's sink holds its own AMQP connection: a
-					// thousand of them run a default RabbitMQ (1,024 file
-					// descriptors) out of descriptors, which breaks it for
-					// every other user of the server until it restarts.
-					r.prog.note(fmt.Sprintf("idle ferry %s→%s ×%d: skipped, a connection per pipeline is more than a default RabbitMQ accepts (at most %d here)", src, sink, n, maxIdleRabbitMQ))
-					continue
-				}
 				if src == wal.Name && n > maxIdleWal {
 					r.prog.note(fmt.Sprintf("idle ferry %s→%s ×%d: skipped, each wal pipeline holds a replication slot and a walsender (the bench cluster has %s)", src, sink, n, clusterSettings["max_replication_slots"]))
 					continue
