@@ -265,3 +265,38 @@ func (l *lossLog) count() int {
 	defer l.mu.Unlock()
 	return len(l.seen)
 }
+
+// A connection carries at most its channel_max channels: pipelines that do
+// not fit get another connection, and every pipeline still delivers. Here
+// the client asks for 12 (the URL's channel_max), and each pipeline counts
+// 3 (channels: 2, and its exchange check), so 10 pipelines need 3
+// connections.
+func TestPipelinesBeyondChannelMaxGetAnotherConnection(t *testing.T) {
+	u, controllable := vhost(t)
+	keys := make([]string, 10)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("full.p%02d", i)
+	}
+	f := fixture{url: u, exchange: testenv.Name("ferry_x")}
+	f.coll = testenv.CollectAMQP(t, u, f.exchange, keys...)
+	capped := u + "?channel_max=12"
+	sinks := make([]*rabbitmq.Sink, len(keys))
+	for i := range sinks {
+		sinks[i] = f.sink(t, func(c *rabbitmq.Config) { c.URL, c.RoutingKey, c.Channels = capped, keys[i], 2 })
+		if err := sinks[i].Start(context.Background()); err != nil {
+			t.Fatalf("pipeline %d: %v", i, err)
+		}
+	}
+	if n := rabbitmq.Connections("amqp://127.0.0.1:5672"); n != 3 {
+		t.Fatalf("10 pipelines of 3 channels on connections of 12: %d connections, want 3", n)
+	}
+	if controllable {
+		if n := brokerConnections(t, u); n != 3 {
+			t.Fatalf("the broker lists %d ferry connections in the test's vhost, want 3", n)
+		}
+	}
+	var wg sync.WaitGroup
+	publishAll(t, &wg, sinks, keys, 0, 20)
+	wg.Wait()
+	checkArrivals(t, f.coll, keys, 20)
+}
