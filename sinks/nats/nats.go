@@ -77,7 +77,7 @@ type Sink struct {
 	mu     sync.Mutex
 	lease  *brokerconn.Lease[*sharedConn] // the connection, shared (shared.go)
 	shared *sharedConn
-	conn   *nats.Conn          // shared.conn
+	conn   *nats.Conn          // shared.conn, for reading back and Ping
 	js     jetstream.JetStream // the sink's own: its pending acks and timeout
 	closed bool
 
