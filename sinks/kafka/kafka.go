@@ -76,7 +76,7 @@ type Sink struct {
 	// in flight and the producer is never closed under one.
 	mu       sync.RWMutex
 	lease    *brokerconn.Lease[*sharedProducer] // the producer, shared (shared.go)
-	producer sarama.SyncProducer                // the lease's
+	producer sarama.SyncProducer                // the shared producer's, while the lease is held
 	admin    sarama.ClusterAdmin
 	metrics  metrics.Registry
 	closed   bool
