@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
@@ -299,4 +300,89 @@ func TestPipelinesBeyondChannelMaxGetAnotherConnection(t *testing.T) {
 	publishAll(t, &wg, sinks, keys, 0, 20)
 	wg.Wait()
 	checkArrivals(t, f.coll, keys, 20)
+}
+
+// While the broker refuses the shared connection (its vhost is gone, for
+// this test only, instead of stopping the machine's broker), every
+// pipeline's publishes fail; once it is back, each pipeline delivers again
+// over one connection dialled again for all of them.
+func TestSharedConnectionOutageFailsEveryPipelineAndRecovers(t *testing.T) {
+	u, controllable := vhost(t)
+	if !controllable {
+		t.Skip("needs rabbitmqctl to take the vhost away")
+	}
+	vh := strings.TrimPrefix(mustParse(t, u).Path, "/")
+	keys := []string{"down.a", "down.b", "down.c"}
+	f := fixture{url: u, exchange: testenv.Name("ferry_x")}
+	f.coll = testenv.CollectAMQP(t, u, f.exchange, keys...)
+	sinks := make([]*rabbitmq.Sink, len(keys))
+	for i := range sinks {
+		sinks[i] = f.sink(t, func(c *rabbitmq.Config) {
+			c.RoutingKey, c.Declare, c.ReconnectInterval, c.PublishTimeout = keys[i], true, 100*time.Millisecond, 2*time.Second
+		})
+		if err := sinks[i].Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rabbitctl(t, "delete_vhost", vh)
+	for i, s := range sinks {
+		testenv.Eventually(t, 20*time.Second, "publishes fail while the broker refuses", func() bool {
+			return s.Publish("", message.NewMessage(fmt.Sprintf("down-%d", i), nil)) != nil
+		})
+	}
+	rabbitctl(t, "add_vhost", vh)
+	rabbitctl(t, "set_permissions", "-p", vh, "guest", ".*", ".*", ".*")
+	// The vhost came back empty: the collector's queue and bindings again.
+	conn, err := amqp.Dial(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(f.exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(f.coll.Queue(), true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if err := ch.QueueBind(f.coll.Queue(), k, f.exchange, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, s := range sinks {
+		testenv.Eventually(t, 20*time.Second, "publishes succeed again", func() bool {
+			return s.Publish("", message.NewMessage(fmt.Sprintf("up-%d", i), nil)) == nil
+		})
+	}
+	if n := rabbitmq.Connections("amqp://127.0.0.1:5672"); n != 1 {
+		t.Fatalf("after the outage: %d connections, want 1", n)
+	}
+	testenv.Eventually(t, 20*time.Second, "one ferry connection at the broker", func() bool { return brokerConnections(t, u) == 1 })
+	testenv.Eventually(t, 20*time.Second, "each pipeline's event after the outage", func() bool {
+		got := map[string]bool{}
+		for _, d := range f.coll.All() {
+			got[d.MessageId] = true
+		}
+		return got["up-0"] && got["up-1"] && got["up-2"]
+	})
+}
+
+func rabbitctl(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("rabbitmqctl %v: %v: %s", args, err, out)
+	}
+}
+
+func mustParse(t *testing.T, u string) *url.URL {
+	t.Helper()
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pu
 }
