@@ -43,8 +43,8 @@ func (r *runner) idleScenario(ctx context.Context) error {
 }
 
 // ferryIdle runs n pipelines on empty tables and measures how long they take
-// to start, the process's CPU, the server connections Ferry holds and the
-// transactions they cause.
+// to start, the process's CPU, the server connections Ferry holds, the
+// transactions they cause and the broker connections at the window's end.
 func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Measurement, error) {
 	id := r.nextID(ScenarioIdle, source, sink)
 	label := fmt.Sprintf("idle ferry %s ×%d", arrow(source, sink), n)
@@ -91,6 +91,10 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 	if err != nil {
 		return Measurement{}, err
 	}
+	brokerConns, err := brokerConnections(p.cmd.Process.Pid, t.brokerPorts())
+	if err != nil {
+		return Measurement{}, fmt.Errorf("broker connections: %w", err)
+	}
 	rss, err := p.finish(time.Minute)
 	if err != nil {
 		return Measurement{}, fmt.Errorf("child: %w", err)
@@ -98,7 +102,8 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 	return Measurement{Scenario: ScenarioIdle, System: SystemFerry, Source: source, Sink: sink, Seconds: c.secs, PeakRSS: rss,
 		CPUSeconds: c.cpu, Pipelines: n,
 		Idle: &Idle{CPUPercent: c.cpu / c.secs * 100, XactPerSec: float64(max(c.after.xacts-c.before.xacts-c.own, 0)) / c.secs,
-			RowsPerSec: float64(c.after.rows-c.before.rows) / c.secs, Connections: c.conns, StartSeconds: started.Seconds()}}, nil
+			RowsPerSec: float64(c.after.rows-c.before.rows) / c.secs, Connections: c.conns, BrokerConnections: brokerConns,
+			StartSeconds: started.Seconds()}}, nil
 }
 
 // idlePipelines creates n empty tables (and wal slots) and returns a
