@@ -74,6 +74,12 @@ type Sink struct {
 	log *slog.Logger
 	enc *format.Encoder
 
+	// sending is held for reading while a call sends (not while it awaits
+	// its acks), so Close's CleanupPublisher never runs between a send's
+	// check that the sink is open and its publish: that publish would open
+	// the sink's reply subscription again on a connection others keep.
+	sending sync.RWMutex
+
 	mu     sync.Mutex
 	lease  *brokerconn.Lease[*sharedConn] // the connection, shared (shared.go)
 	shared *sharedConn
@@ -181,8 +187,10 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 // after JetStream acknowledged each. Safe for concurrent use: concurrent
 // publishes share one connection and their acks are awaited in parallel.
 func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
+	s.sending.RLock()
 	js, conn, topic, err := s.publisher(topic)
 	if err != nil {
+		s.sending.RUnlock()
 		return err
 	}
 	enc := newBatchEncoder(msgs)
@@ -194,10 +202,12 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		// reaches the stream before it.
 		f, err := s.send(js, conn, topic, &enc, msg)
 		if err != nil {
+			s.sending.RUnlock()
 			return err
 		}
 		futures = append(futures, f)
 	}
+	s.sending.RUnlock()
 	for _, f := range futures {
 		if err := s.await(conn, topic, f); err != nil {
 			return err
@@ -213,8 +223,10 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 // others are still published. Safe for concurrent use.
 func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 	errs := make([]error, len(msgs))
+	s.sending.RLock()
 	js, conn, topic, err := s.publisher(topic)
 	if err != nil {
+		s.sending.RUnlock()
 		for i := range errs {
 			errs[i] = err
 		}
@@ -233,6 +245,7 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 			break
 		}
 	}
+	s.sending.RUnlock()
 	for i, f := range futures {
 		if f != nil {
 			errs[i] = s.await(conn, topic, f)
@@ -340,6 +353,8 @@ func classify(err error) error {
 // its reply subscription and lets go of the shared connection, which the
 // last sink using it closes. Idempotent.
 func (s *Sink) Close() error {
+	s.sending.Lock()
+	defer s.sending.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

@@ -149,7 +149,7 @@ func publishAll(t *testing.T, wg *sync.WaitGroup, sinks []*natssink.Sink, from, 
 func checkArrivals(t *testing.T, url string, pipelines, events int) {
 	t.Helper()
 	got := map[string][]string{}
-	for _, m := range read(t, url, "SHARED", pipelines*events) {
+	for _, m := range readAll(t, url, "SHARED", pipelines*events) {
 		got[m.Subject()] = append(got[m.Subject()], m.Headers().Get(nats.MsgIdHdr))
 	}
 	for p := range pipelines {
@@ -166,6 +166,38 @@ func checkArrivals(t *testing.T, url string, pipelines, events int) {
 			}
 		}
 	}
+}
+
+// readAll reads the stream's first n messages, fetching until it has them
+// all: one fetch may return fewer on a loaded machine.
+func readAll(t *testing.T, url, stream string, n int) []jetstream.Msg {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []jetstream.Msg
+	for len(out) < n && ctx.Err() == nil {
+		batch, err := c.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			out = append(out, m)
+		}
+	}
+	if len(out) != n {
+		t.Fatalf("read %d messages, want %d", len(out), n)
+	}
+	return out
 }
 
 // gauge reads a shared-connection gauge of the nats sink for endpoint.
