@@ -242,7 +242,7 @@ func (c *Clients[C]) sinkName() string { return c.sink }
 
 var (
 	connectionsDesc = prometheus.NewDesc("ferry_broker_connections",
-		"Broker connections (Kafka: producers) the process holds open, shared by every pipeline naming the same endpoint, credentials and client settings.",
+		"Broker connections (Kafka: producers and admin clients) the process holds open, shared by every pipeline naming the same endpoint, credentials and client settings.",
 		[]string{"sink", "endpoint"}, nil)
 	usersDesc = prometheus.NewDesc("ferry_broker_connection_users",
 		"Pipelines' sinks using the shared broker connections of an endpoint.",

@@ -165,7 +165,7 @@ func TestCollectorCountsConnectionsAndUsers(t *testing.T) {
 # HELP ferry_broker_connection_users Pipelines' sinks using the shared broker connections of an endpoint.
 # TYPE ferry_broker_connection_users gauge
 ferry_broker_connection_users{endpoint="amqp://h:5672",sink="test-collector"} 6
-# HELP ferry_broker_connections Broker connections (Kafka: producers) the process holds open, shared by every pipeline naming the same endpoint, credentials and client settings.
+# HELP ferry_broker_connections Broker connections (Kafka: producers and admin clients) the process holds open, shared by every pipeline naming the same endpoint, credentials and client settings.
 # TYPE ferry_broker_connections gauge
 ferry_broker_connections{endpoint="amqp://h:5672",sink="test-collector"} 2
 `

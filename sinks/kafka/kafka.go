@@ -44,7 +44,6 @@ import (
 	metrics "github.com/rcrowley/go-metrics"
 
 	"github.com/ferryhq/ferry/internal/brokerconn"
-	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sinks/format"
 )
@@ -77,9 +76,11 @@ type Sink struct {
 	mu       sync.RWMutex
 	lease    *brokerconn.Lease[*sharedProducer] // the producer, shared (shared.go)
 	producer sarama.SyncProducer                // the shared producer's, while the lease is held
-	admin    sarama.ClusterAdmin
-	metrics  metrics.Registry
-	closed   bool
+	// adminLease holds the shared admin client (create_topics only).
+	adminLease *brokerconn.Lease[sarama.ClusterAdmin]
+	admin      sarama.ClusterAdmin
+	metrics    metrics.Registry
+	closed     bool
 
 	topicsMu sync.RWMutex
 	topics   map[string]bool // created or known to exist (create_topics only)
@@ -117,14 +118,12 @@ func (s *Sink) Start(ctx context.Context) error {
 		return fmt.Errorf("kafka config: %w", err)
 	}
 	if s.cfg.CreateTopics != nil {
-		// The admin client needs full metadata to find the controller.
-		ac := *sc
-		ac.Metadata.Full = true
-		admin, err := sarama.NewClusterAdmin(s.cfg.brokers(), &ac)
+		lease, err := admins.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(), Endpoint: s.cfg.endpointLabel()},
+			func() (sarama.ClusterAdmin, error) { return openAdmin(s.cfg.brokers(), sc) })
 		if err != nil {
-			return redact.Error(fmt.Errorf("connect kafka admin: %w (brokers %s)", err, strings.Join(s.cfg.brokers(), ",")))
+			return err
 		}
-		s.admin = admin
+		s.adminLease, s.admin = lease, lease.Client()
 		if err := s.ensureTopic(s.cfg.Topic); err != nil {
 			s.closeAdmin()
 			return err
@@ -148,9 +147,9 @@ func (s *Sink) Start(ctx context.Context) error {
 }
 
 func (s *Sink) closeAdmin() {
-	if s.admin != nil {
-		_ = s.admin.Close()
-		s.admin = nil
+	if s.adminLease != nil {
+		s.adminLease.Release()
+		s.adminLease, s.admin = nil, nil
 	}
 }
 

@@ -25,8 +25,12 @@ import (
 // idempotence, compression, max_message_bytes, linger, timeout, the
 // protocol version, client_id — make a producer of their own.
 
-// producers are the process's shared Kafka producers.
-var producers = brokerconn.New(Name, (*sharedProducer).close, nil)
+// producers are the process's shared Kafka producers; admins their admin
+// clients, which the pipelines with create_topics share the same way.
+var (
+	producers = brokerconn.New(Name, (*sharedProducer).close, nil)
+	admins    = brokerconn.New(Name, func(a sarama.ClusterAdmin) { _ = a.Close() }, nil)
+)
 
 // sharedProducer is one producer and the metric registry Sarama reports
 // its batching to.
@@ -60,6 +64,18 @@ func openProducer(brokers []string, sc *sarama.Config) (*sharedProducer, error) 
 	return &sharedProducer{producer: p, metrics: sc.MetricRegistry}, nil
 }
 
+// openAdmin connects an admin client with sc, which it needs with full
+// metadata to find the controller.
+func openAdmin(brokers []string, sc *sarama.Config) (sarama.ClusterAdmin, error) {
+	ac := *sc
+	ac.Metadata.Full = true
+	admin, err := sarama.NewClusterAdmin(brokers, &ac)
+	if err != nil {
+		return nil, redact.Error(fmt.Errorf("connect kafka admin: %w (brokers %s)", err, strings.Join(brokers, ",")))
+	}
+	return admin, nil
+}
+
 // close flushes and closes the producer when its last sink let go of it.
 func (p *sharedProducer) close() { _ = p.producer.Close() }
 
@@ -67,3 +83,7 @@ func (p *sharedProducer) close() { _ = p.producer.Close() }
 // sinks (with endpoint, the bootstrap brokers comma-separated as the
 // pipelines list them; "" for all).
 func Producers(endpoint string) int { return producers.Open(endpoint) }
+
+// AdminClients is how many Kafka admin clients (create_topics) the process
+// holds open for its sinks, by endpoint as Producers.
+func AdminClients(endpoint string) int { return admins.Open(endpoint) }

@@ -135,3 +135,37 @@ func checkArrivals(t *testing.T, coll *testenv.KafkaCollector, topics []string, 
 		}
 	}
 }
+
+// Pipelines with create_topics share one admin client too; each creates
+// its own topic through it, and the last to close closes it.
+func TestPipelinesShareOneAdminClient(t *testing.T) {
+	srv := testenv.StartKafka(t)
+	base := testenv.Name("ferry")
+	sinks := make([]*kafka.Sink, 5)
+	for i := range sinks {
+		sinks[i] = newSink(t, srv.Addr(), fmt.Sprintf("%s.c%d", base, i), func(c *kafka.Config) { c.CreateTopics = &kafka.TopicSpec{Partitions: 1} })
+		if err := sinks[i].Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := kafka.AdminClients(srv.Addr()); n != 1 {
+		t.Fatalf("5 pipelines with create_topics hold %d admin clients, want 1", n)
+	}
+	topics := make([]string, len(sinks))
+	for i, s := range sinks {
+		topics[i] = fmt.Sprintf("%s.c%d", base, i)
+		m := message.NewMessage(fmt.Sprintf("%s-000", topics[i]), []byte("{}"))
+		if err := s.Publish("", m); err != nil {
+			t.Fatalf("publish to the topic %s created: %v", topics[i], err)
+		}
+	}
+	checkArrivals(t, testenv.CollectKafka(t, []string{srv.Addr()}, topics), topics, 1)
+	for _, s := range sinks {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := kafka.AdminClients(srv.Addr()); n != 0 {
+		t.Fatalf("after the last pipeline closed: %d admin clients, want 0", n)
+	}
+}
