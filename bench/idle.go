@@ -10,16 +10,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ferryhq/ferry/sinks/rabbitmq"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
-// maxIdleRabbitMQ is the most idle pipelines the bench runs into RabbitMQ;
-// maxIdleWal the most idle wal pipelines (within the cluster's slots).
-const (
-	maxIdleRabbitMQ = 500
-	maxIdleWal      = 100
-)
+// maxIdleWal is the most idle wal pipelines the bench runs (within the
+// cluster's slots). RabbitMQ has no such cap any more: the pipelines share
+// one AMQP connection per broker (a channel pool each), where a connection
+// each ran a default RabbitMQ out of file descriptors.
+const maxIdleWal = 100
 
 // idleScenario measures what idle pipelines cost: each count of
 // IdlePipelines in one process, per source × sink, within what the
@@ -29,14 +27,6 @@ func (r *runner) idleScenario(ctx context.Context) error {
 	for _, src := range r.sources() {
 		for _, sink := range r.o.Sinks {
 			for _, n := range r.o.IdlePipelines {
-				if sink == rabbitmq.Name && n > maxIdleRabbitMQ {
-					// Each pipeline's sink holds its own AMQP connection: a
-					// thousand of them run a default RabbitMQ (1,024 file
-					// descriptors) out of descriptors, which breaks it for
-					// every other user of the server until it restarts.
-					r.prog.note(fmt.Sprintf("idle ferry %s→%s ×%d: skipped, a connection per pipeline is more than a default RabbitMQ accepts (at most %d here)", src, sink, n, maxIdleRabbitMQ))
-					continue
-				}
 				if src == wal.Name && n > maxIdleWal && !r.walShared() {
 					r.prog.note(fmt.Sprintf("idle ferry %s→%s ×%d: skipped, each wal pipeline holds a replication slot and a walsender (the bench cluster has %s)", src, sink, n, clusterSettings["max_replication_slots"]))
 					continue
@@ -53,8 +43,8 @@ func (r *runner) idleScenario(ctx context.Context) error {
 }
 
 // ferryIdle runs n pipelines on empty tables and measures how long they take
-// to start, the process's CPU, the server connections Ferry holds and the
-// transactions they cause.
+// to start, the process's CPU, the server connections Ferry holds, the
+// transactions they cause and the broker connections at the window's end.
 func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Measurement, error) {
 	id := r.nextID(ScenarioIdle, source, sink)
 	label := fmt.Sprintf("idle ferry %s ×%d", arrow(source, sink), n)
@@ -101,6 +91,10 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 	if err != nil {
 		return Measurement{}, err
 	}
+	brokerConns, err := brokerConnections(p.cmd.Process.Pid, t.brokerPorts())
+	if err != nil {
+		return Measurement{}, fmt.Errorf("broker connections: %w", err)
+	}
 	rss, err := p.finish(time.Minute)
 	if err != nil {
 		return Measurement{}, fmt.Errorf("child: %w", err)
@@ -108,7 +102,8 @@ func (r *runner) ferryIdle(ctx context.Context, source, sink string, n int) (Mea
 	return Measurement{Scenario: ScenarioIdle, System: SystemFerry, Source: source, Sink: sink, Seconds: c.secs, PeakRSS: rss,
 		CPUSeconds: c.cpu, Pipelines: n,
 		Idle: &Idle{CPUPercent: c.cpu / c.secs * 100, XactPerSec: float64(max(c.after.xacts-c.before.xacts-c.own, 0)) / c.secs,
-			RowsPerSec: float64(c.after.rows-c.before.rows) / c.secs, Connections: c.conns, StartSeconds: started.Seconds()}}, nil
+			RowsPerSec: float64(c.after.rows-c.before.rows) / c.secs, Connections: c.conns, BrokerConnections: brokerConns,
+			StartSeconds: started.Seconds()}}, nil
 }
 
 // idlePipelines creates n empty tables (and wal slots) and returns a

@@ -115,6 +115,9 @@ type Idle struct {
 	// application_name ferry:…) from its start to the window's end, sampled
 	// every 250ms.
 	Connections int64 `json:"server_connections"`
+	// BrokerConnections are the established TCP connections the process
+	// held to the sink's brokers at the end of the window.
+	BrokerConnections int64 `json:"broker_connections"`
 	// StartSeconds is how long the process took from its start until every
 	// pipeline was running.
 	StartSeconds float64 `json:"start_seconds"`
@@ -138,8 +141,8 @@ func (m Measurement) line() string {
 	fmt.Fprintf(&b, "%s %s %s:", m.Scenario, m.System, arrow(m.Source, m.Sink))
 	switch {
 	case m.Idle != nil:
-		fmt.Fprintf(&b, " %d pipelines, started in %.1fs, %.2f%% of a core, %.1f xact/s, %d server connections, peak RSS %s",
-			m.Pipelines, m.Idle.StartSeconds, m.Idle.CPUPercent, m.Idle.XactPerSec, m.Idle.Connections, mb(m.PeakRSS))
+		fmt.Fprintf(&b, " %d pipelines, started in %.1fs, %.2f%% of a core, %.1f xact/s, %d server connections, %d broker connections, peak RSS %s",
+			m.Pipelines, m.Idle.StartSeconds, m.Idle.CPUPercent, m.Idle.XactPerSec, m.Idle.Connections, m.Idle.BrokerConnections, mb(m.PeakRSS))
 	default:
 		fmt.Fprintf(&b, " %d events in %.2fs = %.0f events/s", m.Events, m.Seconds, m.EventsPerSec)
 		if m.Latency != nil {
@@ -433,8 +436,8 @@ func (rep *Report) cells(r Row) []string {
 	if r.Scenario == ScenarioIdle {
 		c[4] = fmt.Sprintf("%d pipelines", r.Pipelines)
 		if r.Idle != nil {
-			c[5] = fmt.Sprintf("idle: %.2f%% of a core, %.1f xact/s, %d server connections, started in %.1fs",
-				r.Idle.CPUPercent, r.Idle.XactPerSec, r.Idle.Connections, r.Idle.StartSeconds)
+			c[5] = fmt.Sprintf("idle: %.2f%% of a core, %.1f xact/s, %d server connections, %d broker connections, started in %.1fs",
+				r.Idle.CPUPercent, r.Idle.XactPerSec, r.Idle.Connections, r.Idle.BrokerConnections, r.Idle.StartSeconds)
 		}
 		return c
 	}

@@ -194,6 +194,12 @@ func TestEmbeddedReload(t *testing.T) {
 	if err != nil || fmt.Sprint(res.Started) != "[b]" || fmt.Sprint(res.Unchanged) != "[a]" {
 		t.Fatalf("reload with a new file: %+v %v", res, err)
 	}
+	// Both pipelines' sinks name the same server: one shared connection,
+	// two users, on the process's gauge.
+	testenv.Eventually(t, 15*time.Second, "one shared NATS connection for a and b", func() bool {
+		return metric("\nferry_broker_connections{endpoint=\"nats://127.0.0.1:1\",sink=\"nats\"} 1\n") &&
+			metric("\nferry_broker_connection_users{endpoint=\"nats://127.0.0.1:1\",sink=\"nats\"} 2\n")
+	})
 	write("c.yaml", "name: c\nsource: {type: nope}\n")
 	if _, err := em.svc.Reload(); err == nil || !strings.Contains(err.Error(), "c.yaml") {
 		t.Fatalf("reload of a broken file: %v, want its error", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ferryhq/ferry/engine"
+	"github.com/ferryhq/ferry/internal/brokerconn"
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
@@ -75,6 +76,9 @@ func New(cfg Config, reg *plugins.Registry) (*Service, error) {
 		Help: "Reloads refused because the new configuration is invalid."})
 	s.reloadOK.Set(1)
 	s.metrics.MustRegister(s.reloadOK, s.reloadFailures)
+	// The sinks share broker connections process-wide: how many are open
+	// per endpoint is the process's, not a pipeline's.
+	s.metrics.MustRegister(brokerconn.Collector())
 	return s, nil
 }
 

@@ -97,6 +97,8 @@ var rules = []rule{
 		Only: none, ProductImporters: []string{"internal/demo"}},
 	{Pkg: "internal/pgcluster", Says: "It imports no other Ferry package. Of the product packages only internal/demo may import it",
 		Only: none, ProductImporters: []string{"internal/demo"}},
+	{Pkg: "internal/brokerconn", Says: "It imports no Ferry package, only Prometheus: the sinks import it, and the service (to export the gauge of open connections); it must not import a sink.",
+		Only: none, Libraries: []string{"github.com/prometheus/client_golang"}, Importers: []string{"sinks", "service"}, Deny: []string{"sinks"}},
 	{Pkg: "internal/pgddl", Says: "It imports no other Ferry package: ownership, the sources and store (its status table) import it.",
 		Only: none, Importers: []string{"ownership", "sources", "store"}},
 	{Pkg: "internal/plugindoc", Says: "It depends on plugins only; it must not import the components, nor its build-time tools (extract, reference, builtin, gen, genref).",
@@ -147,11 +149,11 @@ var rules = []rule{
 		Deny: join([]string{"store", "internal/httpapi"}, cli, components, labs)},
 	{Pkg: "sinks/format", Says: "must not import a sink, a source, the pipelines package or a lab package",
 		Deny: join([]string{"sinks", "sources", "pipelines"}, labs)},
-	{Pkg: "sinks/kafka", Says: "A sink imports plugins, sinks/format and the internal helpers (redact, tlsconf), never another sink, a source, pipelines or a lab package.",
+	{Pkg: "sinks/kafka", Says: "A sink imports plugins, sinks/format and the internal helpers (redact, tlsconf, brokerconn), never another sink, a source, pipelines or a lab package.",
 		Deny: join([]string{"sinks", "sources", "pipelines"}, labs), Except: []string{"sinks/format"}},
-	{Pkg: "sinks/nats", Says: "A sink imports plugins, sinks/format and the internal helpers (redact, tlsconf), never another sink, a source, pipelines or a lab package.",
+	{Pkg: "sinks/nats", Says: "A sink imports plugins, sinks/format and the internal helpers (redact, tlsconf, brokerconn), never another sink, a source, pipelines or a lab package.",
 		Deny: join([]string{"sinks", "sources", "pipelines"}, labs), Except: []string{"sinks/format"}},
-	{Pkg: "sinks/rabbitmq", Says: "A sink imports plugins, sinks/format and the internal helpers (redact, tlsconf), never another sink, a source, pipelines or a lab package.",
+	{Pkg: "sinks/rabbitmq", Says: "A sink imports plugins, sinks/format and the internal helpers (redact, tlsconf, brokerconn), never another sink, a source, pipelines or a lab package.",
 		Deny: join([]string{"sinks", "sources", "pipelines"}, labs), Except: []string{"sinks/format"}},
 	{Pkg: "sources/backfill", Says: "never a source.",
 		Deny: []string{"sources"}, Except: sourceShared},
@@ -188,7 +190,7 @@ var rules = []rule{
 
 // componentHelpers are the internal packages a component may import: each
 // imports nothing of Ferry but plugins.
-var componentHelpers = []string{"internal/redact", "internal/retry", "internal/tlsconf", "internal/pgddl"}
+var componentHelpers = []string{"internal/redact", "internal/retry", "internal/tlsconf", "internal/pgddl", "internal/brokerconn"}
 
 // isLibrary reports whether pattern names a library, not a Ferry path.
 func isLibrary(pattern string) bool {

@@ -13,7 +13,10 @@
 // Batching: Sarama's producer keeps one request in flight per broker and puts
 // every record that arrives meanwhile into the next one, so the concurrent
 // publishes of a pipeline's in-flight window share produce requests, and
-// PublishBatch hands the producer a whole batch at once.
+// PublishBatch hands the producer a whole batch at once. The producer is
+// shared by every pipeline of the process with the same brokers,
+// credentials and producer settings (shared.go): their records share
+// produce requests too, and each call still gets its own outcomes.
 //
 // Why not Watermill's Kafka publisher any more: it sends the messages of a
 // call one after another, each waiting for its confirmation, and keeps its
@@ -22,7 +25,7 @@
 // subscriber reads Ferry's records as before.
 //
 // A sink imports plugins, sinks/format and the internal helpers (redact,
-// tlsconf), never another sink, a source, pipelines or a lab package.
+// tlsconf, brokerconn), never another sink, a source, pipelines or a lab package.
 package kafka
 
 import (
@@ -40,7 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	metrics "github.com/rcrowley/go-metrics"
 
-	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/internal/brokerconn"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sinks/format"
 )
@@ -71,10 +74,13 @@ type Sink struct {
 	// mu is held for reading by every Publish, so Close waits for publishes
 	// in flight and the producer is never closed under one.
 	mu       sync.RWMutex
-	producer sarama.SyncProducer
-	admin    sarama.ClusterAdmin
-	metrics  metrics.Registry
-	closed   bool
+	lease    *brokerconn.Lease[*sharedProducer] // the producer, shared (shared.go)
+	producer sarama.SyncProducer                // the shared producer's, while the lease is held
+	// adminLease holds the shared admin client (create_topics only).
+	adminLease *brokerconn.Lease[sarama.ClusterAdmin]
+	admin      sarama.ClusterAdmin
+	metrics    metrics.Registry
+	closed     bool
 
 	topicsMu sync.RWMutex
 	topics   map[string]bool // created or known to exist (create_topics only)
@@ -112,14 +118,12 @@ func (s *Sink) Start(ctx context.Context) error {
 		return fmt.Errorf("kafka config: %w", err)
 	}
 	if s.cfg.CreateTopics != nil {
-		// The admin client needs full metadata to find the controller.
-		ac := *sc
-		ac.Metadata.Full = true
-		admin, err := sarama.NewClusterAdmin(s.cfg.brokers(), &ac)
+		lease, err := admins.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(), Endpoint: s.cfg.endpointLabel()},
+			func() (sarama.ClusterAdmin, error) { return openAdmin(s.cfg.brokers(), sc) })
 		if err != nil {
-			return redact.Error(fmt.Errorf("connect kafka admin: %w (brokers %s)", err, strings.Join(s.cfg.brokers(), ",")))
+			return err
 		}
-		s.admin = admin
+		s.adminLease, s.admin = lease, lease.Client()
 		if err := s.ensureTopic(s.cfg.Topic); err != nil {
 			s.closeAdmin()
 			return err
@@ -129,21 +133,23 @@ func (s *Sink) Start(ctx context.Context) error {
 		s.closeAdmin()
 		return err
 	}
-	producer, err := sarama.NewSyncProducer(s.cfg.brokers(), sc)
+	lease, err := producers.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(), Endpoint: s.cfg.endpointLabel()},
+		func() (*sharedProducer, error) { return openProducer(s.cfg.brokers(), sc) })
 	if err != nil {
 		s.closeAdmin()
-		return redact.Error(fmt.Errorf("connect kafka: %w (brokers %s)", err, strings.Join(s.cfg.brokers(), ",")))
+		return err
 	}
-	s.producer, s.metrics = producer, sc.MetricRegistry
+	shared := lease.Client()
+	s.lease, s.producer, s.metrics = lease, shared.producer, shared.metrics
 	s.log.Info("kafka sink connected", "brokers", strings.Join(s.cfg.brokers(), ","), "topic", s.cfg.Topic,
 		"acks", s.cfg.Acks, "idempotent", s.cfg.Idempotent)
 	return nil
 }
 
 func (s *Sink) closeAdmin() {
-	if s.admin != nil {
-		_ = s.admin.Close()
-		s.admin = nil
+	if s.adminLease != nil {
+		s.adminLease.Release()
+		s.adminLease, s.admin = nil, nil
 	}
 }
 
@@ -302,7 +308,8 @@ func (s *Sink) ensureTopic(topic string) error {
 	return nil
 }
 
-// Close flushes and closes the producer. Idempotent.
+// Close waits for the sink's publishes in flight and lets go of the shared
+// producer, which the last sink using it flushes and closes. Idempotent.
 func (s *Sink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -311,12 +318,12 @@ func (s *Sink) Close() error {
 	}
 	s.closed = true
 	s.closeAdmin()
-	if s.producer == nil {
+	if s.lease == nil {
 		return nil
 	}
-	err := s.producer.Close()
-	s.producer = nil
-	return err
+	s.lease.Release()
+	s.lease, s.producer = nil, nil
+	return nil
 }
 
 // ProduceStats says how well publishes batched: the produce requests Sarama

@@ -18,7 +18,10 @@
 // The connection authenticates with user/password, a token or a .creds file
 // and may use TLS. It has no reconnect buffer: while disconnected a publish
 // fails at once, instead of being buffered, timing out here and reaching the
-// stream later behind newer events.
+// stream later behind newer events. The pipelines of a process that name
+// the same servers, credentials, TLS and ping interval share one
+// connection (shared.go); each keeps its own JetStream context, so its
+// pending acks, timeouts and failures stay its own.
 //
 // Publishes are JetStream asynchronous publishes: every concurrent Publish
 // of the pipeline's in-flight window shares one reply subscription, and each
@@ -30,7 +33,7 @@
 // messages as before.
 //
 // A sink imports plugins, sinks/format and the internal helpers (redact,
-// tlsconf), never another sink, a source, pipelines or a lab package.
+// tlsconf, brokerconn), never another sink, a source, pipelines or a lab package.
 package nats
 
 import (
@@ -47,7 +50,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/internal/brokerconn"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sinks/format"
 )
@@ -71,13 +74,18 @@ type Sink struct {
 	log *slog.Logger
 	enc *format.Encoder
 
-	mu     sync.Mutex
-	conn   *nats.Conn
-	js     jetstream.JetStream
-	closed bool
+	// sending is held for reading while a call sends (not while it awaits
+	// its acks), so Close's CleanupPublisher never runs between a send's
+	// check that the sink is open and its publish: that publish would open
+	// the sink's reply subscription again on a connection others keep.
+	sending sync.RWMutex
 
-	connErrMu sync.Mutex
-	connErr   error // why the connection is down (unreachable.go)
+	mu     sync.Mutex
+	lease  *brokerconn.Lease[*sharedConn] // the connection, shared (shared.go)
+	shared *sharedConn
+	conn   *nats.Conn          // shared.conn, for reading back and Ping
+	js     jetstream.JetStream // the sink's own: its pending acks and timeout
+	closed bool
 
 	dups duplicates
 }
@@ -90,82 +98,41 @@ func New(cfg *Config, env plugins.Env) *Sink {
 	return &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), enc: format.New(cfg.Encoding, format.NATS, env)}
 }
 
-// Start connects and, if configured, creates the stream. The connection
-// keeps reconnecting on its own; Start may be called again after an error.
+// Start takes a lease on the process's connection for the sink's servers
+// and credentials (opening it if no pipeline did) and, if configured,
+// creates the stream. The connection keeps reconnecting on its own; Start
+// may be called again after an error.
 func (s *Sink) Start(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return errors.New("nats sink: closed")
 	}
-	if s.conn == nil {
-		opts, err := s.options()
+	if s.lease == nil {
+		lease, err := conns.Acquire(ctx, brokerconn.Want{Key: s.cfg.connKey(), Endpoint: s.cfg.endpointLabel()},
+			func() (*sharedConn, error) { return dial(s.cfg) })
 		if err != nil {
 			return err
 		}
-		conn, err := nats.Connect(s.cfg.URL, opts...)
-		if err != nil {
-			return redact.Error(fmt.Errorf("connect nats: %w", err))
-		}
+		shared := lease.Client()
 		// The window bounds what is in flight; the client must not stall
 		// below it. A PubAck that does not come within publish_timeout fails
-		// its publish (and frees its slot).
-		js, err := jetstream.New(conn, jetstream.WithPublishAsyncMaxPending(maxPendingAcks),
+		// its publish (and frees its slot). A context of its own per sink:
+		// one pipeline's acks, timeouts and reply subscription are not
+		// another's.
+		js, err := jetstream.New(shared.conn, jetstream.WithPublishAsyncMaxPending(maxPendingAcks),
 			jetstream.WithPublishAsyncTimeout(s.cfg.PublishTimeout))
 		if err != nil {
-			conn.Close()
+			lease.Release()
 			return fmt.Errorf("nats jetstream: %w", err)
 		}
-		s.conn, s.js = conn, js
+		shared.join(s)
+		s.lease, s.shared, s.conn, s.js = lease, shared, shared.conn, js
 	}
 	if s.cfg.CreateStream != nil {
 		return s.ensureStream(ctx)
 	}
 	return nil
-}
-
-// options are the connection's settings: reconnect forever, and while
-// disconnected fail publishes at once (no reconnect buffer) — a buffered
-// publish would time out here yet reach the stream later, a silent re-send.
-func (s *Sink) options() ([]nats.Option, error) {
-	opts := []nats.Option{
-		nats.Name("ferry:" + s.env.Pipeline),
-		nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500 * time.Millisecond),
-		nats.ReconnectBufSize(-1),
-		// The client's default (two minutes, two pings) leaves a half-open
-		// connection unnoticed for minutes: every publish times out
-		// meanwhile.
-		nats.PingInterval(s.cfg.PingInterval),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				s.noteConnErr(err)
-				s.log.Warn("nats disconnected", "err", redact.Error(err))
-			}
-		}),
-		// Each failed attempt, the first connection's included: why the
-		// server cannot be reached, for the errors publishes return meanwhile.
-		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { s.noteConnErr(err) }),
-		nats.ConnectHandler(func(*nats.Conn) { s.noteConnErr(nil) }),
-		nats.ReconnectHandler(func(*nats.Conn) { s.noteConnErr(nil); s.log.Info("nats reconnected") }),
-	}
-	switch {
-	case s.cfg.CredentialsFile != "":
-		opts = append(opts, nats.UserCredentials(s.cfg.CredentialsFile))
-	case s.cfg.Token != "":
-		opts = append(opts, nats.Token(s.cfg.Token))
-	case s.cfg.User != "":
-		opts = append(opts, nats.UserInfo(s.cfg.User, s.cfg.Password))
-	}
-	tc, err := s.cfg.TLS.Build()
-	if err != nil {
-		return nil, err
-	}
-	if tc != nil {
-		opts = append(opts, nats.Secure(tc))
-	}
-	return opts, nil
 }
 
 // maxPendingAcks is how many publishes of one sink may await their PubAck:
@@ -220,8 +187,10 @@ func (s *Sink) ensureStream(ctx context.Context) error {
 // after JetStream acknowledged each. Safe for concurrent use: concurrent
 // publishes share one connection and their acks are awaited in parallel.
 func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
+	s.sending.RLock()
 	js, conn, topic, err := s.publisher(topic)
 	if err != nil {
+		s.sending.RUnlock()
 		return err
 	}
 	enc := newBatchEncoder(msgs)
@@ -233,10 +202,12 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		// reaches the stream before it.
 		f, err := s.send(js, conn, topic, &enc, msg)
 		if err != nil {
+			s.sending.RUnlock()
 			return err
 		}
 		futures = append(futures, f)
 	}
+	s.sending.RUnlock()
 	for _, f := range futures {
 		if err := s.await(conn, topic, f); err != nil {
 			return err
@@ -252,8 +223,10 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 // others are still published. Safe for concurrent use.
 func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 	errs := make([]error, len(msgs))
+	s.sending.RLock()
 	js, conn, topic, err := s.publisher(topic)
 	if err != nil {
+		s.sending.RUnlock()
 		for i := range errs {
 			errs[i] = err
 		}
@@ -272,6 +245,7 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 			break
 		}
 	}
+	s.sending.RUnlock()
 	for i, f := range futures {
 		if f != nil {
 			errs[i] = s.await(conn, topic, f)
@@ -284,9 +258,14 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 // the subject topic stands for.
 func (s *Sink) publisher(topic string) (jetstream.JetStream, *nats.Conn, string, error) {
 	s.mu.Lock()
-	js, conn := s.js, s.conn
+	js, conn, closed := s.js, s.conn, s.closed
 	s.mu.Unlock()
-	if js == nil {
+	switch {
+	case closed:
+		// Its JetStream context would still publish on the shared
+		// connection other sinks keep open.
+		return nil, nil, "", errors.New("nats sink: closed")
+	case js == nil:
 		return nil, nil, "", errors.New("nats sink: not started")
 	}
 	if topic == "" {
@@ -370,16 +349,22 @@ func classify(err error) error {
 	return err
 }
 
-// Close closes the connection. Idempotent.
+// Close fails the sink's publishes still waiting for their PubAck, drops
+// its reply subscription and lets go of the shared connection, which the
+// last sink using it closes. Idempotent.
 func (s *Sink) Close() error {
+	s.sending.Lock()
+	defer s.sending.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return nil
 	}
 	s.closed = true
-	if s.conn != nil {
-		s.conn.Close()
+	if s.lease != nil {
+		s.shared.leave(s)
+		s.js.CleanupPublisher()
+		s.lease.Release()
 	}
 	return nil
 }

@@ -18,8 +18,11 @@ import (
 // ends. The canary checker reads its topic back this way.
 func (s *Sink) Read(ctx context.Context, topic string, handle func(*message.Message)) error {
 	s.mu.Lock()
-	conn := s.conn
+	conn, closed := s.conn, s.closed
 	s.mu.Unlock()
+	if closed {
+		return errors.New("nats sink: closed")
+	}
 	if conn == nil {
 		return errors.New("nats sink: not started")
 	}
@@ -52,8 +55,11 @@ var _ plugins.Reader = (*Sink)(nil)
 // Ping checks the server answers: a round trip on the connection.
 func (s *Sink) Ping(ctx context.Context) error {
 	s.mu.Lock()
-	conn := s.conn
+	conn, closed := s.conn, s.closed
 	s.mu.Unlock()
+	if closed {
+		return errors.New("nats sink: closed")
+	}
 	if conn == nil {
 		return errors.New("nats sink: not started")
 	}

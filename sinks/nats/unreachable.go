@@ -17,20 +17,6 @@ import (
 // limit exceeded", a timeout): true, but not why. The sink remembers why
 // the last connection attempt failed and puts that first.
 
-// noteConnErr records why the connection is down (a dial error, a
-// disconnect); nil when it is up again.
-func (s *Sink) noteConnErr(err error) {
-	s.connErrMu.Lock()
-	s.connErr = err
-	s.connErrMu.Unlock()
-}
-
-func (s *Sink) lastConnErr() error {
-	s.connErrMu.Lock()
-	defer s.connErrMu.Unlock()
-	return s.connErr
-}
-
 // unreachableError is a failure while the server cannot be reached; it
 // reads as the reason the server cannot be reached and unwraps to the
 // client's own error.
@@ -56,12 +42,16 @@ func (s *Sink) rootCause(conn *nats.Conn, err error) error {
 	if err == nil || conn == nil || conn.IsConnected() {
 		return err
 	}
-	cause := s.lastConnErr()
+	shared := s.shared
+	if shared == nil {
+		return err
+	}
+	cause := shared.lastErr()
 	if cause == nil || errors.Is(cause, nats.ErrNoServers) {
 		// No attempt reported its own error yet (the first connection's
 		// failure is not): dial once to learn it.
 		if cause = dialError(conn); cause != nil {
-			s.noteConnErr(cause)
+			shared.noteErr(cause)
 		}
 	}
 	return &unreachableError{url: redact.String(s.cfg.URL), status: conn.Status(), cause: cause, err: err}

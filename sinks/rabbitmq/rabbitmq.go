@@ -13,7 +13,10 @@
 //
 // Concurrency: a pool of channels, each in confirm mode with many publishes
 // outstanding at once (pipelined confirms), so concurrent publishes wait for
-// the broker in parallel rather than one round trip after another.
+// the broker in parallel rather than one round trip after another. The
+// channels are the pipeline's own, on a connection shared by every
+// pipeline of the process with the same URL and TLS (shared.go), so a
+// thousand pipelines do not hold a thousand connections.
 //
 // Why not Watermill's AMQP publisher: it waits for one confirm at a time per
 // channel and never listens for basic.return, so with mandatory set an
@@ -22,7 +25,7 @@
 // they were published.
 //
 // A sink imports plugins, sinks/format and the internal helpers (redact,
-// tlsconf), never another sink, a source, pipelines or a lab package.
+// tlsconf, brokerconn), never another sink, a source, pipelines or a lab package.
 package rabbitmq
 
 import (
@@ -39,6 +42,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ferryhq/ferry/internal/brokerconn"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sinks/format"
 )
@@ -76,7 +80,9 @@ type Sink struct {
 	tls         *tls.Config
 	started     bool
 	closed      bool
-	sess        *session
+	lease       *brokerconn.Lease[*sharedConn] // the connection, shared (shared.go)
+	shared      *sharedConn
+	sess        *session // the sink's channels on it
 	lastAttempt time.Time
 	lastErr     error
 }
@@ -114,11 +120,24 @@ func (s *Sink) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	sess, err := s.connect()
+	// The pool's channels and the throwaway one declare uses count
+	// against the shared connection's channel_max.
+	lease, err := conns.Acquire(ctx, brokerconn.Want{Key: s.cfg.connKey(), Endpoint: s.cfg.endpointLabel(), Weight: s.cfg.Channels + 1},
+		func() (*sharedConn, error) { return dialShared(s.cfg.URL, tc) })
 	if err != nil {
 		return err
 	}
-	s.sess, s.started = sess, true
+	shared := lease.Client()
+	conn, err := shared.live(s.cfg.ReconnectInterval)
+	if err == nil {
+		s.sess, err = s.openSession(conn)
+	}
+	if err != nil {
+		lease.Release()
+		return err
+	}
+	shared.join(s)
+	s.lease, s.shared, s.started = lease, shared, true
 	s.log.Info("rabbitmq sink connected", "exchange", s.cfg.Exchange, "channels", s.cfg.Channels)
 	return nil
 }
@@ -275,7 +294,9 @@ func (s *Sink) Destination(topic string, msg *message.Message) string {
 	return key
 }
 
-// Close closes the connection; publishes still waiting fail. Idempotent.
+// Close closes the sink's channels (publishes still waiting fail) and lets
+// go of the shared connection, which the last sink using it closes.
+// Idempotent.
 func (s *Sink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -284,8 +305,12 @@ func (s *Sink) Close() error {
 	}
 	s.closed = true
 	if s.sess != nil {
-		_ = s.sess.conn.Close()
+		s.sess.close()
 		s.sess = nil
+	}
+	if s.lease != nil {
+		s.shared.leave(s)
+		s.lease.Release()
 	}
 	return nil
 }

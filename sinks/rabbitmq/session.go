@@ -8,13 +8,12 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/ferryhq/ferry/internal/redact"
 )
 
-// The connection: one session (a connection and its channel pool) at a
-// time, declared or checked exchange, reconnection at most once per
-// reconnect_interval, and channels reopened when the broker closed them.
+// A sink's session: its channel pool on the process's shared connection
+// (shared.go), the exchange declared or checked on it, channels reopened
+// when the broker closed them, and a new pool once the shared connection
+// was lost and dialled again.
 
 // Connection settings: a dead broker is noticed within two heartbeats, and
 // an unanswered dial gives up after dialTimeout.
@@ -23,67 +22,45 @@ const (
 	dialTimeout   = 10 * time.Second
 )
 
-// session is one connection and its channel pool.
+// session is the sink's channel pool on one incarnation of the shared
+// connection. The connection is not the session's to close.
 type session struct {
 	conn *amqp.Connection
 
-	mu    sync.Mutex
-	chans []*confirmChannel
+	mu     sync.Mutex
+	chans  []*confirmChannel
+	closed bool // no channel is reopened once set
 }
 
-func (s *Sink) connect() (*session, error) {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("ferry:" + s.env.Pipeline)
-	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
-		Heartbeat:       dialHeartbeat,
-		Locale:          "en_US",
-		Properties:      props,
-		TLSClientConfig: s.tls,
-		Dial:            amqp.DefaultDial(dialTimeout),
-	})
-	if err != nil {
-		return nil, redact.Error(fmt.Errorf("connect rabbitmq: %w (url %s)", err, redact.String(s.cfg.URL)))
-	}
+// openSession declares (or checks) the exchange on conn and opens the
+// sink's channel pool there.
+func (s *Sink) openSession(conn *amqp.Connection) (*session, error) {
 	if err := s.declare(conn); err != nil {
-		conn.Close()
 		return nil, err
 	}
 	sess := &session{conn: conn, chans: make([]*confirmChannel, s.cfg.Channels)}
 	for i := range sess.chans {
-		if sess.chans[i], err = openConfirmChannel(conn, s.log); err != nil {
-			conn.Close()
+		c, err := openConfirmChannel(conn, s.log)
+		if err != nil {
+			sess.close()
 			return nil, fmt.Errorf("open rabbitmq channel: %w", err)
 		}
+		sess.chans[i] = c
 	}
-	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	go func() {
-		for {
-			select {
-			case b, ok := <-blocked:
-				if !ok {
-					blocked = nil
-					continue
-				}
-				if b.Active {
-					s.log.Warn("rabbitmq blocked this connection; publishes wait", "reason", b.Reason)
-				} else {
-					s.log.Info("rabbitmq unblocked this connection")
-				}
-			case err, ok := <-closed:
-				if ok && err != nil {
-					s.log.Warn("rabbitmq connection lost; the next publish reconnects", "err", redact.Error(err))
-				}
-				s.mu.Lock()
-				if s.sess == sess {
-					s.sess = nil
-				}
-				s.mu.Unlock()
-				return
-			}
-		}
-	}()
 	return sess, nil
+}
+
+// close closes the session's channels (their publishes still waiting
+// fail), not the connection other sinks share.
+func (sess *session) close() {
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	sess.closed = true
+	for _, c := range sess.chans {
+		if c != nil {
+			_ = c.ch.Close()
+		}
+	}
 }
 
 // declare creates the exchange, or checks that it exists, on a throwaway
@@ -106,9 +83,11 @@ func (s *Sink) declare(conn *amqp.Connection) error {
 	return nil
 }
 
-// current returns the live session, reconnecting at most once per
-// reconnect_interval; in between, publishes fail at once with the last error
-// instead of piling up on a dead broker.
+// current returns the live session. After the shared connection was lost
+// it asks for it again — the first sink to ask dials, at most once per
+// reconnect_interval — and opens a new channel pool on it; in between,
+// publishes fail at once with the last error instead of piling up on a
+// dead broker.
 func (s *Sink) current() (*session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -124,14 +103,20 @@ func (s *Sink) current() (*session, error) {
 		return nil, fmt.Errorf("rabbitmq unreachable: %w", s.lastErr)
 	}
 	s.lastAttempt = time.Now()
-	sess, err := s.connect()
+	if s.sess != nil {
+		s.sess.close()
+		s.sess = nil
+	}
+	conn, err := s.shared.live(s.cfg.ReconnectInterval)
+	if err == nil {
+		s.sess, err = s.openSession(conn)
+	}
 	s.lastErr = err
 	if err != nil {
 		return nil, err
 	}
-	s.sess = sess
 	s.log.Info("rabbitmq reconnected")
-	return sess, nil
+	return s.sess, nil
 }
 
 // channel returns pool slot i, reopening it if the broker closed it.
@@ -141,6 +126,9 @@ func (sess *session) channel(i int, log *slog.Logger) (*confirmChannel, error) {
 	c := sess.chans[i]
 	if c.alive() {
 		return c, nil
+	}
+	if sess.closed {
+		return nil, errors.New("rabbitmq sink: closed")
 	}
 	c, err := openConfirmChannel(sess.conn, log)
 	if err != nil {
