@@ -41,11 +41,12 @@ func fleetSize(t *testing.T) int {
 // pipelines and five whose broker is down (a NATS port nothing listens
 // on): the failing ones come first by default, the counts filter, a
 // search and a sort complete, the keyboard opens a pipeline, whose flow
-// picture (source → headers → sink) marks the sink, and a tenant token sees only its own rows.
+// picture (source → headers → sink) marks the sink, a tenant token sees
+// only its own rows, and a router that dead-letters is the stage marked.
 func TestConsoleFleetInBrowser(t *testing.T) {
 	tab := browser(t)
 	n := fleetSize(t)
-	in := startFleet(t, n)
+	in, env := startFleet(t, n)
 	measureSummary(t, in, n+len(fleetBroken))
 	ui := "http://" + in.addr + "/ui/"
 	fleetPNG := checkFleetTable(t, tab, ui, n)
@@ -68,6 +69,44 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	waitJS(t, tab, 20*time.Second, "team-b's rows only", fmt.Sprintf(`document.querySelector('#counts span').textContent === (%d).toLocaleString('en-US') + ' pipelines' &&
 		document.querySelector('#f-tenant').dataset.values === '\nteam-b' &&
 		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.querySelector('.c-tenant').textContent === 'team-b')`, n/len(fleetTenants)+1))
+
+	checkDeadLetterFlow(t, tab, ui, in, env)
+}
+
+// checkDeadLetterFlow adds a pipeline whose router finds no route for its
+// events (route_replace matches none) and dead-letters them: the flow
+// picture marks the router, not the sink, and says how many.
+func checkDeadLetterFlow(t *testing.T, tab context.Context, ui string, in *instance, f fleetEnv) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, f.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ddl, _ := xid8.Schema("outbox_dl_router")
+	if _, err := pool.Exec(ctx, ddl); err != nil {
+		t.Fatal(err)
+	}
+	y := fmt.Sprintf("name: dl-router\ntenant: team-b\nsource: {type: xid8, dsn: %q, table: outbox_dl_router}\n"+
+		"transforms: [{type: event_router, topic: '%s.routed.${route}', route_replace: {pattern: '^never-(\\w+)$'}}]\n"+
+		"dead_letter: {topic: %s.dead}\nsink: {type: nats, url: %q, subject: %s.dl}\n", f.DSN, f.Subject, f.Subject, f.NATS, f.Subject)
+	if code, body := in.api("PUT", "/api/v1/pipelines/dl-router/config", y, nil); code != 201 {
+		t.Fatalf("create dl-router: %d %s", code, body)
+	}
+	testenv.Eventually(t, time.Minute, "dl-router running", func() bool {
+		state, _ := in.localStatus("dl-router")
+		return state == "running"
+	})
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox_dl_router (aggregate_type, aggregate_id, type, payload)
+		SELECT 'order', 'o-' || i, 'T', '{}' FROM generate_series(1, 3) i`); err != nil {
+		t.Fatal(err)
+	}
+	inBrowser(t, tab, 10*time.Second, "open dl-router", chromedp.Navigate(ui+"#p=dl-router"))
+	waitJS(t, tab, 60*time.Second, "the router marked as dead-lettering", `!document.querySelector('#page').hidden &&
+		document.querySelector('#flow').dataset.unhealthy === '0:event_router' &&
+		document.querySelector('#flow .stage-box.bad[data-stage="0:event_router"] .why').textContent === 'first unhealthy stage: dead-lettered 3 events' &&
+		!document.querySelector('#flow .stage-box[data-stage="publish"]').classList.contains('bad')`)
 }
 
 // The fleet's tenants, and its failing pipelines: named to sort last, so
@@ -81,7 +120,7 @@ var (
 // headers → sink) and the fleetBroken ones, whose NATS is a port nothing
 // listens on, each with an event to publish; it returns once every one is
 // in its state (running, backing off).
-func startFleet(t *testing.T, n int) *instance {
+func startFleet(t *testing.T, n int) (*instance, fleetEnv) {
 	t.Helper()
 	dsn := testenv.Postgres(t)
 	nats, err := natsserver.Start(0, "")
@@ -134,8 +173,11 @@ func startFleet(t *testing.T, n int) *instance {
 	t.Logf("%d pipelines created in %s", n+len(fleetBroken), time.Since(start).Round(time.Millisecond))
 	waitFleet(t, in, n+len(fleetBroken))
 	t.Logf("%d pipelines in their state %s after the first was created", n+len(fleetBroken), time.Since(start).Round(time.Millisecond))
-	return in
+	return in, fleetEnv{DSN: dsn, NATS: nats.URL(), Subject: subject}
 }
+
+// fleetEnv is where the fleet's pipelines read and publish.
+type fleetEnv struct{ DSN, NATS, Subject string }
 
 // waitFleet waits for the summary to list all pipelines, the broken ones
 // backing off and the rest running.
