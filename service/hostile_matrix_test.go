@@ -51,9 +51,14 @@ func (h *hostile) routeMatrix(t *testing.T) {
 		{"POST", "/api/v1/pipelines/a-matrix/backfill", `{"aggregate_type": "order"}`, "write", true, true},
 		{"POST", "/api/v1/validate", "name: v\nsource: {type: xid8, dsn: x}\nsink: {type: nats, subject: s}\n", "write", false, false},
 		{"GET", "/api/v1/plugins", "", "read", false, false},
+		{"GET", "/api/v1/summary", "", "read", false, false},
+		{"GET", "/api/v1/summary?tenant=team-a", "", "read", true, false},
 		{"GET", "/api/v1/tenants", "", "read", false, false},
 		{"GET", "/api/v1/tenants/team-a", "", "read", true, false},
 		{"PUT", "/api/v1/tenants/team-a", `{"limits": {"rate": 0}}`, "admin", true, false},
+		// team-a has pipelines: the admin's delete is refused (409), after
+		// its scope passed.
+		{"DELETE", "/api/v1/tenants/team-a", "", "admin", true, false},
 		{"GET", "/api/v1/tenants/team-a/secrets", "", "read", true, false},
 		{"PUT", "/api/v1/tenants/team-a/secrets/DB_URL", jsonBody("value", withPassword(h.a.DSN, teamAPW)), "write", true, false},
 		{"DELETE", "/api/v1/tenants/team-a/secrets/DB_URL", "", "write", true, false},
