@@ -230,6 +230,11 @@ func (st *streamSession) promote(ctx context.Context) error {
 		return nil
 	}
 	s.promote = nil
+	// The permanent slot holds the position from now on, streamed yet or
+	// not: if it is gone before the next session streams it, it was lost
+	// (dropped), not never made — reading the snapshot again would hide
+	// that.
+	s.slots.streaming(s.slots.slot)
 	s.log.Info("created replication slot from the initial snapshot's slot", "confirmed", s.confirmedLSN().String())
 	return errSwitchSlot
 }
