@@ -28,13 +28,9 @@ import (
 func TestNoSecretInAnyOutput(t *testing.T) {
 	const dbPassword, natsPassword, token = "db-Pa55word-1", "nats-Pa55word-2", "admin-T0ken-3"
 	amqpUser, amqpPassword := strings.ReplaceAll(testenv.Name("ferrysec"), "_", ""), "amqp-Pa55word-4"
-	if out, err := exec.Command("rabbitmqctl", "add_user", amqpUser, amqpPassword).CombinedOutput(); err != nil {
-		t.Fatalf("rabbitmqctl add_user: %v: %s", err, out)
-	}
+	testenv.RabbitMQCtl(t, "add_user", amqpUser, amqpPassword)
 	t.Cleanup(func() { exec.Command("rabbitmqctl", "delete_user", amqpUser).Run() })
-	if out, err := exec.Command("rabbitmqctl", "set_permissions", amqpUser, ".*", ".*", ".*").CombinedOutput(); err != nil {
-		t.Fatalf("rabbitmqctl set_permissions: %v: %s", err, out)
-	}
+	testenv.RabbitMQCtl(t, "set_permissions", amqpUser, ".*", ".*", ".*")
 	secrets := []string{dbPassword, natsPassword, token, amqpPassword}
 
 	x := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -53,6 +54,26 @@ func RabbitMQControllable(u string) bool {
 	}
 	_, err = exec.LookPath("rabbitmqctl")
 	return err == nil
+}
+
+// RabbitMQCtl runs rabbitmqctl with args and returns its output, failing
+// t on an error. While another test binary has the machine's broker
+// stopped (StopRabbitMQ: packages run at once), the command is refused
+// because the app is not running; it is tried again until the broker is
+// back, for up to two minutes.
+func RabbitMQCtl(t testing.TB, args ...string) []byte {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
+		if err == nil {
+			return out
+		}
+		if !strings.Contains(string(out), "app to be running") || time.Now().After(deadline) {
+			t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // StopRabbitMQ stops the RabbitMQ application on this machine (`rabbitmqctl

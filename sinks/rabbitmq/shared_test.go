@@ -32,9 +32,7 @@ func vhost(t *testing.T) (u string, ok bool) {
 	}
 	name := testenv.Name("ferry_vh")
 	for _, args := range [][]string{{"add_vhost", name}, {"set_permissions", "-p", name, "guest", ".*", ".*", ".*"}} {
-		if out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("rabbitmqctl %v: %v: %s", args, err, out)
-		}
+		testenv.RabbitMQCtl(t, append([]string{"-q"}, args...)...)
 	}
 	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "-q", "delete_vhost", name).Run() })
 	pu, err := url.Parse(base)
@@ -373,9 +371,7 @@ func TestSharedConnectionOutageFailsEveryPipelineAndRecovers(t *testing.T) {
 
 func rabbitctl(t *testing.T, args ...string) {
 	t.Helper()
-	if out, err := exec.Command("rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput(); err != nil {
-		t.Fatalf("rabbitmqctl %v: %v: %s", args, err, out)
-	}
+	testenv.RabbitMQCtl(t, append([]string{"-q"}, args...)...)
 }
 
 func mustParse(t *testing.T, u string) *url.URL {
