@@ -100,6 +100,14 @@ type History struct {
 type Stage struct {
 	Stage  string            `json:"stage"`
 	Events map[string]uint64 `json:"events"`
+	// P99Seconds and MeanSeconds are the time events spent in the stage
+	// over the last window between two reads of the counts (WindowSeconds
+	// long, ending at LatencyAt) that saw events pass it; absent until one
+	// has.
+	P99Seconds    *float64  `json:"p99_seconds,omitempty"`
+	MeanSeconds   *float64  `json:"mean_seconds,omitempty"`
+	WindowSeconds float64   `json:"window_seconds,omitempty"`
+	LatencyAt     time.Time `json:"latency_at,omitzero"`
 }
 
 // History returns one pipeline's lag history and stage counts.

@@ -27,8 +27,12 @@ type stageCounts struct {
 	at         time.Time
 	byName     map[string][]Stage
 	dead       map[string]uint64
+	hists      map[stageKey]stageHist // as last read: the next read's window starts here
 	refreshing bool
 }
+
+// stageKey is one stage of one pipeline.
+type stageKey struct{ pipeline, stage string }
 
 // get returns the counts: read now if never read, else the last read,
 // starting a fresh one in the background once it is older than maxAge.
@@ -50,21 +54,50 @@ func (s *stageCounts) get(g prometheus.Gatherer) (map[string][]Stage, map[string
 }
 
 func (s *stageCounts) refresh(g prometheus.Gatherer) {
-	byName, dead := readStages(g)
+	byName, dead, hists := readStages(g)
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.byName, s.dead, s.at, s.refreshing = byName, dead, time.Now(), false
+	window := now.Sub(s.at).Seconds()
+	for pipeline, stages := range byName {
+		for i := range stages {
+			cur, ok := hists[stageKey{pipeline, stages[i].Stage}]
+			if !ok {
+				continue
+			}
+			if d, ok := cur.since(s.hists[stageKey{pipeline, stages[i].Stage}]); ok && !s.at.IsZero() {
+				p99, mean := d.quantile(0.99), d.sum/float64(d.count)
+				stages[i].P99Seconds, stages[i].MeanSeconds, stages[i].WindowSeconds, stages[i].LatencyAt = &p99, &mean, window, now.UTC()
+				continue
+			}
+			// No event passed it this window: keep the last window that
+			// had some, with its time, rather than show nothing.
+			if j := slices.IndexFunc(s.byName[pipeline], func(p Stage) bool { return p.Stage == stages[i].Stage }); j >= 0 {
+				last := s.byName[pipeline][j]
+				stages[i].P99Seconds, stages[i].MeanSeconds, stages[i].WindowSeconds, stages[i].LatencyAt = last.P99Seconds, last.MeanSeconds, last.WindowSeconds, last.LatencyAt
+			}
+		}
+	}
+	s.byName, s.dead, s.hists, s.at, s.refreshing = byName, dead, hists, now, false
 }
 
 // readStages reads ferry_stage_events_total: each pipeline's stages in
-// the order events pass them, and its events dead-lettered by any stage.
-func readStages(g prometheus.Gatherer) (map[string][]Stage, map[string]uint64) {
-	byName, dead := map[string][]Stage{}, map[string]uint64{}
+// the order events pass them, and its events dead-lettered by any stage;
+// and ferry_stage_duration_seconds, each stage's histogram.
+func readStages(g prometheus.Gatherer) (map[string][]Stage, map[string]uint64, map[stageKey]stageHist) {
+	byName, dead, hists := map[string][]Stage{}, map[string]uint64{}, map[stageKey]stageHist{}
 	families, err := g.Gather()
 	if err != nil && len(families) == 0 {
-		return byName, dead
+		return byName, dead, hists
 	}
 	for _, f := range families {
+		if f.GetName() == "ferry_stage_duration_seconds" {
+			for _, m := range f.GetMetric() {
+				pipeline, stage, _ := labelsOf(m)
+				hists[stageKey{pipeline, stage}] = histOf(m.GetHistogram())
+			}
+			continue
+		}
 		if f.GetName() != "ferry_stage_events_total" {
 			continue
 		}
@@ -87,7 +120,7 @@ func readStages(g prometheus.Gatherer) (map[string][]Stage, map[string]uint64) {
 	for _, stages := range byName {
 		slices.SortStableFunc(stages, func(a, b Stage) int { return stageOrder(a.Stage) - stageOrder(b.Stage) })
 	}
-	return byName, dead
+	return byName, dead, hists
 }
 
 func labelsOf(m *dto.Metric) (pipeline, stage, outcome string) {

@@ -106,7 +106,9 @@ func checkDeadLetterFlow(t *testing.T, tab context.Context, ui string, in *insta
 	waitJS(t, tab, 60*time.Second, "the router marked as dead-lettering", `!document.querySelector('#page').hidden &&
 		document.querySelector('#flow').dataset.unhealthy === '0:event_router' &&
 		document.querySelector('#flow .stage-box.bad[data-stage="0:event_router"] .why').textContent === 'first unhealthy stage: dead-lettered 3 events' &&
-		!document.querySelector('#flow .stage-box[data-stage="publish"]').classList.contains('bad')`)
+		!document.querySelector('#flow .stage-box[data-stage="publish"]').classList.contains('bad') &&
+		/p99\d/.test(document.querySelector('#flow .stage-box[data-stage="0:event_router"] dl').textContent) &&
+		[...document.querySelectorAll('#flow .segment')].map(s => s.dataset.segment).join() === 'commit_to_read,ack_to_consumed,read_to_ack,commit_to_ack'`)
 }
 
 // The fleet's tenants, and its failing pipelines: named to sort last, so

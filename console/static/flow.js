@@ -1,8 +1,11 @@
 // Ferry console, the flow picture of a pipeline's page: source → each
 // transform → sink as boxes, each with its stage's event counts as the
-// history gives them (ferry_stage_events_total), and the first unhealthy
-// stage marked — the one the last error names, or a transform that
-// dead-letters or fails events.
+// history gives them (ferry_stage_events_total) and its p99 over the
+// last window (ferry_stage_duration_seconds), the lag segments along it
+// (commit → read before the source, ack → consumed after the sink, read →
+// ack and commit → ack beneath), and the first unhealthy stage marked —
+// the one the last error names, or a transform that dead-letters or
+// fails events.
 'use strict';
 (() => {
   const F = window.Ferry;
@@ -39,8 +42,8 @@
   };
 
   F.drawFlow = (root, p, hist) => {
-    const counts = {};
-    for (const s of (hist && hist.stages) || []) counts[s.stage] = s.events;
+    const counts = {}, lat = {};
+    for (const s of (hist && hist.stages) || []) { counts[s.stage] = s.events; lat[s.stage] = s; }
     const names = p.stages && p.stages.length ? p.stages : ['read', 'publish'];
     const found = F.firstUnhealthy(p, names, counts);
     const first = found && found.stage;
@@ -60,6 +63,12 @@
       if (n === 'read' && p.health && p.health.checked_at && !p.health.checked_at.startsWith('0001')) {
         dl.append(cell('dt', 'backlog'), cell('dd', num(p.health.backlog)));
       }
+      const l = lat[n];
+      if (l && l.p99_seconds != null) {
+        const dd = cell('dd', F.dur(l.p99_seconds));
+        dd.title = 'mean ' + F.dur(l.mean_seconds) + ', over ' + Math.round(l.window_seconds) + ' s ending ' + new Date(l.latency_at).toLocaleTimeString();
+        dl.append(cell('dt', 'p99'), dd);
+      }
       box.append(dl);
       if (n === first) {
         box.classList.add('bad');
@@ -70,7 +79,19 @@
       box.setAttribute('aria-label', kind + ' ' + title + (n === first ? ', first unhealthy stage' : ''));
       return i ? [Object.assign(cell('span', '→'), { className: 'arrow' }), box] : [box];
     }).flat();
-    root.replaceChildren(...boxes);
+    const seg = (key, label) => {
+      const l = (p.lag || {})[key];
+      const el = cell('span', label + ' ' + (l && l.count ? F.dur(l.p99_seconds) : '—'));
+      el.className = 'segment';
+      el.dataset.segment = key;
+      el.title = label + ', p99 over the last minute' + (l && l.count ? ' (p50 ' + F.dur(l.p50_seconds) + ')' : ': no event');
+      return el;
+    };
+    const arrow = () => Object.assign(cell('span', '→'), { className: 'arrow' });
+    const along = cell('p', '');
+    along.className = 'segments';
+    along.append(seg('read_to_ack', 'read → ack'), seg('commit_to_ack', 'commit → ack'));
+    root.replaceChildren(seg('commit_to_read', 'commit → read'), arrow(), ...boxes, arrow(), seg('ack_to_consumed', 'ack → consumed'), along);
     root.dataset.unhealthy = first || '';
   };
 })();
