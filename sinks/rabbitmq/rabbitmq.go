@@ -100,9 +100,10 @@ func New(cfg *Config, env plugins.Env) (*Sink, error) {
 		enc: format.New(cfg.Encoding, format.AMQP, env)}, nil
 }
 
-// Start connects, opens the channel pool and declares the exchange (with
-// declare: true) or checks that it exists. It may be called again after an
-// error. Later connection losses are repaired by the next Publish.
+// Start connects, declares the exchange (with declare: true) or checks
+// that it exists, and reserves the channel pool, which opens at the first
+// publish. It may be called again after an error. Later connection losses
+// are repaired by the next Publish.
 func (s *Sink) Start(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

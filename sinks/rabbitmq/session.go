@@ -32,22 +32,16 @@ type session struct {
 	closed bool // no channel is reopened once set
 }
 
-// openSession declares (or checks) the exchange on conn and opens the
-// sink's channel pool there.
+// openSession declares (or checks) the exchange on conn and makes room
+// for the sink's channel pool there. The channels open at their first
+// publish: an idle pipeline holds none, so a thousand idle pipelines cost
+// the broker no channel processes and Ferry no confirm dispatchers (their
+// places in the connection's channel_max stay reserved, see Start).
 func (s *Sink) openSession(conn *amqp.Connection) (*session, error) {
 	if err := s.declare(conn); err != nil {
 		return nil, err
 	}
-	sess := &session{conn: conn, chans: make([]*confirmChannel, s.cfg.Channels)}
-	for i := range sess.chans {
-		c, err := openConfirmChannel(conn, s.log)
-		if err != nil {
-			sess.close()
-			return nil, fmt.Errorf("open rabbitmq channel: %w", err)
-		}
-		sess.chans[i] = c
-	}
-	return sess, nil
+	return &session{conn: conn, chans: make([]*confirmChannel, s.cfg.Channels)}, nil
 }
 
 // close closes the session's channels (their publishes still waiting
@@ -119,12 +113,13 @@ func (s *Sink) current() (*session, error) {
 	return s.sess, nil
 }
 
-// channel returns pool slot i, reopening it if the broker closed it.
+// channel returns pool slot i, opening it at its first use and again if
+// the broker closed it.
 func (sess *session) channel(i int, log *slog.Logger) (*confirmChannel, error) {
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
 	c := sess.chans[i]
-	if c.alive() {
+	if c != nil && c.alive() {
 		return c, nil
 	}
 	if sess.closed {
@@ -132,7 +127,7 @@ func (sess *session) channel(i int, log *slog.Logger) (*confirmChannel, error) {
 	}
 	c, err := openConfirmChannel(sess.conn, log)
 	if err != nil {
-		return nil, fmt.Errorf("reopen rabbitmq channel: %w", err)
+		return nil, fmt.Errorf("open rabbitmq channel: %w", err)
 	}
 	sess.chans[i] = c
 	return c, nil

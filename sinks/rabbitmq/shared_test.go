@@ -69,6 +69,30 @@ func brokerConnections(t *testing.T, u string) int {
 	return n
 }
 
+// brokerChannels is how many channels the broker lists in the vhost of u.
+func brokerChannels(t *testing.T, u string) int {
+	t.Helper()
+	pu, _ := url.Parse(u)
+	vh := strings.TrimPrefix(pu.Path, "/")
+	out, err := exec.Command("rabbitmqctl", "-q", "--formatter", "json", "list_channels", "vhost").Output()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_channels: %v", err)
+	}
+	var chans []struct {
+		VHost string `json:"vhost"`
+	}
+	if err := json.Unmarshal(out, &chans); err != nil {
+		t.Fatalf("rabbitmqctl list_channels: %v: %s", err, out)
+	}
+	n := 0
+	for _, c := range chans {
+		if c.VHost == vh {
+			n++
+		}
+	}
+	return n
+}
+
 // Twenty pipelines on one broker share one connection (as the registry,
 // ferry_broker_connections' source, and the broker itself count it), each
 // delivers every one of its events in order, one whose messages no queue
@@ -102,6 +126,12 @@ func TestPipelinesShareOneConnection(t *testing.T) {
 	if controllable {
 		if n := brokerConnections(t, u); n != 1 {
 			t.Fatalf("the broker lists %d ferry connections in the test's vhost, want 1", n)
+		}
+		// Idle pipelines hold no channels: each opens its pool at its
+		// first publish (the collector's queue reader is on a connection
+		// of its own, and its channel is in the vhost too).
+		if n := brokerChannels(t, u); n > 1 {
+			t.Fatalf("%d started, idle pipelines: the broker lists %d channels in the test's vhost, want at most the collector's 1", pipelines+1, n)
 		}
 	}
 
