@@ -32,8 +32,15 @@ func (st *streamSession) decode(ctx context.Context, walData []byte) error {
 // shared stream decoded once and routed to this member.
 func (st *streamSession) apply(ctx context.Context, m pglogrepl.Message) error {
 	s := st.s
+	if st.beyond {
+		return nil
+	}
 	switch m := m.(type) {
 	case *pglogrepl.BeginMessage:
+		if s.until != 0 && m.FinalLSN >= s.until {
+			st.beyond = true // the shared stream's (migrate.go)
+			return nil
+		}
 		st.inTx, st.commitLSN, st.commitTime, st.ordinal = true, m.FinalLSN, m.CommitTime, 0
 		st.prevEnd = s.readEnd
 	case *pglogrepl.RelationMessage:

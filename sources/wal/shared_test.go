@@ -410,3 +410,110 @@ func joinOnce(t *testing.T, pool *pgxpool.Pool, pipeline string) {
 		return n == 1
 	})
 }
+
+// startOwn starts member i with a slot of its own, as before slot_mode:
+// shared.
+func (f *sharedFixture) startOwn(i int) {
+	f.srcs[i] = startDirect(f.t, f.dsn, f.names[i], 100, func(c *wal.Config) {
+		c.InitialSnapshot = false
+		c.Table = f.table(i)
+	})
+}
+
+func (f *sharedFixture) slotExists(name string) bool {
+	var n int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n > 0
+}
+
+// A pipeline switched from slot_mode: own to shared moves itself: what
+// committed while it was stopped comes from its own slot, what commits
+// from its joining on from the shared one — including a transaction open
+// across the switch — each event once, in commit order per aggregate; its
+// own slot and publication are dropped, and the other member streams on.
+// The first attempt's broker holds every message, so the move cannot
+// finish and the pipeline is stopped in the middle of it; the second
+// attempt finishes it.
+func TestMigrateOwnSlotToShared(t *testing.T) {
+	const moving, other = 0, 1
+	f := newSharedFixture(t, 2)
+	own := wal.DefaultName(f.names[moving])
+	f.startOwn(moving)
+	f.start(other)
+	waitStreaming(t, f.pool, own)
+	f.waitJoined(1)
+	f.writeRace(moving, 3)
+	f.waitCount(moving, 6)
+	f.writeRace(other, 2)
+	f.waitCount(other, 4)
+	testenv.Eventually(t, 30*time.Second, "the own slot confirmed past the first events", func() bool {
+		return readSlot(t, f.pool, own).confirmed >= currentLSN(t, f.pool)
+	})
+	f.srcs[moving].src.Close()
+	from := f.snapshotSeq(moving)
+	f.writeRace(moving, 4) // committed while stopped: in the own slot only
+
+	// A transaction that wrote before the switch and commits after the
+	// table joined the shared publication: the shared slot does not have
+	// its row, so the switch waits for it and takes it from the own slot.
+	ctx := context.Background()
+	open, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx)
+	if _, err := open.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (aggregate_type, aggregate_id, type, payload)
+		VALUES ('order', 'agg-open', 'T', jsonb_build_object('agg', 'agg-open', 'seq', 1))`, f.table(moving))); err != nil {
+		t.Fatal(err)
+	}
+
+	// The switch, stopped half-way: its row exists, its own slot is not
+	// confirmed past the events it holds.
+	f.start(moving)
+	f.srcs[moving].hold()
+	f.waitJoined(2)
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(f.srcs[moving].logs.String())
+		}
+	})
+	f.waitCount(moving, 1) // one in flight per aggregate: the others wait behind it
+	f.srcs[moving].src.Close()
+	if !f.slotExists(own) {
+		t.Fatal("the own slot was dropped before its events were acked")
+	}
+
+	f.start(moving)
+	f.seq[moving]["agg-open"] = 1
+	f.writeRace(moving, 2)
+	f.waitCount(moving, 8+1+4)
+
+	f.assertExactly(moving, from)
+	testenv.Eventually(t, 30*time.Second, "the own slot dropped and the move logged", func() bool {
+		return !f.slotExists(own) && strings.Contains(f.srcs[moving].logs.String(), "moved the pipeline to the shared slot")
+	})
+	var pubs int
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, own).Scan(&pubs); err != nil || pubs != 0 {
+		t.Fatalf("the own publication: %d left (%v), want dropped", pubs, err)
+	}
+	otherFrom := f.snapshotSeq(other)
+	f.srcs[other].src.Close()
+	f.start(other)
+	f.writeRace(other, 2)
+	f.waitCount(other, 4)
+	f.assertExactly(other, otherFrom)
+
+	// After the move the pipeline is an ordinary member: a restart
+	// resumes from its row.
+	f.srcs[moving].src.Close()
+	from = f.snapshotSeq(moving)
+	f.writeRace(moving, 2)
+	f.start(moving)
+	f.waitCount(moving, 4)
+	f.assertExactly(moving, from)
+}

@@ -26,9 +26,20 @@ func (s *Source) runShared(runCtx context.Context) {
 		s.fail(err)
 	} else {
 		m := &member{src: s, ctx: runCtx}
-		s.memberLoop(runCtx, h, m)
-		h.leave(m)
-		s.leaveShared(h, m)
+		// Running while it moves off its own slot, too: the watcher must
+		// not call it stopped.
+		h.mu.Lock()
+		h.all[m] = struct{}{}
+		h.mu.Unlock()
+		if s.migrateLoop(runCtx, h) {
+			s.memberLoop(runCtx, h, m)
+			h.leave(m)
+			s.leaveShared(h, m)
+		} else {
+			// Stopped while moving: the own slot holds its position, and
+			// the member's row stays at the shared position.
+			h.leave(m)
+		}
 		h.release()
 	}
 	s.stream.win.Close()
@@ -65,6 +76,34 @@ func (s *Source) memberLoop(ctx context.Context, h *sharedStream, m *member) {
 		case <-time.After(d):
 		}
 	}
+}
+
+// migrateLoop moves the member off its former own slot (migrate.go),
+// retrying with backoff; false when ctx ended or the source failed.
+func (s *Source) migrateLoop(ctx context.Context, h *sharedStream) bool {
+	bo := retry.Backoff()
+	for ctx.Err() == nil {
+		err := s.migrate(ctx, h)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		var f *fatal
+		if errors.As(err, &f) {
+			s.fail(err)
+			return false
+		}
+		d := bo.NextBackOff()
+		s.env.Report.Failing(fmt.Errorf("wal source (moving to shared slot %s): %w", h.slot, err), d)
+		s.log.Error("wal source cannot move from its own slot to the shared slot; retrying", "err", redact.Error(err), "retry_in", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+	return false
 }
 
 // member waits while the stream routes the member's events. It returns

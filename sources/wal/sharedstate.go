@@ -101,9 +101,16 @@ func (h *sharedStream) register(ctx context.Context, log *slog.Logger, pipeline 
 		}
 		log.Info("added the outbox table to the shared publication", "table", qualified, "publication", h.publication)
 	}
+	// The insert position, not pg_current_wal_lsn() (what was written out):
+	// with synchronous_commit off, commits that already happened — the
+	// ALTER PUBLICATION above among them — can lie past the written
+	// position. Every transaction committed before this one must lie
+	// before a new member's position: a transaction below it is skipped
+	// by the shared stream (and, for a member moving off its own slot,
+	// delivered from that slot instead).
 	var lsn string
 	err := h.pool.QueryRow(ctx, `INSERT INTO `+MembersTable+` (slot, pipeline, outbox_table, confirmed_lsn)
-		VALUES ($1, $2, $3, pg_current_wal_lsn())
+		VALUES ($1, $2, $3, pg_current_wal_insert_lsn())
 		ON CONFLICT (slot, pipeline) DO UPDATE SET outbox_table = excluded.outbox_table
 		RETURNING confirmed_lsn::text`, h.slot, pipeline, table.Schema+"."+table.Name).Scan(&lsn)
 	if err != nil {

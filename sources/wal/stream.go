@@ -49,6 +49,9 @@ type streamer struct {
 	promote   *promotion    // the initial snapshot's slot, until its rows are acked and it is promoted
 	skip      *keySet       // ids the initial snapshot delivered that the stream may send again
 	skipUntil pglogrepl.LSN // ... in transactions committed up to here
+	// until, when set, ends the stream before the first transaction that
+	// committed at or after it (moving to the shared slot, migrate.go).
+	until pglogrepl.LSN
 
 	confirmed atomic.Uint64 // the LSN last confirmed to the server
 	pending   pendingTxs
@@ -115,6 +118,9 @@ type streamSession struct {
 	// hub is the shared stream the session is a member's part of (nil for
 	// a slot of its own): it owns the connection and the status updates.
 	hub *sharedStream
+	// beyond is set at the BEGIN of the first transaction at or after
+	// s.until: the session ends without delivering it.
+	beyond bool
 }
 
 // run streams slot on conn (started) until ctx ends — then it drains and
@@ -135,6 +141,11 @@ func (s *streamer) run(ctx context.Context, conn *pgconn.PgConn, slot string) er
 		}
 		if !time.Now().Before(st.nextStatus) || s.win.Unrecorded() >= s.recordAt {
 			if err := st.sendStatus(); err != nil {
+				return err
+			}
+		}
+		if s.until != 0 && (st.beyond || !st.inTx && s.readEnd >= s.until) {
+			if done, err := st.caughtUp(); done {
 				return err
 			}
 		}
@@ -186,6 +197,26 @@ func (s *streamer) run(ctx context.Context, conn *pgconn.PgConn, slot string) er
 			return errors.New("the server ended the replication stream")
 		}
 	}
+}
+
+// caughtUp ends a stream that reached s.until once every event read
+// before it was acked: it confirms them and returns errCaughtUp. Until
+// then the session reads on (ignoring what lies past s.until) and keeps
+// sending status updates. Not finish: its drain stops the window for
+// good, and the member goes on with this window in the shared stream.
+func (st *streamSession) caughtUp() (bool, error) {
+	w := st.s.win.Stats()
+	if w.Held > w.Unrecorded {
+		return false, nil
+	}
+	if err := st.sendStatus(); err != nil {
+		return true, err
+	}
+	_ = st.conn.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), st.conn); err != nil {
+		st.s.log.Debug("end replication stream", "err", redact.Error(err))
+	}
+	return true, errCaughtUp
 }
 
 func isTimeout(err error) bool {
