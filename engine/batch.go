@@ -244,6 +244,7 @@ var errNotAttempted = errors.New("not delivered")
 // (plugins.MetaError, and plugins.MetaErrorPermanent with the reason when
 // no retry can fix it).
 func recordError(rep *reporter, msg *message.Message, err error) {
+	ownMetadata(msg)
 	msg.Metadata.Set(plugins.MetaError, rep.errorText(err))
 	if reason, ok := plugins.IsPermanent(err); ok {
 		msg.Metadata.Set(plugins.MetaErrorPermanent, reason)

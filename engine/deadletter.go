@@ -66,6 +66,7 @@ func (p *Pipeline) deadLetterMiddleware() (message.HandlerMiddleware, error) {
 func (p *Pipeline) deadLetter(d *delivery, i int, poison message.HandlerMiddleware) {
 	msg, st := d.events[i], &d.state[i]
 	cause := st.err
+	ownMetadata(msg) // the poison queue and the reason headers write into it
 	_, err := poison(func(msg *message.Message) ([]*message.Message, error) {
 		reason, ok := plugins.IsPermanent(cause)
 		if !ok {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -172,7 +173,7 @@ func (p *Pipeline) transform(d *delivery, i int, now time.Time) {
 	// traceparent and the publish metrics' context mark change the message
 	// published; the event as read stays untouched for a retry and the
 	// dead-letter topic.
-	out := m.CopyWithContext()
+	out := copyEvent(m)
 	n := len(p.Stages)
 	times := d.times[i*n : (i+1)*n]
 	if p.canary.Route(out) {
@@ -462,4 +463,26 @@ func process(st Stage, m *message.Message) (out []*message.Message, err error) {
 		}
 	}()
 	return st.Transform.Process(m)
+}
+
+// copyEvent is Watermill's CopyWithContext with the metadata cloned in one
+// allocation (Copy sets each key into a map that grows as it goes).
+func copyEvent(m *message.Message) *message.Message {
+	out := message.NewMessage(m.UUID, m.Payload)
+	if m.Metadata != nil {
+		out.Metadata = maps.Clone(m.Metadata)
+	}
+	out.SetContext(m.Context())
+	return out
+}
+
+// ownMetadata gives an event as received a metadata map of its own before
+// the engine writes into it (its error, the dead-letter headers): a
+// source's window shares the map with the row as read, which a redelivery
+// starts from (sources/window).
+func ownMetadata(m *message.Message) {
+	m.Metadata = maps.Clone(m.Metadata)
+	if m.Metadata == nil {
+		m.Metadata = message.Metadata{}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -35,6 +36,10 @@ type memSource struct {
 	reads    map[string]int
 	finished chan struct{} // closed once every event was acked
 	done     bool          // finished is closed
+
+	// rows, when set, holds each event's metadata as read: every read
+	// shares it, as sources/window's dispatches do.
+	rows map[string]message.Metadata
 }
 
 func newMemSource(n int) *memSource {
@@ -47,9 +52,16 @@ func newMemSource(n int) *memSource {
 
 func (s *memSource) read(id string) *message.Message {
 	m := message.NewMessage(id, []byte(`{"id":"`+id+`"}`))
+	s.reads[id]++
+	if md, ok := s.rows[id]; ok {
+		m.Metadata = md
+		return m
+	}
 	m.Metadata.Set(plugins.MetaAggregateID, "agg-"+id)
 	m.Metadata.Set(plugins.MetaReadAt, plugins.FormatTime(time.Now()))
-	s.reads[id]++
+	if s.rows != nil {
+		s.rows[id] = m.Metadata
+	}
 	return m
 }
 
@@ -387,6 +399,58 @@ func TestPermanentRefusalDeadLettersWithoutRetry(t *testing.T) {
 	}
 	if got := len(published["events"]); got != n-1 {
 		t.Errorf("%d events published, want %d (all but the refused one)", got, n-1)
+	}
+}
+
+// A source's window shares an event's metadata between its dispatches (the
+// row as read). The engine writes an event's error into it, and the
+// dead-letter headers, only on a map of its own: the row as read keeps its
+// two keys, and a redelivery starts from it.
+func TestFailedEventLeavesTheRowAsRead(t *testing.T) {
+	const victim = "ev-002"
+	for _, deadLetter := range []bool{false, true} {
+		t.Run(fmt.Sprintf("dead_letter=%v", deadLetter), func(t *testing.T) {
+			src, snk := newMemSource(5), newRecordingSink()
+			src.rows = map[string]message.Metadata{}
+			tr := &countingTransform{calls: map[string]int{}, fail: func(m *message.Message, call int) error {
+				if m.UUID == victim && (deadLetter || call == 1) {
+					return errors.New("cannot transform")
+				}
+				return nil
+			}}
+			extra := ""
+			if deadLetter {
+				extra = "dead_letter: {topic: dlq}\n"
+			}
+			memPipeline(t, src, tr, snk, extra, engine.Options{Retry: &middleware.Retry{MaxRetries: 1, InitialInterval: 10 * time.Millisecond}}, nil)
+			select {
+			case <-src.finished:
+			case <-time.After(30 * time.Second):
+				t.Fatal("not every event was acked")
+			}
+			_, nacked, _ := src.counts()
+			if !deadLetter && nacked[victim] != 1 {
+				t.Fatalf("%s nacked %d times, want once (its source redelivers it)", victim, nacked[victim])
+			}
+			src.mu.Lock()
+			row := maps.Clone(src.rows[victim])
+			src.mu.Unlock()
+			if len(row) != 2 || row.Get(plugins.MetaError) != "" || row.Get(engine.HeaderDeadLetterReason) != "" {
+				t.Errorf("the row as read now holds %v: the engine wrote into the metadata a redelivery starts from", row)
+			}
+			_, published, _, _ := snk.snapshot()
+			if deadLetter {
+				if dl := published["dlq"]; len(dl) != 1 || dl[0].Metadata.Get(engine.HeaderDeadLetterReason) != "transform_error" {
+					t.Errorf("dead letters %v, want %s with its reason headers", dl, victim)
+				}
+				return
+			}
+			for _, m := range published["events"] {
+				if m.Metadata.Get(plugins.MetaError) != "" {
+					t.Errorf("%s published with the error of an earlier attempt: %v", m.UUID, m.Metadata)
+				}
+			}
+		})
 	}
 }
 

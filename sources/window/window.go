@@ -32,7 +32,6 @@ package window
 import (
 	"context"
 	"errors"
-	"maps"
 	"sync"
 	"time"
 
@@ -136,6 +135,12 @@ func New[P any](cfg Config) *Window[P] {
 }
 
 // Messages is the channel the router consumes. It is closed by Close.
+//
+// A message's Metadata map is the message as read, shared with every later
+// dispatch of it (see dispatchLocked): a receiver that changes metadata
+// gives the message a map of its own first (Ferry's engine copies an event
+// before its transforms, and detaches the map of a failed one before
+// writing the error into it).
 func (w *Window[P]) Messages() <-chan *message.Message { return w.out }
 
 // Progressed is signalled (coalesced) whenever the acked prefix moves.
@@ -269,13 +274,15 @@ func (w *Window[P]) withdrawLocked(m *message.Message) {
 	}
 }
 
-// dispatchLocked hands a copy of e to the router; the sweeper collects its
-// verdict. A copy, because transforms may change the message they get, and a
-// redelivery must start again from the row as read.
+// dispatchLocked hands a new message for e to the router; the sweeper
+// collects its verdict. A new message, because a Watermill message is acked
+// once and a redelivery needs its own; its metadata is the row as read,
+// shared, not cloned: cloning it cost 12 % of a drain's allocations, and
+// the router's copy for the transforms is a clone already (see Messages).
 func (w *Window[P]) dispatchLocked(e *entry[P]) {
 	w.dispatched++
 	m := message.NewMessage(e.msg.UUID, e.msg.Payload)
-	m.Metadata = maps.Clone(e.msg.Metadata)
+	m.Metadata = e.msg.Metadata
 	e.sent = m
 	w.outstanding.Add(1)
 	w.inflight = append(w.inflight, e)
