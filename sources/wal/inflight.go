@@ -46,13 +46,14 @@ func (st *streamSession) admit(ctx context.Context, key string, pos Position, ms
 			t := time.NewTimer(max(time.Until(st.nextStatus), 0))
 			select {
 			case <-s.win.Progressed():
+			case <-s.updates.recorded:
 			case <-t.C:
 			case <-ctx.Done():
 				t.Stop()
 				return ctx.Err()
 			}
 			t.Stop()
-			if !time.Now().Before(st.nextStatus) || s.win.Unrecorded() >= s.recordAt {
+			if st.statusDue() {
 				if err := st.sendStatus(); err != nil {
 					return err
 				}

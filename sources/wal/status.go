@@ -97,6 +97,9 @@ func (st *streamSession) sendStatus() error {
 		st.nextStatus = time.Now().Add(s.cfg.StatusInterval)
 		return st.hub.progress(false)
 	}
+	if err := s.updates.failure(serverSilence); err != nil {
+		return err
+	}
 	confirm, mark := s.deliverable()
 	write := max(s.readEnd, confirm)
 	if confirm == 0 {
@@ -113,9 +116,26 @@ func (st *streamSession) sendStatus() error {
 	if ask {
 		st.asked = now
 	}
-	s.recorded(confirm, mark)
+	s.sent(confirm, mark)
 	st.nextStatus = time.Now().Add(s.cfg.StatusInterval)
 	return nil
+}
+
+// statusDue reports whether a status update is due: its interval passed,
+// or half the window was acked since the last one (so Admit never stalls
+// waiting for it).
+func (st *streamSession) statusDue() bool {
+	s := st.s
+	if !time.Now().Before(st.nextStatus) {
+		return true
+	}
+	if st.hub != nil {
+		return s.win.Unrecorded() >= s.recordAt
+	}
+	// Counted from the last update written, not from what was recorded:
+	// an update awaiting the slot needs no other.
+	_, mark, _ := s.win.Prefix()
+	return int(mark-s.sentMark) >= s.recordAt
 }
 
 // deliverable is how far the window delivered: the LSN the slot may be
@@ -136,8 +156,8 @@ func (s *streamer) deliverable() (pglogrepl.LSN, window.Mark) {
 }
 
 // recorded notes that confirm (and the events up to mark) was made durable:
-// confirmed to the server, or, for a member of a shared stream, written to
-// its row of the members table.
+// shown by the slot (confirm.go), or, for a member of a shared stream,
+// written to its row of the members table.
 func (s *streamer) recorded(confirm pglogrepl.LSN, mark window.Mark) {
 	s.advanceConfirmed(confirm)
 	s.pending.confirmedTo(confirm)
@@ -186,6 +206,8 @@ func (st *streamSession) finish() error {
 	_ = st.conn.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), st.conn); err != nil {
 		s.log.Debug("end replication stream", "err", redact.Error(err))
+	} else {
+		s.serverHasAll()
 	}
 	s.log.Info("wal source stopped", "confirmed", s.confirmedLSN().String())
 	return nil

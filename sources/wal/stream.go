@@ -53,8 +53,10 @@ type streamer struct {
 	// committed at or after it (moving to the shared slot, migrate.go).
 	until pglogrepl.LSN
 
-	confirmed atomic.Uint64 // the LSN last confirmed to the server
+	confirmed atomic.Uint64 // the LSN the slot showed last (see confirm.go)
 	pending   pendingTxs
+	updates   sentUpdates // status updates written, awaiting the slot
+	sentMark  window.Mark // the mark of the last status update written
 
 	// Backfills beside the stream, and resets to a time sent before it;
 	// owned by the run goroutine (sessions and their streams). See backfill.go.
@@ -65,7 +67,7 @@ type streamer struct {
 func newStreamer(cfg *Config, env plugins.Env, log *slog.Logger, slots *slotManager) *streamer {
 	return &streamer{cfg: cfg, env: env, log: log, slots: slots,
 		win:      window.New[Position](window.Config{MaxInFlight: env.MaxInFlight}),
-		recordAt: max(1, env.MaxInFlight/2), typeMap: pgtype.NewMap()}
+		recordAt: max(1, env.MaxInFlight/2), typeMap: pgtype.NewMap(), updates: newSentUpdates()}
 }
 
 // start sends START_REPLICATION for slot on conn.
@@ -133,13 +135,14 @@ func (s *streamer) run(ctx context.Context, conn *pgconn.PgConn, slot string) er
 	// read loop then finds ctx done and shuts down in order.
 	stopWake := context.AfterFunc(ctx, func() { _ = netConn.SetReadDeadline(time.Now()) })
 	defer stopWake()
+	defer s.startConfirmer(slot)()
 
 	var deadline time.Time
 	for {
 		if ctx.Err() != nil {
 			return st.finish()
 		}
-		if !time.Now().Before(st.nextStatus) || s.win.Unrecorded() >= s.recordAt {
+		if st.statusDue() {
 			if err := st.sendStatus(); err != nil {
 				return err
 			}
@@ -215,6 +218,8 @@ func (st *streamSession) caughtUp() (bool, error) {
 	_ = st.conn.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := pglogrepl.SendStandbyCopyDone(context.Background(), st.conn); err != nil {
 		st.s.log.Debug("end replication stream", "err", redact.Error(err))
+	} else {
+		st.s.serverHasAll()
 	}
 	return true, errCaughtUp
 }
