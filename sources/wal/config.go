@@ -64,6 +64,14 @@ type Config struct {
 	// slot and publication names, share one slot, one publication and one
 	// walsender; each keeps its own progress). Default "own".
 	SlotMode string `yaml:"slot_mode"`
+	// SplitAfterBytes bounds what a stopped or paused member of a shared
+	// stream holds: once it is more than this many bytes of WAL behind, it
+	// gets a slot of its own, a copy of the shared slot advanced to its
+	// position, and the shared slot is no longer held for it; it moves back
+	// when it runs again. A setting of the stream (the first member's, like
+	// status_interval). 0 holds the shared slot for it without bound.
+	// Default 1073741824 (1 GiB).
+	SplitAfterBytes int64 `yaml:"split_after_bytes"`
 	// TemporarySlot uses a slot that PostgreSQL drops when Ferry disconnects:
 	// nothing is retained while Ferry is down, and nothing committed meanwhile
 	// is delivered. For development. Default false.
@@ -101,6 +109,7 @@ func DefaultConfig() *Config {
 		Outbox:            pgsource.DefaultOutbox(),
 		OnSlotLost:        OnSlotLostFail,
 		SlotMode:          SlotModeOwn,
+		SplitAfterBytes:   1 << 30,
 		InitialSnapshot:   true,
 		HeartbeatInterval: time.Minute,
 		StatusInterval:    200 * time.Millisecond,
@@ -130,6 +139,9 @@ func (c *Config) Validate() error {
 		p.Add("on_slot_lost", "want %q or %q, got %q", OnSlotLostFail, OnSlotLostRecreate, c.OnSlotLost)
 	}
 	c.validateShared(&p)
+	if c.SplitAfterBytes < 0 {
+		p.Add("split_after_bytes", "must be 0 (never split) or a number of bytes, got %d", c.SplitAfterBytes)
+	}
 	if c.HeartbeatInterval < 0 || (c.HeartbeatInterval > 0 && c.HeartbeatInterval < 100*time.Millisecond) {
 		p.Add("heartbeat_interval", "must be 0 (off) or at least 100ms, got %s", c.HeartbeatInterval)
 	}

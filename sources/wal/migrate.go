@@ -30,6 +30,10 @@ import (
 // A crash anywhere in between resumes the same way: the row keeps J and
 // the own slot its confirmed position (re-sends are the usual ones of a
 // crash: what was delivered but not yet confirmed).
+//
+// A member the stream split off (sharedsplit.go) comes back the same way:
+// its own slot is a copy of the shared slot, read through the shared
+// publication, and its row holds the shared slot again from step 1's J.
 
 // errCaughtUp ends the own slot's last session: every transaction that
 // committed before the shared position was delivered and confirmed.
@@ -44,13 +48,17 @@ func (s *Source) migrate(ctx context.Context, h *sharedStream) error {
 	if name == h.slot {
 		return nil
 	}
-	old, st, _, err := s.registerMigration(ctx, h, name)
+	old, st, split, err := s.registerMigration(ctx, h, name)
 	if err != nil || !st.exists {
 		return err
 	}
 	until, err := s.sharedPosition(ctx, h)
 	if err != nil {
 		return err
+	}
+	if st.lost() && split {
+		return fatalf("the pipeline's own slot %s, split off the shared slot while it was stopped, cannot be read (%s): events committed after %s are lost; "+
+			"backfill them, then drop the slot: SELECT pg_drop_replication_slot('%s')", name, st.lostReason(), st.confirmedFlush, name)
 	}
 	if st.lost() {
 		return fatalf("the pipeline's former own slot %s cannot be read (%s): events committed after %s that the shared slot does not have (it starts at %s) are lost; "+
@@ -70,7 +78,11 @@ func (s *Source) migrate(ctx context.Context, h *sharedStream) error {
 	if _, err := h.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, name); err != nil {
 		return fmt.Errorf("drop the former own slot %s: %w", name, err)
 	}
-	if _, err := h.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{name}.Sanitize()); err != nil {
+	if split {
+		if _, err := h.pool.Exec(ctx, `UPDATE `+MembersTable+` SET split_at = NULL WHERE slot = $1 AND pipeline = $2`, h.slot, s.env.Pipeline); err != nil {
+			return fmt.Errorf("record the move back in %s: %w", MembersTable, err)
+		}
+	} else if _, err := h.pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{name}.Sanitize()); err != nil {
 		s.log.Warn("drop the former own publication; drop it by hand", "publication", name, "err", redact.Error(err))
 	}
 	s.log.Info("moved the pipeline to the shared slot; dropped its own slot", "own_slot", name, "shared_slot", h.slot, "at", until.String())
@@ -79,34 +91,56 @@ func (s *Source) migrate(ctx context.Context, h *sharedStream) error {
 
 // registerMigration opens the shared stream's pool and, when the member's
 // former own slot exists in its database, registers the member and
-// returns the slot, its state and the member's shared position.
-func (s *Source) registerMigration(ctx context.Context, h *sharedStream, name string) (*slotManager, slotState, pglogrepl.LSN, error) {
+// returns the slot, its state and whether it is a split-off copy of the
+// shared slot.
+func (s *Source) registerMigration(ctx context.Context, h *sharedStream, name string) (*slotManager, slotState, bool, error) {
 	h.joinMu.Lock()
 	defer h.joinMu.Unlock()
 	if err := h.open(ctx); err != nil {
-		return nil, slotState{}, 0, err
+		return nil, slotState{}, false, err
 	}
 	s.pool, s.slots.pool, s.stream.pool, s.boot.pool = h.pool, h.pool, h.pool, h.pool
-	old := newSlotManager(s.cfg, s.env, s.log, name, name)
+	split, held, at, err := h.splitRow(ctx, s.env.Pipeline)
+	if err != nil {
+		return nil, slotState{}, false, err
+	}
+	// A copy of the shared slot decodes with the catalog of the time its
+	// WAL was written: only the shared publication had the table then.
+	publication := name
+	if split {
+		publication = h.publication
+	}
+	old := newSlotManager(s.cfg, s.env, s.log, name, publication)
 	old.pool, old.server = h.pool, h.slots.server
 	st, err := old.state(ctx, name)
 	if err != nil {
-		return nil, slotState{}, 0, fmt.Errorf("read slot %s: %w", name, err)
+		return nil, slotState{}, false, fmt.Errorf("read slot %s: %w", name, err)
 	}
 	var db string
 	if err := h.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
-		return nil, slotState{}, 0, err
+		return nil, slotState{}, false, err
 	}
 	if !st.exists || st.database != db || st.temporary {
-		return nil, slotState{}, 0, nil
+		switch {
+		case split && !held:
+			return nil, slotState{}, false, fatalf("the pipeline was split off the shared slot %s at %s onto a slot of its own, %s, which no longer exists: "+
+				"events committed after %s are lost; backfill them, then delete its row so that it joins the shared slot anew: "+
+				"DELETE FROM %s WHERE slot = '%s' AND pipeline = '%s'", h.slot, at, name, at, MembersTable, h.slot, s.env.Pipeline)
+		case split:
+			// Moved back, and stopped before the row said so.
+			if _, err := h.pool.Exec(ctx, `UPDATE `+MembersTable+` SET split_at = NULL WHERE slot = $1 AND pipeline = $2`, h.slot, s.env.Pipeline); err != nil {
+				return nil, slotState{}, false, fmt.Errorf("record the move back in %s: %w", MembersTable, err)
+			}
+		}
+		return nil, slotState{}, false, nil
 	}
 	if err := s.prepareTable(ctx); err != nil {
-		return nil, slotState{}, 0, err
+		return nil, slotState{}, false, err
 	}
 	if _, err := h.register(ctx, s.log, s.env.Pipeline, s.stream.table); err != nil {
-		return nil, slotState{}, 0, err
+		return nil, slotState{}, false, err
 	}
-	return old, st, 0, nil
+	return old, st, split, nil
 }
 
 // sharedPosition waits until every transaction open now has ended, then
@@ -143,7 +177,7 @@ func (s *Source) sharedPosition(ctx context.Context, h *sharedStream) (pglogrepl
 		}
 	}
 	var lsn string
-	err := h.pool.QueryRow(ctx, `UPDATE `+MembersTable+` SET confirmed_lsn = pg_current_wal_insert_lsn(), updated_at = now()
+	err := h.pool.QueryRow(ctx, `UPDATE `+MembersTable+` SET confirmed_lsn = pg_current_wal_insert_lsn(), updated_at = now(), held = true
 		WHERE slot = $1 AND pipeline = $2 RETURNING confirmed_lsn::text`, h.slot, s.env.Pipeline).Scan(&lsn)
 	if err != nil {
 		return 0, fmt.Errorf("record the pipeline's shared position in %s: %w", MembersTable, err)

@@ -28,6 +28,7 @@ type sharedFixture struct {
 	names []string
 	srcs  []*direct
 	seq   []map[string]int // per table: the last seq written per aggregate
+	split int64            // split_after_bytes, when set
 }
 
 func newSharedFixture(t *testing.T, n int) *sharedFixture {
@@ -61,6 +62,9 @@ func (f *sharedFixture) start(i int) {
 		c.SlotMode = wal.SlotModeShared
 		c.InitialSnapshot = false
 		c.Table = f.table(i)
+		if f.split != 0 {
+			c.SplitAfterBytes = f.split
+		}
 	})
 }
 

@@ -190,8 +190,8 @@ func (h *sharedStream) attached() []*member {
 // watch measures the shared slot and every member's row each
 // metrics_interval: each member's health and gauges show the slot, its own
 // distance, and which member holds the slot back furthest. A member that is
-// not running and holds it back is logged: its WAL is retained until it
-// resumes or its pipeline is deleted.
+// not running and holds it back is logged, and split off once it is
+// split_after_bytes behind (sharedsplit.go).
 func (h *sharedStream) watch(ctx context.Context) {
 	warned := ""
 	pgsource.WatchHealth(ctx, h.cfg.MetricsInterval, h.log, "measure the shared replication slot", &h.slots.health, func(ctx context.Context) error {
@@ -232,11 +232,13 @@ func (h *sharedStream) watch(ctx context.Context) {
 		}
 		if len(lags) > 0 && !running[lags[0].pipeline] && lags[0].behind > 0 && warned != lags[0].pipeline {
 			warned = lags[0].pipeline
-			h.log.Warn("a shared-slot pipeline that is not running holds the slot's WAL back; resume it, or delete it to release the WAL",
-				"holding_pipeline", lags[0].pipeline, "behind_bytes", lags[0].behind)
+			h.log.Warn("a shared-slot pipeline that is not running holds the slot's WAL back; resume it, or delete it to release the WAL "+
+				"(past split_after_bytes it gets a slot of its own)",
+				"holding_pipeline", lags[0].pipeline, "behind_bytes", lags[0].behind, "split_after_bytes", h.cfg.SplitAfterBytes)
 		} else if len(lags) == 0 || running[lags[0].pipeline] {
 			warned = ""
 		}
+		h.splitIdle(ctx, lags, running)
 		return nil
 	})
 }

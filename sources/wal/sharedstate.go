@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
@@ -21,7 +22,9 @@ import (
 // resumes from its row (it never re-reads what it delivered, and never
 // skips what it did not), and the slot is confirmed only up to the lowest
 // row — a stopped or paused member's too, so the WAL it still needs is
-// never released. A row goes only when its pipeline is deleted (Purge).
+// never released — until a stopped member falls split_after_bytes behind
+// and gets a slot of its own (sharedsplit.go: held false, split_at set). A
+// row goes only when its pipeline is deleted (Purge).
 
 // MembersTable is the members table of shared streams, created in the
 // database's current schema.
@@ -33,6 +36,8 @@ const membersDDL = `CREATE TABLE IF NOT EXISTS ` + MembersTable + ` (
 	outbox_table  text NOT NULL,
 	confirmed_lsn pg_lsn NOT NULL,
 	updated_at    timestamptz NOT NULL DEFAULT now(),
+	held          boolean NOT NULL DEFAULT true,
+	split_at      timestamptz,
 	PRIMARY KEY (slot, pipeline))`
 
 // prepareShared runs once per shared stream, before its first member joins:
@@ -49,6 +54,9 @@ func (h *sharedStream) prepareShared(ctx context.Context) error {
 	}
 	if err := pgddl.CreateIfMissing(ctx, h.pool, membersDDL); err != nil {
 		return fmt.Errorf("create %s: %w", MembersTable, err)
+	}
+	if err := addSplitColumns(ctx, h.pool); err != nil {
+		return err
 	}
 	if err := pgddl.CreateIfMissing(ctx, h.pool, fmt.Sprintf("CREATE PUBLICATION %s WITH (publish = 'insert')",
 		pgx.Identifier{h.publication}.Sanitize())); err != nil {
@@ -130,7 +138,8 @@ func (h *sharedStream) persist(ctx context.Context, pipelines []string, lsns []s
 			FROM unnest($2::text[], $3::text[]) AS v(pipeline, lsn)
 			WHERE m.slot = $1 AND m.pipeline = v.pipeline AND m.confirmed_lsn < v.lsn::pg_lsn
 			RETURNING 1)
-		SELECT (SELECT min(confirmed_lsn)::text FROM `+MembersTable+` WHERE slot = $1 AND pipeline <> ALL($2::text[]))
+		SELECT (SELECT min(confirmed_lsn)::text FROM `+MembersTable+`
+			WHERE slot = $1 AND pipeline <> ALL($2::text[]) AND held)
 		FROM (SELECT count(*) FROM moved) AS done`, h.slot, pipelines, lsns).Scan(&others)
 	if err != nil || others == nil {
 		return 0, err
@@ -141,21 +150,45 @@ func (h *sharedStream) persist(ctx context.Context, pipelines []string, lsns []s
 // memberLag is a member's row as the watcher reads it.
 type memberLag struct {
 	pipeline string
-	behind   int64 // bytes of WAL written since its position
+	lsn      pglogrepl.LSN // its position
+	behind   int64         // bytes of WAL written since its position
 }
 
-// readMemberLags lists the slot's members, the furthest behind first.
+// readMemberLags lists the members the slot is held for (not those split
+// off), the furthest behind first.
 func (h *sharedStream) readMemberLags(ctx context.Context) ([]memberLag, error) {
-	rows, err := h.pool.Query(ctx, `SELECT pipeline, greatest(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_lsn), 0)::bigint
-		FROM `+MembersTable+` WHERE slot = $1 ORDER BY confirmed_lsn, pipeline`, h.slot)
+	rows, err := h.pool.Query(ctx, `SELECT pipeline, confirmed_lsn::text, greatest(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_lsn), 0)::bigint
+		FROM `+MembersTable+` WHERE slot = $1 AND held ORDER BY confirmed_lsn, pipeline`, h.slot)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (memberLag, error) {
 		var l memberLag
-		err := r.Scan(&l.pipeline, &l.behind)
+		var lsn string
+		if err := r.Scan(&l.pipeline, &lsn, &l.behind); err != nil {
+			return l, err
+		}
+		l.lsn, err = pglogrepl.ParseLSN(lsn)
 		return l, err
 	})
+}
+
+// addSplitColumns adds held and split_at to a members table made before
+// they existed.
+func addSplitColumns(ctx context.Context, pool *pgxpool.Pool) error {
+	var has int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname IN ('held', 'split_at') AND NOT attisdropped`, MembersTable).Scan(&has); err != nil {
+		return fmt.Errorf("read %s: %w", MembersTable, err)
+	}
+	if has == 2 {
+		return nil
+	}
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+MembersTable+` ADD COLUMN IF NOT EXISTS held boolean NOT NULL DEFAULT true,
+		ADD COLUMN IF NOT EXISTS split_at timestamptz`); err != nil {
+		return fmt.Errorf("add held and split_at to %s: %w", MembersTable, err)
+	}
+	return nil
 }
 
 // purgeShared removes a deleted pipeline from its shared stream: its row

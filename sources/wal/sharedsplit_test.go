@@ -1,0 +1,126 @@
+package wal_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/sources/wal"
+)
+
+// A stopped member more than split_after_bytes behind is split off onto a
+// copy of the shared slot advanced to its position: the shared slot moves
+// on for the others, and when the member runs again it gets every event
+// committed while it was stopped — before and after the split — once, in
+// commit order per aggregate, then streams the shared slot again.
+func TestSharedStreamSplitsStoppedMember(t *testing.T) {
+	const n, stopped = 2, 1
+	f := newSharedFixture(t, n)
+	f.split = 64 << 10
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	for i := range n {
+		f.writeRace(i, 3)
+		f.waitCount(i, 6)
+	}
+	testenv.Eventually(t, 30*time.Second, "the stopped member's position recorded", func() bool {
+		return f.memberLSN(stopped) > 0 && readSlot(t, f.pool, f.slot).confirmed >= f.memberLSN(stopped)
+	})
+	f.srcs[stopped].src.Close()
+	held := f.memberLSN(stopped)
+	before := f.snapshotSeq(stopped)
+	ctx := context.Background()
+	f.writeRace(stopped, 4)
+	// WAL past the bound, written by nobody's table.
+	for range 3 {
+		if _, err := f.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'test.pad', repeat('x', 40000))`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own := wal.DefaultName(f.names[stopped])
+	testenv.Eventually(t, 30*time.Second, "the stopped member split off onto "+own, func() bool {
+		var split bool
+		_ = f.pool.QueryRow(ctx, `SELECT NOT held AND split_at IS NOT NULL FROM `+wal.MembersTable+` WHERE pipeline = $1`, f.names[stopped]).Scan(&split)
+		return split
+	})
+	if r := readSlot(t, f.pool, own); !r.exists || r.confirmed != held {
+		t.Fatalf("the split-off slot %s: exists %v, confirmed %s, want the member's position %s", own, r.exists, r.confirmed, held)
+	}
+	// The shared slot is no longer held for it: the running member's
+	// deliveries move it past the stopped one's position.
+	f.writeRace(stopped, 2) // committed after the split: in the copy too
+	f.writeRace(0, 3)
+	f.waitCount(0, 12)
+	testenv.Eventually(t, 30*time.Second, "the shared slot past the stopped member's position", func() bool {
+		return readSlot(t, f.pool, f.slot).confirmed > held
+	})
+	sh, now := readSlot(t, f.pool, f.slot), currentLSN(t, f.pool)
+	t.Logf("split off at %s (bound %d bytes); the shared slot now retains %d bytes from its restart point and is confirmed %d bytes past the member's position",
+		held, f.split, uint64(now-sh.restart), uint64(sh.confirmed-held))
+	if d := f.srcs[0].src.Health().Details; d["slowest_member"] == f.names[stopped] {
+		t.Errorf("the running member's health still names the split-off member as holding the slot: %v", d)
+	}
+
+	f.start(stopped)
+	f.waitCount(stopped, 12)
+	testenv.Eventually(t, 30*time.Second, "the member back on the shared slot, its own slot dropped", func() bool {
+		var back bool
+		_ = f.pool.QueryRow(ctx, `SELECT held AND split_at IS NULL FROM `+wal.MembersTable+` WHERE pipeline = $1`, f.names[stopped]).Scan(&back)
+		return back && !f.slotExists(own)
+	})
+	f.writeRace(stopped, 1)
+	f.waitCount(stopped, 14)
+	f.assertExactly(stopped, before)
+	f.assertExactly(0, map[string]int{})
+	if logs := f.srcs[0].logs.String(); !strings.Contains(logs, "split a stopped pipeline off the shared slot") {
+		t.Errorf("no split logged:\n%s", logs)
+	}
+}
+
+// A split-off member whose own slot is gone (dropped by hand, or
+// invalidated past max_slot_wal_keep_size) cannot get what it missed: it
+// stops and says which events are lost and which row to delete once they
+// are backfilled, instead of joining the shared slot past them.
+func TestSharedStreamSplitMemberLostItsSlot(t *testing.T) {
+	const n, stopped = 2, 1
+	f := newSharedFixture(t, n)
+	f.split = 64 << 10
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	f.writeRace(stopped, 1)
+	f.waitCount(stopped, 2)
+	testenv.Eventually(t, 30*time.Second, "the stopped member's position recorded", func() bool {
+		return readSlot(t, f.pool, f.slot).confirmed >= f.memberLSN(stopped)
+	})
+	f.srcs[stopped].src.Close()
+	ctx := context.Background()
+	f.writeRace(stopped, 2)
+	if _, err := f.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'test.pad', repeat('x', 100000))`); err != nil {
+		t.Fatal(err)
+	}
+	own := wal.DefaultName(f.names[stopped])
+	testenv.Eventually(t, 30*time.Second, "the stopped member split off", func() bool {
+		var split bool
+		_ = f.pool.QueryRow(ctx, `SELECT NOT held FROM `+wal.MembersTable+` WHERE pipeline = $1`, f.names[stopped]).Scan(&split)
+		return split && !readSlot(t, f.pool, own).active
+	})
+	if _, err := f.pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, own); err != nil {
+		t.Fatal(err)
+	}
+	f.start(stopped)
+	err := f.srcs[stopped].waitFailed(t, 30*time.Second)
+	for _, want := range []string{"split off the shared slot", own, "lost", "DELETE FROM " + wal.MembersTable} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("the member's error %v does not say %q", err, want)
+		}
+	}
+	if got := len(f.srcs[stopped].messages()); got != 0 {
+		t.Fatalf("the member delivered %d events after its slot was lost, want it stopped", got)
+	}
+}
