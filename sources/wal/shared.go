@@ -102,6 +102,10 @@ type sharedStream struct {
 	asked     time.Time
 	// persistFailing: the members table cannot be written (logged once).
 	persistFailing bool
+
+	// Owned by the watcher: why splitting a member failed, by pipeline
+	// (logged once per cause).
+	splitErrs map[string]string
 }
 
 // member is a pipeline's part in a shared stream.
@@ -136,7 +140,7 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 	if h == nil {
 		log := env.Logger.With("source", Name, "shared_slot", slot)
 		h = &sharedStream{key: key, slot: slot, publication: publication, cfg: cfg, log: log,
-			slots: newSlotManager(cfg, env, log, slot, publication), all: map[*member]struct{}{},
+			slots: newSlotManager(cfg, env, log, slot, publication), all: map[*member]struct{}{}, splitErrs: map[string]string{},
 			done: make(chan struct{}), failed: make(chan struct{}), members: map[*member]struct{}{}, wake: make(chan struct{}, 1)}
 		sharedStreams.m[key] = h
 	}

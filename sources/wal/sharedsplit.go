@@ -37,13 +37,6 @@ import (
 // copy, never the shared slot, and the member stops with the events lost
 // named.
 
-// splitCandidate is a member row the watcher found behind.
-type splitCandidate struct {
-	pipeline string
-	lsn      pglogrepl.LSN
-	behind   int64
-}
-
 // splitIdle splits off every member that is not running and is more than
 // the stream's split_after_bytes behind. running names the members running
 // in this process.
@@ -56,10 +49,14 @@ func (h *sharedStream) splitIdle(ctx context.Context, lags []memberLag, running 
 		if running[l.pipeline] || l.behind <= limit {
 			continue
 		}
-		c := splitCandidate{pipeline: l.pipeline, lsn: l.lsn, behind: l.behind}
-		if err := h.split(ctx, c); err != nil {
+		err := h.split(ctx, l)
+		switch {
+		case err == nil:
+			delete(h.splitErrs, l.pipeline)
+		case err.Error() != h.splitErrs[l.pipeline]: // once per cause, not every measurement
+			h.splitErrs[l.pipeline] = err.Error()
 			h.log.Error("split a stopped member off the shared slot; it holds the slot's WAL until it resumes",
-				"stopped_pipeline", c.pipeline, "behind_bytes", c.behind, "err", redact.Error(err))
+				"stopped_pipeline", l.pipeline, "behind_bytes", l.behind, "err", redact.Error(err))
 		}
 	}
 }
@@ -67,7 +64,7 @@ func (h *sharedStream) splitIdle(ctx context.Context, lags []memberLag, running 
 // split moves one stopped member onto a copy of the shared slot (see
 // above). Joins wait meanwhile: a member starting now must find either its
 // row holding the shared slot or its own slot advanced to its row.
-func (h *sharedStream) split(ctx context.Context, c splitCandidate) error {
+func (h *sharedStream) split(ctx context.Context, c memberLag) error {
 	h.joinMu.Lock()
 	defer h.joinMu.Unlock()
 	h.mu.Lock()
