@@ -84,14 +84,23 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 		"retained_wal_bytes": s.retained, "unconfirmed_wal_bytes": s.unflushed}
 	if c.shared() {
 		// The slot is every member's: the pipeline's own position is its row.
-		var member *string
-		err := conn.QueryRow(ctx, `SELECT confirmed_lsn::text FROM `+MembersTable+` WHERE slot = $1 AND pipeline = $2`, slot, pipeline).Scan(&member)
+		// split_at through to_jsonb: a members table from before the split
+		// policy gets the column only when a stream opens it.
+		var member, splitAt *string
+		err := conn.QueryRow(ctx, `SELECT confirmed_lsn::text, to_jsonb(m)->>'split_at' FROM `+MembersTable+` m
+			WHERE slot = $1 AND pipeline = $2`, slot, pipeline).Scan(&member, &splitAt)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return plugins.Offsets{}, fmt.Errorf("offsets: %s: %w", MembersTable, redact.Error(err))
 		}
 		pos["slot_mode"] = SlotModeShared
 		if member != nil {
 			pos["member_confirmed_lsn"] = *member
+		}
+		if splitAt != nil {
+			// Split off while stopped (sharedsplit.go): its own slot holds
+			// its WAL until it runs again and moves back.
+			pos["split_at"] = *splitAt
+			pos["split_slot"] = DefaultName(pipeline)
 		}
 	}
 	return plugins.Offsets{

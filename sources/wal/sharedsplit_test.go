@@ -51,6 +51,15 @@ func TestSharedStreamSplitsStoppedMember(t *testing.T) {
 	if r := readSlot(t, f.pool, own); !r.exists || r.confirmed != held {
 		t.Fatalf("the split-off slot %s: exists %v, confirmed %s, want the member's position %s", own, r.exists, r.confirmed, held)
 	}
+	cfg := wal.DefaultConfig()
+	cfg.DSN, cfg.Table, cfg.SlotMode, cfg.InitialSnapshot = f.dsn, f.table(stopped), wal.SlotModeShared, false
+	offs, err := cfg.Offsets(ctx, f.names[stopped])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if offs.Position["split_slot"] != own || offs.Position["split_at"] == nil || offs.Position["member_confirmed_lsn"] != held.String() {
+		t.Errorf("the stopped member's offsets do not show the split: %v", offs.Position)
+	}
 	// The shared slot is no longer held for it: the running member's
 	// deliveries move it past the stopped one's position.
 	f.writeRace(stopped, 2) // committed after the split: in the copy too
