@@ -36,6 +36,7 @@ type sentStatus struct {
 type sentUpdates struct {
 	mu       sync.Mutex
 	list     []sentStatus
+	marked   window.Mark // the mark of the last update recorded
 	failing  time.Time // since when reading the slot fails while updates wait
 	err      error     // why
 	wake     chan struct{}
@@ -46,20 +47,28 @@ func newSentUpdates() sentUpdates {
 	return sentUpdates{wake: make(chan struct{}, 1), recorded: make(chan struct{}, 1)}
 }
 
-// sent takes a status update just written to the connection. An update
-// that confirms nothing past what the slot already shows (only its mark
-// moved, inside a transaction the slot re-sends whole) is recorded at once,
-// as is every update while the source has no pool to read the slot with.
+// sent takes a status update just written to the connection. Recorded at
+// once, unread: an update that confirms nothing past what the slot already
+// shows (only its mark moved, inside a transaction the slot re-sends
+// whole); one that covers no event past those recorded (an idle stream's
+// keepalive position: were it lost, nothing would be sent again, and an
+// idle pipeline costs no query); and every update while the source has no
+// pool to read the slot with.
 func (s *streamer) sent(confirm pglogrepl.LSN, mark window.Mark) {
 	s.sentMark = mark
-	if s.pool == nil || confirm <= s.confirmedLSN() {
+	u := &s.updates
+	u.mu.Lock()
+	direct := s.pool == nil || confirm <= s.confirmedLSN() || len(u.list) == 0 && mark <= u.marked
+	if direct {
+		u.marked = max(u.marked, mark)
+	} else {
+		u.list = append(u.list, sentStatus{confirm, mark})
+	}
+	u.mu.Unlock()
+	if direct {
 		s.recorded(confirm, mark)
 		return
 	}
-	u := &s.updates
-	u.mu.Lock()
-	u.list = append(u.list, sentStatus{confirm, mark})
-	u.mu.Unlock()
 	signal(u.wake)
 }
 
@@ -76,6 +85,7 @@ func (s *streamer) slotShows(confirmed pglogrepl.LSN) bool {
 	if i > 0 {
 		last = u.list[i-1]
 		u.list = append(u.list[:0], u.list[i:]...)
+		u.marked = max(u.marked, last.mark)
 	}
 	u.failing, u.err = time.Time{}, nil
 	u.mu.Unlock()
@@ -97,6 +107,7 @@ func (s *streamer) serverHasAll() {
 	if n > 0 {
 		last = u.list[n-1]
 		u.list = u.list[:0]
+		u.marked = max(u.marked, last.mark)
 	}
 	u.failing, u.err = time.Time{}, nil
 	u.mu.Unlock()
