@@ -37,8 +37,8 @@ type sentUpdates struct {
 	mu       sync.Mutex
 	list     []sentStatus
 	marked   window.Mark // the mark of the last update recorded
-	failing  time.Time // since when reading the slot fails while updates wait
-	err      error     // why
+	failing  time.Time   // since when reading the slot fails while updates wait
+	err      error       // why
 	wake     chan struct{}
 	recorded chan struct{} // signalled when updates were recorded
 }

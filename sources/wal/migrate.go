@@ -100,10 +100,11 @@ func (s *Source) registerMigration(ctx context.Context, h *sharedStream, name st
 		return nil, slotState{}, false, err
 	}
 	s.pool, s.slots.pool, s.stream.pool, s.boot.pool = h.pool, h.pool, h.pool, h.pool
-	split, held, at, err := h.splitRow(ctx, s.env.Pipeline)
+	row, err := h.splitRow(ctx, s.env.Pipeline)
 	if err != nil {
 		return nil, slotState{}, false, err
 	}
+	split := row.split
 	// A copy of the shared slot decodes with the catalog of the time its
 	// WAL was written: only the shared publication had the table then.
 	publication := name
@@ -122,10 +123,13 @@ func (s *Source) registerMigration(ctx context.Context, h *sharedStream, name st
 	}
 	if !st.exists || st.database != db || st.temporary {
 		switch {
-		case split && !held:
-			return nil, slotState{}, false, fatalf("the pipeline was split off the shared slot %s at %s onto a slot of its own, %s, which no longer exists: "+
-				"events committed after %s are lost; backfill them, then delete its row so that it joins the shared slot anew: "+
-				"DELETE FROM %s WHERE slot = '%s' AND pipeline = '%s'", h.slot, at, name, at, MembersTable, h.slot, s.env.Pipeline)
+		case split && !row.held:
+			return nil, slotState{}, false, fatalf("the pipeline was split off the shared slot %s onto a slot of its own, %s, which no longer exists: "+
+				"the events committed after its position %s (recorded at %s) cannot be read from the WAL any more. "+
+				"Send those still in the outbox table again — ferry pipelines backfill %s --from %s (earlier, for transactions open then) — "+
+				"then delete its row so that it joins the shared slot anew — DELETE FROM %s WHERE slot = '%s' AND pipeline = '%s' — "+
+				"and restart it (POST /api/v1/pipelines/%s/restart)",
+				h.slot, name, row.at, row.updated, s.env.Pipeline, row.updated, MembersTable, h.slot, s.env.Pipeline, s.env.Pipeline)
 		case split:
 			// Moved back, and stopped before the row said so.
 			if _, err := h.pool.Exec(ctx, `UPDATE `+MembersTable+` SET split_at = NULL WHERE slot = $1 AND pipeline = $2`, h.slot, s.env.Pipeline); err != nil {

@@ -99,8 +99,15 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 		if splitAt != nil {
 			// Split off while stopped (sharedsplit.go): its own slot holds
 			// its WAL until it runs again and moves back.
+			own := DefaultName(pipeline)
 			pos["split_at"] = *splitAt
-			pos["split_slot"] = DefaultName(pipeline)
+			pos["split_slot"] = own
+			if o, err := readSlotOffsets(ctx, conn, own); err == nil {
+				pos["split_slot_retained_wal_bytes"] = o.retained
+				pos["split_slot_unconfirmed_wal_bytes"] = o.unflushed
+			} else {
+				pos["split_slot_error"] = redact.Error(err).Error()
+			}
 		}
 	}
 	return plugins.Offsets{

@@ -8,8 +8,10 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/internal/redact"
+	"github.com/ferryhq/ferry/plugins"
 )
 
 // Splitting a member off the shared slot. A member that is not running
@@ -121,20 +123,69 @@ func (h *sharedStream) dropCopy(ctx context.Context, slot string) {
 	}
 }
 
-// splitRow reports whether the pipeline's row was split off the shared
-// slot (its own slot is a copy of the shared one), whether the shared slot
-// is held at it (again: false from the split until the move back takes its
-// shared position), and where; false, true for a pipeline without a row.
-func (h *sharedStream) splitRow(ctx context.Context, pipeline string) (split, held bool, at pglogrepl.LSN, err error) {
+// splitRow reads whether the pipeline's row was split off the shared slot
+// (its own slot is a copy of the shared one), whether the shared slot is
+// held at it (again: false from the split until the move back takes its
+// shared position), and where; not split and held for a pipeline without
+// a row.
+func (h *sharedStream) splitRow(ctx context.Context, pipeline string) (r memberRow, err error) {
 	var lsn string
-	err = h.pool.QueryRow(ctx, `SELECT split_at IS NOT NULL, held, confirmed_lsn::text FROM `+MembersTable+` WHERE slot = $1 AND pipeline = $2`,
-		h.slot, pipeline).Scan(&split, &held, &lsn)
+	err = h.pool.QueryRow(ctx, `SELECT split_at IS NOT NULL, held, confirmed_lsn::text,
+			to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') FROM `+MembersTable+` WHERE slot = $1 AND pipeline = $2`,
+		h.slot, pipeline).Scan(&r.split, &r.held, &lsn, &r.updated)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, true, 0, nil
+		return memberRow{held: true}, nil
 	}
 	if err != nil {
-		return false, false, 0, fmt.Errorf("read %s: %w", MembersTable, err)
+		return r, fmt.Errorf("read %s: %w", MembersTable, err)
 	}
-	at, err = pglogrepl.ParseLSN(lsn)
-	return split, held, at, err
+	r.at, err = pglogrepl.ParseLSN(lsn)
+	return r, err
+}
+
+// memberRow is what splitRow reads of a member's row.
+type memberRow struct {
+	split, held bool
+	at          pglogrepl.LSN
+	updated     string // when its position was last recorded, UTC
+}
+
+// probeMember is a shared member's health while it is not running (paused,
+// stopped, failed): the shared slot's measurement h, with the member's own
+// distance from its row as the backlog — the shared slot's says nothing of
+// it — and, once it was split off, the slot of its own that holds its WAL.
+func (s *Source) probeMember(ctx context.Context, pool *pgxpool.Pool, h plugins.Health) (plugins.Health, error) {
+	h.Details["shared"] = true
+	var behind int64
+	var splitAt *string
+	err := pool.QueryRow(ctx, `SELECT greatest(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_lsn), 0)::bigint, to_jsonb(m)->>'split_at'
+		FROM `+MembersTable+` m WHERE slot = $1 AND pipeline = $2`, s.slots.slot, s.env.Pipeline).Scan(&behind, &splitAt)
+	var pgErr interface{ SQLState() string }
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.SQLState() == "42P01":
+		h.Backlog = 0 // never joined: it starts at the position it joins at
+		return h, nil
+	case err != nil:
+		return plugins.Health{}, fmt.Errorf("read %s: %w", MembersTable, err)
+	}
+	h.Backlog = behind
+	h.Details["member_behind_bytes"] = behind
+	if splitAt == nil {
+		return h, nil
+	}
+	own := DefaultName(s.env.Pipeline)
+	h.Details["split_at"] = *splitAt
+	h.Details["split_slot"] = own
+	sh, err := readSlotHealth(ctx, pool, own)
+	if err != nil {
+		return plugins.Health{}, err
+	}
+	h.Details["split_slot_exists"] = sh.exists
+	if sh.exists {
+		h.Details["split_slot_wal_status"] = sh.status
+		if sh.retained != nil {
+			h.Details["split_slot_retained_wal_bytes"] = int64(*sh.retained)
+		}
+	}
+	return h, nil
 }

@@ -2,11 +2,13 @@ package wal_test
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
@@ -59,6 +61,16 @@ func TestSharedStreamSplitsStoppedMember(t *testing.T) {
 	}
 	if offs.Position["split_slot"] != own || offs.Position["split_at"] == nil || offs.Position["member_confirmed_lsn"] != held.String() {
 		t.Errorf("the stopped member's offsets do not show the split: %v", offs.Position)
+	}
+	// What a paused pipeline's status shows: its own distance and its own
+	// slot, not the shared slot's backlog.
+	hl, err := wal.New(cfg, plugins.Env{Pipeline: f.names[stopped], Logger: newLogger(io.Discard)}).Probe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hl.Backlog <= f.split || hl.Details["split_slot"] != own ||
+		hl.Details["split_slot_exists"] != true || hl.Details["member_behind_bytes"] != hl.Backlog {
+		t.Errorf("the stopped member's health: backlog %d (it was split off past %d bytes behind), details %v", hl.Backlog, f.split, hl.Details)
 	}
 	// The shared slot is no longer held for it: the running member's
 	// deliveries move it past the stopped one's position.
@@ -126,7 +138,8 @@ func TestSharedStreamSplitMemberLostItsSlot(t *testing.T) {
 	}
 	f.start(stopped)
 	err := f.srcs[stopped].waitFailed(t, 30*time.Second)
-	for _, want := range []string{"split off the shared slot", own, "lost", "DELETE FROM " + wal.MembersTable} {
+	for _, want := range []string{"split off the shared slot", own, "cannot be read from the WAL",
+		"ferry pipelines backfill " + f.names[stopped] + " --from ", "DELETE FROM " + wal.MembersTable, "restart"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("the member's error %v does not say %q", err, want)
 		}

@@ -200,7 +200,11 @@ func (s *Source) Probe(ctx context.Context) (plugins.Health, error) {
 	if err != nil {
 		return plugins.Health{}, err
 	}
-	return sh.health(time.Time{}), nil
+	h := sh.health(time.Time{})
+	if s.cfg.shared() {
+		return s.probeMember(ctx, pool, h)
+	}
+	return h, nil
 }
 
 // ConfirmedLSN is the LSN this source last confirmed to the server.
