@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ferryhq/ferry/doctor"
 	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/natsserver"
@@ -193,5 +195,29 @@ func TestKafkaConsumerGroupBehind(t *testing.T) {
 	d := diagnose(t, load(t, y), o, doctor.StageConsumer, 1)
 	if ev := strings.Join(d.Checks[len(d.Checks)-1].Evidence, " "); !strings.Contains(ev, "group billing-service on "+topic+": 25 behind") {
 		t.Fatalf("consumer evidence: %s", ev)
+	}
+}
+
+// wal pipelines with slot_mode: shared read through their instance's
+// shared stream, whose sessions are named ferry:shared:<slot>: the doctor
+// counts them as it counts the shared pool's, instead of saying no
+// instance runs the pipeline.
+func TestRelayReadsThroughSharedStream(t *testing.T) {
+	e := relaytest.Setup(t, harness)
+	cfg, err := pgx.ParseConfig(e.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "ferry:shared:ferry_shared_test"
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	r := doctor.Run(context.Background(), load(t, e.YAML("sharedwal", 100)), opts)
+	c := r.Pipelines[0].Checks[1]
+	ev := strings.Join(c.Evidence, " ")
+	if c.Stage != doctor.StageRelay || c.Status != doctor.OK || !strings.Contains(ev, "ferry:shared:<slot>") {
+		t.Fatalf("relay check %s %s: %v", c.Stage, c.Status, c.Evidence)
 	}
 }

@@ -87,6 +87,17 @@ func sessionsNamed(ctx context.Context, conn *pgx.Conn, name string, thisDatabas
 	return s, err
 }
 
+// sharedSessions reads the sessions on conn's database that serve many
+// pipelines: a Ferry instance's pool (ferry:pool, its xid8 and poll
+// pipelines) and its shared wal streams (ferry:shared:<slot>, the wal
+// pipelines with slot_mode: shared).
+func sharedSessions(ctx context.Context, conn *pgx.Conn) (s sessions, err error) {
+	err = conn.QueryRow(ctx, `SELECT count(*), min(backend_start), COALESCE(array_agg(DISTINCT COALESCE(host(client_addr), 'local')) FILTER (WHERE pid IS NOT NULL), '{}')
+		FROM pg_stat_activity WHERE (application_name = 'ferry:pool' OR application_name LIKE 'ferry:shared:%') AND datname = current_database()`).
+		Scan(&s.n, &s.since, &s.clients)
+	return s, err
+}
+
 // relayFromSessions judges the relay, without a running Ferry to ask, by
 // the sessions on the source database at dsn.
 func relayFromSessions(ctx context.Context, spec *pipelines.Spec, dsn string) Check {
@@ -103,8 +114,8 @@ func relayFromSessions(ctx context.Context, spec *pipelines.Spec, dsn string) Ch
 	var shared sessions
 	if err == nil && own.n == 0 {
 		// xid8 and poll pipelines read through their database's shared
-		// pool, whose sessions are named ferry:pool.
-		shared, err = sessionsNamed(ctx, conn, "ferry:pool", true)
+		// pool, shared wal pipelines through their shared stream.
+		shared, err = sharedSessions(ctx, conn)
 	}
 	if err != nil {
 		c.Status, c.Evidence = Unknown, []string{"cannot read pg_stat_activity: " + err.Error()}
@@ -127,7 +138,7 @@ func relayWithoutSession(ctx context.Context, c Check, spec *pipelines.Spec, dsn
 		// Owned, and its instance reads the database through the
 		// shared pool: whether this pipeline reads, only it can say.
 		c.Status = OK
-		c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) and reads this database through its shared pool (%d ferry:pool session(s))", holder, spec.Name, shared.n))
+		c.Evidence = append(c.Evidence, fmt.Sprintf("instance %s owns %s (its lock session is connected) and reads this database through its shared sessions (%d of ferry:pool or ferry:shared:<slot>)", holder, spec.Name, shared.n))
 		return c
 	} else if err == nil && held {
 		// Owned, yet nothing reads: paused, or its start keeps failing.
@@ -137,11 +148,11 @@ func relayWithoutSession(ctx context.Context, c Check, spec *pipelines.Spec, dsn
 	}
 	if shared.n > 0 {
 		c.Status = OK
-		c.Evidence = append(c.Evidence, fmt.Sprintf("%d session(s) of a Ferry instance's pool for this database (ferry:pool, shared by its xid8 and poll pipelines) connected since %s from %s; whether it runs %s: ferry doctor --url <its --http address>",
+		c.Evidence = append(c.Evidence, fmt.Sprintf("%d session(s) a Ferry instance shares among its pipelines on this database (ferry:pool for xid8 and poll, ferry:shared:<slot> for shared wal) connected since %s from %s; whether it runs %s: ferry doctor --url <its --http address>",
 			shared.n, shared.since.Format(time.RFC3339), strings.Join(shared.clients, ", "), spec.Name))
 		return c
 	}
-	c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s or ferry:pool on the source database: no Ferry instance is running this pipeline", spec.Name))
+	c.Evidence = append(c.Evidence, fmt.Sprintf("no session named ferry:%s, ferry:pool or ferry:shared:<slot> on the source database: no Ferry instance is running this pipeline", spec.Name))
 	c.Action = "start it: ferry run -c <the file defining " + spec.Name + ">"
 	return c
 }
