@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,9 +144,29 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 			slots: newSlotManager(cfg, env, log, slot, publication), all: map[*member]struct{}{}, splitErrs: map[string]string{},
 			done: make(chan struct{}), failed: make(chan struct{}), members: map[*member]struct{}{}, wake: make(chan struct{}, 1)}
 		sharedStreams.m[key] = h
+	} else if diff := streamSettingsDiffer(h.cfg, cfg); len(diff) > 0 {
+		env.Logger.Warn("this pipeline's settings of the shared stream differ from those it runs with (the first member's); give every member the same",
+			"source", Name, "shared_slot", slot, "ignored", strings.Join(diff, ", "))
 	}
 	h.refs++
 	return h, nil
+}
+
+// streamSettingsDiffer names the settings of the stream (the first
+// member's, which it runs with) that b sets otherwise, as "key: b's (used:
+// a's)".
+func streamSettingsDiffer(a, b *Config) []string {
+	var out []string
+	add := func(key string, used, given any) {
+		if used != given {
+			out = append(out, fmt.Sprintf("%s: %v (used: %v)", key, given, used))
+		}
+	}
+	add("status_interval", a.StatusInterval, b.StatusInterval)
+	add("metrics_interval", a.MetricsInterval, b.MetricsInterval)
+	add("heartbeat_interval", a.HeartbeatInterval, b.HeartbeatInterval)
+	add("split_after_bytes", a.SplitAfterBytes, b.SplitAfterBytes)
+	return out
 }
 
 // release drops a member's hold; the last one stops the stream.

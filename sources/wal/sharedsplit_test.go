@@ -148,3 +148,23 @@ func TestSharedStreamSplitMemberLostItsSlot(t *testing.T) {
 		t.Fatalf("the member delivered %d events after its slot was lost, want it stopped", got)
 	}
 }
+
+// The stream runs with its first member's stream settings; a member that
+// sets them otherwise is told which of its settings are not used.
+func TestSharedStreamWarnsOfDifferentSettings(t *testing.T) {
+	f := newSharedFixture(t, 2)
+	f.start(0)
+	f.waitJoined(1)
+	f.srcs[1] = startDirect(t, f.dsn, f.names[1], 100, func(c *wal.Config) {
+		c.SlotMode, c.InitialSnapshot, c.Table = wal.SlotModeShared, false, f.table(1)
+		c.SplitAfterBytes = 0
+	})
+	f.waitJoined(2)
+	want := "split_after_bytes: 0 (used: 1073741824)"
+	if logs := f.srcs[1].logs.String(); !strings.Contains(logs, want) {
+		t.Fatalf("no warning naming %q:\n%s", want, logs)
+	}
+	if logs := f.srcs[0].logs.String(); strings.Contains(logs, "settings of the shared stream differ") {
+		t.Fatalf("the first member was warned:\n%s", logs)
+	}
+}
