@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -235,6 +237,7 @@ func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
 	}
 	switch n.Kind {
 	case yaml.ScalarNode:
+		defer d.checkWhole(n, path, t)
 		if !strings.Contains(n.Value, "$") {
 			return
 		}
@@ -286,6 +289,28 @@ func (d *decoder) interpolate(n *yaml.Node, path string, t reflect.Type) {
 		}
 	}
 }
+
+// checkWhole refuses a fraction for a whole-number setting: yaml.v3 would
+// cut `max_in_flight: 10.5` to 10 without a word.
+func (d *decoder) checkWhole(n *yaml.Node, path string, t reflect.Type) {
+	if t == nil || t == durationType || n.ShortTag() != "!!float" {
+		return
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+	default:
+		return
+	}
+	if f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64); err == nil && f == math.Trunc(f) && !math.IsInf(f, 0) {
+		return // 1e9
+	}
+	msg := fmt.Sprintf("want a whole number, got %s", strconv.Quote(n.Value))
+	d.errs = append(d.errs, &Error{File: d.file, Line: n.Line, Path: path, Msg: d.hide(path, msg)})
+	n.Tag, n.Value, n.Style = "!!null", "", 0 // keeps the default; the error says why
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
 
 var varName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 

@@ -53,14 +53,19 @@ func (d *decoder) hide(path, msg string) string {
 	// Longest first: a value may contain a shorter one.
 	longest := slices.Clone(d.filled)
 	slices.SortStableFunc(longest, func(a, b filled) int { return len(b.value) - len(a.value) })
+	var pairs []string
 	for _, f := range longest {
-		if len(f.value) < minHidden && f.path != path {
+		if len(f.value) < minHidden && f.path != path || f.value == "" {
 			continue
 		}
-		msg = strings.ReplaceAll(msg, strconv.Quote(f.value), "the value of "+f.written)
-		msg = strings.ReplaceAll(msg, f.value, f.written)
+		pairs = append(pairs, strconv.Quote(f.value), "the value of "+f.written, f.value, f.written)
 	}
-	return msg
+	if len(pairs) == 0 {
+		return msg
+	}
+	// One pass: a reference put in is not searched again (its default,
+	// ${BATCH:-2.5}, may hold the value itself).
+	return strings.NewReplacer(pairs...).Replace(msg)
 }
 
 // lineOf finds the line of path, or of its nearest ancestor written in the file.
