@@ -157,25 +157,36 @@ func (sh slotHealth) health(oldest time.Time) plugins.Health {
 	return h
 }
 
-func (m *slotMetrics) set(sh slotHealth) {
+func (m *slotMetrics) set(sh slotHealth) { m.setSlot(m.slot, sh) }
+
+// setSlot sets the gauges of slot: the pipeline's own, or a split-off
+// member's that a shared stream reports (sharedsplit.go).
+func (m *slotMetrics) setSlot(slot string, sh slotHealth) {
 	if !sh.exists {
-		m.active.WithLabelValues(m.slot).Set(0)
+		m.active.WithLabelValues(slot).Set(0)
 		return
 	}
-	m.active.WithLabelValues(m.slot).Set(boolGauge(sh.active))
+	m.active.WithLabelValues(slot).Set(boolGauge(sh.active))
 	if sh.retained != nil {
-		m.retained.WithLabelValues(m.slot).Set(*sh.retained)
+		m.retained.WithLabelValues(slot).Set(*sh.retained)
 	}
 	if sh.unconfirmd != nil {
-		m.unconfirmed.WithLabelValues(m.slot).Set(*sh.unconfirmd)
+		m.unconfirmed.WithLabelValues(slot).Set(*sh.unconfirmd)
 	}
 	if sh.safe != nil {
-		m.safe.WithLabelValues(m.slot).Set(float64(*sh.safe))
+		m.safe.WithLabelValues(slot).Set(float64(*sh.safe))
 	} else {
-		m.safe.WithLabelValues(m.slot).Set(-1)
+		m.safe.WithLabelValues(slot).Set(-1)
 	}
 	for _, st := range walStatuses {
-		m.status.WithLabelValues(m.slot, st).Set(boolGauge(st == sh.status))
+		m.status.WithLabelValues(slot, st).Set(boolGauge(st == sh.status))
+	}
+}
+
+// forget drops slot's series.
+func (m *slotMetrics) forget(slot string) {
+	for _, c := range m.collectors() {
+		c.DeletePartialMatch(prometheus.Labels{"slot": slot})
 	}
 }
 

@@ -194,6 +194,7 @@ func (h *sharedStream) attached() []*member {
 // split_after_bytes behind (sharedsplit.go).
 func (h *sharedStream) watch(ctx context.Context) {
 	warned := ""
+	reported := map[string]bool{} // split-off slots given gauges
 	pgsource.WatchHealth(ctx, h.cfg.MetricsInterval, h.log, "measure the shared replication slot", &h.slots.health, func(ctx context.Context) error {
 		members := h.attached()
 		sh, err := readSlotHealth(ctx, h.pool, h.slot)
@@ -239,7 +240,7 @@ func (h *sharedStream) watch(ctx context.Context) {
 			warned = ""
 		}
 		h.splitIdle(ctx, lags, running)
-		return nil
+		return h.reportSplit(ctx, members, reported)
 	})
 }
 

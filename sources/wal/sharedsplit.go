@@ -189,3 +189,43 @@ func (s *Source) probeMember(ctx context.Context, pool *pgxpool.Pool, h plugins.
 	}
 	return h, nil
 }
+
+// reportSplit gives the slots of members split off (and not moved back)
+// gauges on the running members' metrics, so an alert on
+// ferry_wal_slot_retained_wal_bytes sees the WAL they hold; those of
+// members that moved back are dropped. reported is the watcher's: the
+// slots it gave gauges last time.
+func (h *sharedStream) reportSplit(ctx context.Context, members []*member, reported map[string]bool) error {
+	rows, err := h.pool.Query(ctx, `SELECT pipeline FROM `+MembersTable+` WHERE slot = $1 AND NOT held AND split_at IS NOT NULL`, h.slot)
+	if err != nil {
+		return err
+	}
+	split, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	now := map[string]bool{}
+	for _, p := range split {
+		own := DefaultName(p)
+		sh, err := readSlotHealth(ctx, h.pool, own)
+		if err != nil {
+			return err
+		}
+		now[own] = true
+		for _, m := range members {
+			m.src.slots.metrics.setSlot(own, sh)
+		}
+	}
+	for own := range reported {
+		if !now[own] {
+			for _, m := range members {
+				m.src.slots.metrics.forget(own)
+			}
+			delete(reported, own)
+		}
+	}
+	for own := range now {
+		reported[own] = true
+	}
+	return nil
+}

@@ -62,6 +62,12 @@ func TestSharedStreamSplitsStoppedMember(t *testing.T) {
 	if offs.Position["split_slot"] != own || offs.Position["split_at"] == nil || offs.Position["member_confirmed_lsn"] != held.String() {
 		t.Errorf("the stopped member's offsets do not show the split: %v", offs.Position)
 	}
+	// An alert on the slots' retained WAL sees the split-off slot: the
+	// running member reports it.
+	testenv.Eventually(t, 30*time.Second, "a gauge of the split-off slot's retained WAL", func() bool {
+		v, ok := f.srcs[0].gauge(t, "ferry_wal_slot_retained_wal_bytes", map[string]string{"slot": own})
+		return ok && v > 0
+	})
 	// What a paused pipeline's status shows: its own distance and its own
 	// slot, not the shared slot's backlog.
 	hl, err := wal.New(cfg, plugins.Env{Pipeline: f.names[stopped], Logger: newLogger(io.Discard)}).Probe(ctx)
@@ -93,6 +99,10 @@ func TestSharedStreamSplitsStoppedMember(t *testing.T) {
 		var back bool
 		_ = f.pool.QueryRow(ctx, `SELECT held AND split_at IS NULL FROM `+wal.MembersTable+` WHERE pipeline = $1`, f.names[stopped]).Scan(&back)
 		return back && !f.slotExists(own)
+	})
+	testenv.Eventually(t, 30*time.Second, "the split-off slot's gauges gone", func() bool {
+		_, ok := f.srcs[0].gauge(t, "ferry_wal_slot_retained_wal_bytes", map[string]string{"slot": own})
+		return !ok
 	})
 	f.writeRace(stopped, 1)
 	f.waitCount(stopped, 14)
