@@ -163,6 +163,7 @@ func (s *streamer) confirmSlot(ctx context.Context, slot string) {
 				return
 			case <-u.wake:
 			}
+			continue // a wake left from an earlier session may find nothing waiting
 		}
 		t.Reset(delay)
 		select {

@@ -19,21 +19,12 @@ import (
 // commit order per aggregate, then streams the shared slot again.
 func TestSharedStreamSplitsStoppedMember(t *testing.T) {
 	const n, stopped = 2, 1
-	f := newSharedFixture(t, n)
-	f.split = 64 << 10
-	for i := range n {
-		f.start(i)
-	}
-	f.waitJoined(n)
+	f := splittingFixture(t, n)
 	for i := range n {
 		f.writeRace(i, 3)
 		f.waitCount(i, 6)
 	}
-	testenv.Eventually(t, 30*time.Second, "the stopped member's position recorded", func() bool {
-		return f.memberLSN(stopped) > 0 && readSlot(t, f.pool, f.slot).confirmed >= f.memberLSN(stopped)
-	})
-	first := f.srcs[stopped]
-	first.src.Close()
+	first := f.stopRecorded(stopped)
 	held := f.memberLSN(stopped)
 	before := f.snapshotSeq(stopped)
 	ctx := context.Background()
@@ -120,18 +111,10 @@ func TestSharedStreamSplitsStoppedMember(t *testing.T) {
 // are backfilled, instead of joining the shared slot past them.
 func TestSharedStreamSplitMemberLostItsSlot(t *testing.T) {
 	const n, stopped = 2, 1
-	f := newSharedFixture(t, n)
-	f.split = 64 << 10
-	for i := range n {
-		f.start(i)
-	}
-	f.waitJoined(n)
+	f := splittingFixture(t, n)
 	f.writeRace(stopped, 1)
 	f.waitCount(stopped, 2)
-	testenv.Eventually(t, 30*time.Second, "the stopped member's position recorded", func() bool {
-		return readSlot(t, f.pool, f.slot).confirmed >= f.memberLSN(stopped)
-	})
-	f.srcs[stopped].src.Close()
+	f.stopRecorded(stopped)
 	ctx := context.Background()
 	f.writeRace(stopped, 2)
 	if _, err := f.pool.Exec(ctx, `SELECT pg_logical_emit_message(false, 'test.pad', repeat('x', 100000))`); err != nil {
@@ -177,4 +160,27 @@ func TestSharedStreamWarnsOfDifferentSettings(t *testing.T) {
 	if logs := f.srcs[0].logs.String(); strings.Contains(logs, "settings of the shared stream differ") {
 		t.Fatalf("the first member was warned:\n%s", logs)
 	}
+}
+
+// splittingFixture is n running shared members whose stream splits a
+// stopped member off 64 KiB behind.
+func splittingFixture(t *testing.T, n int) *sharedFixture {
+	f := newSharedFixture(t, n)
+	f.split = 64 << 10
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	return f
+}
+
+// stopRecorded waits until member i's row and the shared slot hold what it
+// delivered, then stops it and returns it.
+func (f *sharedFixture) stopRecorded(i int) *direct {
+	testenv.Eventually(f.t, 30*time.Second, "the member's position recorded", func() bool {
+		return f.memberLSN(i) > 0 && readSlot(f.t, f.pool, f.slot).confirmed >= f.memberLSN(i)
+	})
+	d := f.srcs[i]
+	d.src.Close()
+	return d
 }
