@@ -129,7 +129,7 @@ func (b *natsBroker) feed(t testing.TB) feed {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: b.stream, Subjects: []string{b.subject},
+	if _, err := testenv.CreateStream(ctx, js, jetstream.StreamConfig{Name: b.stream, Subjects: []string{b.subject},
 		Storage: jetstream.FileStorage, Duplicates: 100 * time.Millisecond}); err != nil {
 		t.Fatalf("create stream %s: %v", b.stream, err)
 	}

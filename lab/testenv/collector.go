@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -40,9 +41,9 @@ func CollectStream(t testing.TB, url, stream string, dupWindow time.Duration, su
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: stream, Subjects: subjects, Storage: jetstream.FileStorage, Duplicates: dupWindow})
+	s, err := CreateStream(ctx, js, jetstream.StreamConfig{Name: stream, Subjects: subjects, Storage: jetstream.FileStorage, Duplicates: dupWindow})
 	if err != nil {
 		t.Fatalf("create stream %s: %v", stream, err)
 	}
@@ -175,4 +176,26 @@ func EventID(h nats.Header) string {
 		return id
 	}
 	return h.Get(nats.MsgIdHdr)
+}
+
+// jsStoreFailed is JetStream's "error creating store for stream": the
+// server could not open the stream's files in time, which a busy disk causes
+// and a second try cures.
+const jsStoreFailed jetstream.ErrorCode = 10049
+
+// CreateStream creates (or updates) a stream, trying again while the server
+// answers that it could not create the stream's store, until ctx ends.
+func CreateStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	for {
+		s, err := js.CreateOrUpdateStream(ctx, cfg)
+		var apiErr *jetstream.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != jsStoreFailed {
+			return s, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

@@ -343,7 +343,7 @@ func collectLean(t testing.TB, url, subject string, storage jetstream.StorageTyp
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	name := strings.ToUpper(testenv.Name("lean"))
-	st, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject},
+	st, err := testenv.CreateStream(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{subject},
 		Storage: storage, Duplicates: dupWindow})
 	if err != nil {
 		t.Fatal(err)
