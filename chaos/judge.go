@@ -51,7 +51,7 @@ func (r *run) judge(w *Writer) {
 		r.note("duplicate bound includes %d events the wal slot streamed again after crash recovery (its position is persisted at checkpoints)", r.walExtra)
 	}
 	if r.walRereads > 0 {
-		r.note("duplicate bound includes %d rows a restart read again from the initial snapshot: a kill landed before its slot was promoted", r.walRereads)
+		r.note("duplicate bound includes %d rows a restart read again from the initial snapshot: a fault landed before its slot was promoted", r.walRereads)
 	}
 
 	failures, notes := checkWriter(w.Committed(), rb, truth, r.pgCrashes > 0)

@@ -45,7 +45,7 @@ type run struct {
 	// every delivery is in (judge): at the restart, the verifier may not
 	// have read yet what the relay published just before the crash.
 	walCrashes []walCrash
-	// walRereads is what kills may re-send beyond the window while the wal
+	// walRereads is what faults may re-send beyond the window while the wal
 	// source still streams from its initial snapshot's slot (see
 	// walSnapshotRereads).
 	walRereads int
@@ -146,7 +146,8 @@ func (r *run) exercise() {
 		if dir := os.Getenv("FERRY_CHAOS_LOGS"); dir != "" {
 			b, _ := os.ReadFile(r.logPath)
 			_ = os.MkdirAll(dir, 0o755)
-			_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%s-%s.log", r.cfg.Source, r.cfg.Sink, r.sc.Name)), b, 0o644)
+			// One file per run: -count=N keeps every run's log.
+			_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%s-%s-%s.log", r.cfg.Source, r.cfg.Sink, r.sc.Name, time.Now().Format("150405.000"))), b, 0o644)
 		}
 	}()
 	if err := r.ver.WaitNew(0, 1, r.cfg.RecoveryTimeout); err != nil {
@@ -194,11 +195,13 @@ func (r *run) exercise() {
 // only the new process's reads count).
 func (r *run) inject(f Fault) (end, readAfter time.Time) {
 	t := r.t
+	if r.cfg.Source == "wal" && f != PGCrash {
+		// Any fault may restart the source (a crash's own account is
+		// walCrash.noSlot).
+		r.walRereads += r.walSnapshotRereads()
+	}
 	switch f {
 	case Kill:
-		if r.cfg.Source == "wal" {
-			r.walRereads += r.walSnapshotRereads()
-		}
 		readAfter = time.Now()
 		r.child.Kill()
 		r.child = StartChild(t, r.path, r.logPath, r.cfg.ChildArgs)
@@ -261,20 +264,22 @@ func (r *run) pgCrash() {
 	r.pgProxy.Heal()
 }
 
-// walSnapshotRereads is what a kill about to land makes the wal source
-// send again beyond its in-flight window: until the initial snapshot's
+// walSnapshotRereads is what a fault about to land (a kill, a cut or
+// stalled connection, a broker outage: each can restart the source) makes
+// the wal source send again beyond its in-flight window: until the initial snapshot's
 // rows are acked, the source streams from a temporary copy of its slot and
 // creates the configured slot from it only then (promotion); a restart
 // before that reads the snapshot again, by design, and sends each row
 // committed so far once more. Those rows bound it; 0 once the configured
 // slot exists. On a loaded machine the first kill often lands before the
-// promotion.
+// promotion, and so does a PostgreSQL cut (found by net-pg: 210 duplicates
+// against 200, the restart reading 638 snapshot rows).
 func (r *run) walSnapshotRereads() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	lsn, err := r.db.Slot(ctx, wal.DefaultName(r.name))
 	if err != nil {
-		r.note("kill: slot unreadable before the kill: %v", err)
+		r.note("slot unreadable before a fault: %v", err)
 		return 0
 	}
 	if lsn != "" {
@@ -282,7 +287,7 @@ func (r *run) walSnapshotRereads() int {
 	}
 	var rows int
 	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&rows); err != nil {
-		r.note("kill: outbox rows unreadable before the kill: %v", err)
+		r.note("outbox rows unreadable before a fault: %v", err)
 		return 0
 	}
 	return rows
