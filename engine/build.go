@@ -118,6 +118,7 @@ func Build(spec *pipelines.Spec, env plugins.Env) (*Pipeline, error) {
 	// Every line about the pipeline passes through its Mask: a component
 	// may log an error quoting a value a secret filled in. The name and
 	// tenant are never filled in, and stay as they are.
+	env.ProcessLogger = spec.MaskLogger(env.Logger)
 	env.Logger = spec.MaskLogger(env.Logger.With("pipeline", spec.Name, "tenant", spec.Tenant))
 	if env.Report == nil {
 		env.Report = plugins.NopReporter{}

@@ -122,6 +122,12 @@ type Env struct {
 	DrainTimeout time.Duration
 	// Logger already carries the pipeline and tenant attributes.
 	Logger *slog.Logger
+	// ProcessLogger is Logger without the pipeline and tenant attributes
+	// (its masking of the pipeline's secrets kept), for what several
+	// pipelines share and the first of them happens to create (a shared
+	// replication stream): its lines belong to no one pipeline. Nil outside
+	// the engine; use Logger then.
+	ProcessLogger *slog.Logger
 	// Metrics is where components register their Prometheus collectors. It
 	// adds the pipeline and tenant labels.
 	Metrics prometheus.Registerer

@@ -111,7 +111,7 @@ func startDirect(t *testing.T, dsn, pipeline string, maxInFlight int, mutate fun
 	}
 	d := &direct{logs: &logBuffer{}, reg: prometheus.NewRegistry(), rep: &reporter{}}
 	d.src = wal.New(cfg, plugins.Env{Pipeline: pipeline, MaxInFlight: maxInFlight, DrainTimeout: 2 * time.Second,
-		Logger: newLogger(d.logs).With("pipeline", pipeline), Metrics: d.reg, Report: d.rep})
+		Logger: newLogger(d.logs).With("pipeline", pipeline), ProcessLogger: newLogger(d.logs), Metrics: d.reg, Report: d.rep})
 	ch, err := d.src.Subscribe(context.Background(), "")
 	if err != nil {
 		t.Fatal(err)

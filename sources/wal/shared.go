@@ -139,7 +139,12 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 	defer sharedStreams.Unlock()
 	h := sharedStreams.m[key]
 	if h == nil {
-		log := env.Logger.With("source", Name, "shared_slot", slot)
+		base := env.ProcessLogger
+		if base == nil {
+			base = env.Logger
+		}
+		// The stream's lines are every member's: no pipeline attribute.
+		log := base.With("source", Name, "shared_slot", slot)
 		h = &sharedStream{key: key, slot: slot, publication: publication, cfg: cfg, log: log,
 			slots: newSlotManager(cfg, env, log, slot, publication), all: map[*member]struct{}{}, splitErrs: map[string]string{},
 			done: make(chan struct{}), failed: make(chan struct{}), members: map[*member]struct{}{}, wake: make(chan struct{}, 1)}

@@ -160,6 +160,20 @@ func TestSharedStreamWarnsOfDifferentSettings(t *testing.T) {
 	if logs := f.srcs[0].logs.String(); strings.Contains(logs, "settings of the shared stream differ") {
 		t.Fatalf("the first member was warned:\n%s", logs)
 	}
+	// The stream's own lines are every member's: they name no pipeline
+	// (they named the first member's).
+	streaming := 0
+	for line := range strings.Lines(f.srcs[0].logs.String()) {
+		if strings.Contains(line, "shared wal stream streaming") {
+			streaming++
+			if strings.Contains(line, "pipeline=") {
+				t.Errorf("the shared stream's line names a pipeline: %s", line)
+			}
+		}
+	}
+	if streaming == 0 {
+		t.Errorf("no line of the shared stream:\n%s", f.srcs[0].logs.String())
+	}
 }
 
 // splittingFixture is n running shared members whose stream splits a
