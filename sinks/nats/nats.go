@@ -193,26 +193,30 @@ func (s *Sink) Publish(topic string, msgs ...*message.Message) error {
 		s.sending.RUnlock()
 		return err
 	}
-	enc := newBatchEncoder(msgs)
+	enc := getEncoder(msgs)
 	var one [1]jetstream.PubAckFuture
 	futures := one[:0]
 	for _, msg := range msgs {
 		// The messages of one call are in order (one aggregate's events):
 		// the first that cannot be sent ends the call, so none after it
 		// reaches the stream before it.
-		f, err := s.send(js, conn, topic, &enc, msg)
+		f, err := s.send(js, conn, topic, enc, msg)
 		if err != nil {
 			s.sending.RUnlock()
-			return err
+			return err // enc is not reused: earlier messages' acks are not awaited
 		}
 		futures = append(futures, f)
 	}
 	s.sending.RUnlock()
-	for _, f := range futures {
+	for i, f := range futures {
 		if err := s.await(conn, topic, f); err != nil {
+			if i == len(futures)-1 {
+				enc.put()
+			}
 			return err
 		}
 	}
+	enc.put()
 	return nil
 }
 
@@ -232,10 +236,10 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 		}
 		return errs
 	}
-	enc := newBatchEncoder(msgs)
+	enc := getEncoder(msgs)
 	futures := make([]jetstream.PubAckFuture, len(msgs))
 	for i, msg := range msgs {
-		futures[i], errs[i] = s.send(js, conn, topic, &enc, msg)
+		futures[i], errs[i] = s.send(js, conn, topic, enc, msg)
 		if errs[i] != nil && !conn.IsConnected() {
 			// Disconnected, every later publish fails at once the same way
 			// (there is no reconnect buffer): no need to explain each.
@@ -251,6 +255,7 @@ func (s *Sink) PublishBatch(topic string, msgs []*message.Message) []error {
 			errs[i] = s.await(conn, topic, f)
 		}
 	}
+	enc.put() // every ack arrived or failed
 	return errs
 }
 
@@ -275,26 +280,73 @@ func (s *Sink) publisher(topic string) (jetstream.JetStream, *nats.Conn, string,
 }
 
 // batchEncoder builds the NATS messages of one call: the messages and
-// their header values come from two arrays allocated once per call, not
-// two allocations per message.
+// their header values come from two arrays, not two allocations per
+// message, and the header maps are those of an earlier call, emptied.
+// Encoders are reused (getEncoder, put) once every PubAck of their call
+// arrived: nats.go serialises a message's headers when it publishes and
+// keeps the message only to publish it again while its ack is awaited, so
+// from then on nothing refers to them.
 type batchEncoder struct {
-	msgs []nats.Msg
-	vals []string
+	msgs  []nats.Msg
+	base  []string // the values' array; vals is its unused rest
+	vals  []string
+	used  []nats.Header // the maps handed out in this call
+	spare []nats.Header // emptied maps of earlier calls
 }
 
-func newBatchEncoder(msgs []*message.Message) batchEncoder {
+var encoders = sync.Pool{New: func() any { return new(batchEncoder) }}
+
+// getEncoder is an encoder with room for msgs.
+func getEncoder(msgs []*message.Message) *batchEncoder {
+	b := encoders.Get().(*batchEncoder)
 	n := 0
 	for _, m := range msgs {
 		n += len(m.Metadata) + 1
 	}
-	return batchEncoder{msgs: make([]nats.Msg, 0, len(msgs)), vals: make([]string, 0, n)}
+	// Room for every message up front: each published *nats.Msg points
+	// into this array, which must not move while they are in flight.
+	if cap(b.msgs) < len(msgs) {
+		b.msgs = make([]nats.Msg, 0, len(msgs))
+	}
+	if cap(b.base) < n {
+		b.base = make([]string, n)
+	}
+	b.vals = b.base[:0]
+	return b
+}
+
+// put empties b for another call and keeps it. Call it only once every
+// message it encoded was acked or failed.
+func (b *batchEncoder) put() {
+	clear(b.msgs[:cap(b.msgs)]) // let go of the payloads
+	b.msgs = b.msgs[:0]
+	clear(b.base)
+	for _, h := range b.used {
+		clear(h)
+	}
+	b.spare = append(b.spare, b.used...)
+	clear(b.used)
+	b.used = b.used[:0]
+	encoders.Put(b)
+}
+
+// header is an empty header map for n headers.
+func (b *batchEncoder) header(n int) nats.Header {
+	var h nats.Header
+	if k := len(b.spare); k > 0 {
+		h, b.spare = b.spare[k-1], b.spare[:k-1]
+	} else {
+		h = make(nats.Header, n)
+	}
+	b.used = append(b.used, h)
+	return h
 }
 
 // raw is natsMsg for the call's next message.
 func (b *batchEncoder) raw(topic string, msg *message.Message) *nats.Msg {
 	b.msgs = append(b.msgs, nats.Msg{})
 	nm := &b.msgs[len(b.msgs)-1]
-	b.vals = fillNatsMsg(nm, topic, msg, b.vals)
+	b.vals = fillNatsMsg(nm, topic, msg, b.vals, b.header)
 	return nm
 }
 
@@ -375,18 +427,18 @@ func (s *Sink) Close() error {
 // Nats-Msg-Id (JetStream's deduplication).
 func natsMsg(topic string, msg *message.Message) *nats.Msg {
 	nm := new(nats.Msg)
-	fillNatsMsg(nm, topic, msg, nil)
+	fillNatsMsg(nm, topic, msg, nil, func(n int) nats.Header { return make(nats.Header, n) })
 	return nm
 }
 
 // fillNatsMsg is natsMsg into nm, with the header values taken from vals'
 // spare capacity (a batch's messages share one array) and what is left of
-// it returned. The map is sized for the headers sent, not for the
-// metadata: a message with internal keys often has more than a map's
-// first group holds (8) yet sends fewer, and then needs one allocation,
-// not a directory and table of four. The two id headers share one value
-// unless the message is a requested re-send.
-func fillNatsMsg(nm *nats.Msg, topic string, msg *message.Message, vals []string) []string {
+// it returned, and the header map from header. A new map is sized for the
+// headers sent, not for the metadata: a message with internal keys often
+// has more than a map's first group holds (8) yet sends fewer, and then
+// needs one allocation, not a directory and table of four. The two id
+// headers share one value unless the message is a requested re-send.
+func fillNatsMsg(nm *nats.Msg, topic string, msg *message.Message, vals []string, header func(n int) nats.Header) []string {
 	n := 1
 	for k := range msg.Metadata {
 		if !plugins.IsInternal(k) {
@@ -396,7 +448,7 @@ func fillNatsMsg(nm *nats.Msg, topic string, msg *message.Message, vals []string
 	if cap(vals)-len(vals) < n {
 		vals = make([]string, 0, n)
 	}
-	h := make(nats.Header, n+1)
+	h := header(n + 1)
 	vals = append(vals, msg.UUID)
 	id := vals[len(vals)-1 : len(vals) : len(vals)]
 	h[wmnats.WatermillUUIDHdr] = id
