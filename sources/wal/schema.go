@@ -15,9 +15,20 @@ import (
 func Schema(table string) (string, error) { return SchemaFor(table, "") }
 
 // SchemaFor is Schema with the publication statement for publication
-// (e.g. DefaultName(pipeline)); with "" the statement is printed as a
-// comment to fill in.
+// (e.g. DefaultName(pipeline), or SharedName(database) for slot_mode
+// shared); with "" the statement is printed as a comment to fill in.
 func SchemaFor(table, publication string) (string, error) {
+	return schemaFor(table, publication, false)
+}
+
+// SharedSchemaFor is Schema for slot_mode shared pipelines on database:
+// the publication statement names the database's shared publication
+// (SharedName), to which Ferry adds each member's table.
+func SharedSchemaFor(table, database string) (string, error) {
+	return schemaFor(table, SharedName(database), true)
+}
+
+func schemaFor(table, publication string, shared bool) (string, error) {
 	schema, name, err := outbox.ParseTable(table)
 	if err != nil {
 		return "", err
@@ -39,6 +50,10 @@ func SchemaFor(table, publication string) (string, error) {
 	fmt.Fprintf(&b, "--   GRANT SELECT ON %s TO ferry;    -- first start's initial snapshot, column check\n", outbox.Quote(table))
 	fmt.Fprintf(&b, "--   ownership of %s, to create the publication at start; or create it once as the owner:\n", outbox.Quote(table))
 	stmt := PublicationSQL(publication, table)
+	if shared {
+		b.WriteString("--   (slot_mode: shared: one slot and walsender for the database's shared pipelines; Ferry adds each\n")
+		fmt.Fprintf(&b, "--   member's table to this publication at its start: ALTER PUBLICATION %s ADD TABLE <table>)\n", pgx.Identifier{publication}.Sanitize())
+	}
 	if publication == "" {
 		stmt = PublicationSQL("ferry_PIPELINE", table)
 		b.WriteString("--   (its name is source.publication, default ferry_<pipeline name with - as _>)\n")

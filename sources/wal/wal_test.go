@@ -466,6 +466,23 @@ func TestSchema(t *testing.T) {
 	if !ins || upd || del {
 		t.Fatalf("publication publishes insert=%v update=%v delete=%v, want inserts only", ins, upd, del)
 	}
+	// For slot_mode shared, the database's shared publication, and how a
+	// further member's table joins it.
+	ddl, err = wal.SharedSchemaFor("outbox", "Orders-DB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`CREATE PUBLICATION "ferry_shared_orders_db" FOR TABLE "outbox"`,
+		`ALTER PUBLICATION "ferry_shared_orders_db" ADD TABLE`, "slot_mode: shared"} {
+		if !strings.Contains(ddl, want) {
+			t.Errorf("shared schema lacks %q:\n%s", want, ddl)
+		}
+	}
+	// A pipeline whose own publication merely starts like a shared one
+	// gets no shared-mode note.
+	if ddl, _ = wal.SchemaFor("outbox", wal.DefaultName("shared_orders")); strings.Contains(ddl, "slot_mode: shared") {
+		t.Errorf("own-slot schema speaks of slot_mode shared:\n%s", ddl)
+	}
 }
 
 // What the supervisor reads: the lag timestamps on each event (commit and

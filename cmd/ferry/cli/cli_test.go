@@ -82,6 +82,15 @@ func TestSchemaVersionHelp(t *testing.T) {
 	if code, _, errOut := run("schema", "xid8", "--table", "a;b"); code != 2 || !strings.Contains(errOut, "--table") {
 		t.Errorf("schema bad table: %d %s", code, errOut)
 	}
+	if code, out, _ := run("schema", "wal", "--shared-database", "orders"); code != 0 || !strings.Contains(out, `CREATE PUBLICATION "ferry_shared_orders"`) {
+		t.Errorf("schema wal --shared-database: %d %s", code, out)
+	}
+	if code, _, errOut := run("schema", "wal", "--shared-database", "orders", "--pipeline", "p"); code != 2 || !strings.Contains(errOut, "not both") {
+		t.Errorf("schema wal with both names: %d %s", code, errOut)
+	}
+	if code, _, errOut := run("schema", "poll", "--pipeline", "p"); code != 2 || !strings.Contains(errOut, "wal source only") {
+		t.Errorf("schema poll --pipeline: %d %s", code, errOut)
+	}
 	if code, out, _ := run("version"); code != 0 || !strings.HasPrefix(out, "ferry ") {
 		t.Errorf("version: %d %q", code, out)
 	}

@@ -34,6 +34,7 @@ func schemaCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("schema", "SOURCE [--table NAME] [--aggregate-version]   (SOURCE: "+schemaNames()+")", stderr)
 	table := fs.String("table", "outbox", "outbox table name, optionally schema-qualified")
 	pipeline := fs.String("pipeline", "", "wal: the pipeline's name, so the publication statement uses its default name (ferry_<pipeline>)")
+	sharedDB := fs.String("shared-database", "", "wal, slot_mode shared: the database the pipelines share a stream on, so the publication statement uses the shared name (ferry_shared_<database>)")
 	version := fs.Bool("aggregate-version", false, "also add the aggregate_version column and the trigger that fills it (map it with source.columns.aggregate_version)")
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		fs.Usage()
@@ -51,8 +52,17 @@ func schemaCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ferry schema: unknown source %q (known: %s)\n", source, schemaNames())
 		return 2
 	}
-	if source == wal.Name && *pipeline != "" {
+	switch {
+	case source != wal.Name && (*pipeline != "" || *sharedDB != ""):
+		fmt.Fprintf(stderr, "ferry schema: --pipeline and --shared-database are for the wal source only\n")
+		return 2
+	case *pipeline != "" && *sharedDB != "":
+		fmt.Fprintf(stderr, "ferry schema: give --pipeline (slot_mode own) or --shared-database (slot_mode shared), not both\n")
+		return 2
+	case *pipeline != "":
 		gen = func(t string) (string, error) { return wal.SchemaFor(t, wal.DefaultName(*pipeline)) }
+	case *sharedDB != "":
+		gen = func(t string) (string, error) { return wal.SharedSchemaFor(t, *sharedDB) }
 	}
 	ddl, err := gen(*table)
 	if err != nil {
