@@ -466,11 +466,14 @@ func process(st Stage, m *message.Message) (out []*message.Message, err error) {
 }
 
 // copyEvent is Watermill's CopyWithContext with the metadata cloned in one
-// allocation (Copy sets each key into a map that grows as it goes).
+// allocation (Copy sets each key into a map that grows as it goes), and
+// without the two acknowledgement channels NewMessage makes: the copy is
+// published, never acked by the engine (the event as read is), and
+// Watermill's Ack and Nack take a message without them.
 func copyEvent(m *message.Message) *message.Message {
-	out := message.NewMessage(m.UUID, m.Payload)
-	if m.Metadata != nil {
-		out.Metadata = maps.Clone(m.Metadata)
+	out := &message.Message{UUID: m.UUID, Payload: m.Payload, Metadata: maps.Clone(m.Metadata)}
+	if out.Metadata == nil {
+		out.Metadata = message.Metadata{}
 	}
 	out.SetContext(m.Context())
 	return out
