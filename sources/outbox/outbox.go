@@ -330,7 +330,10 @@ func (t Table) Message(r *Row, position string, readAt time.Time) *message.Messa
 	if r.Undecodable != nil {
 		return t.deadLetter(r, position, readAt)
 	}
-	m := message.NewMessage(t.EventID(r), r.Payload)
+	// Not message.NewMessage: a source admits the row's message to its
+	// window, which dispatches a message of its own for each delivery
+	// (sources/window), so this one needs no acknowledgement channels.
+	m := &message.Message{UUID: t.EventID(r), Payload: r.Payload}
 	var buf [8]header
 	var headers []header
 	var headersErr string
