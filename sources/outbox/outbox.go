@@ -197,9 +197,15 @@ func (c Columns) Select(alias string, extra ...string) string {
 
 // Scan returns r's scan targets in Select's order, after lead (the extra
 // expressions Select was given).
-func (c Columns) Scan(r *Row, lead ...any) []any {
-	dest := append(lead, &r.ID, &r.RowID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.Headers,
-		&createdAtScanner{r: r, column: c.CreatedAt}, &r.EventID)
+func (c Columns) Scan(r *Row, lead ...any) []any { return c.AppendScan(lead, r) }
+
+// AppendScan is Scan appending to dest: a source that reads many rows
+// scans each into its place in a slice of rows with one dest slice for
+// all, rather than a row, a dest slice and a scanner allocated per row.
+func (c Columns) AppendScan(dest []any, r *Row) []any {
+	r.createdAt = createdAtScanner{r: r, column: c.CreatedAt}
+	dest = append(dest, &r.ID, &r.RowID, &r.AggregateType, &r.AggregateID, &r.Type, &r.Payload, &r.Headers,
+		&r.createdAt, &r.EventID)
 	if len(c.Extra) > 0 {
 		r.ExtraNames = c.Extra
 		r.Extra = make([]pgtype.Text, len(c.Extra))
@@ -253,6 +259,9 @@ type Row struct {
 	// Message then makes the row a dead letter instead of an event, so it
 	// never wedges the pipeline.
 	Undecodable *DecodeError
+	// createdAt scans the created-at column into this row (AppendScan):
+	// part of the row, so scanning allocates no scanner.
+	createdAt createdAtScanner
 }
 
 // IDText is the row's id as text: the id column, else the sort position.

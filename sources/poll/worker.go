@@ -237,12 +237,15 @@ func (w *worker) read(ctx context.Context, q querier, sql string, args ...any) (
 	}
 	defer rs.Close()
 	var rows []outbox.Row
+	var dest []any
 	for rs.Next() {
-		var r outbox.Row
-		if err := rs.Scan(w.s.cfg.Columns.Scan(&r, &r.DBReadAt)...); err != nil {
+		// Scanned in place: no row, dest slice or scanner per row.
+		rows = append(rows, outbox.Row{})
+		r := &rows[len(rows)-1]
+		dest = w.s.cfg.Columns.AppendScan(append(dest[:0], &r.DBReadAt), r)
+		if err := rs.Scan(dest...); err != nil {
 			return nil, err
 		}
-		rows = append(rows, r)
 	}
 	if err := rs.Err(); err != nil {
 		return nil, err

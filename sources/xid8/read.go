@@ -232,16 +232,19 @@ func (s *Source) readBatch(ctx context.Context, pool *pgsource.Pool, out []row, 
 func (s *Source) scanRows(rows pgx.Rows, out []row) ([]row, error) {
 	defer rows.Close()
 	var xactText string
+	var dest []any
 	for rows.Next() {
-		var r row
+		// Scanned in place: no row, dest slice or scanner per row.
+		out = append(out, row{})
+		r := &out[len(out)-1]
+		dest = s.cfg.Columns.AppendScan(append(dest[:0], &xactText, &r.DBReadAt), &r.Row)
 		var err error
-		if err = rows.Scan(s.cfg.Columns.Scan(&r.Row, &xactText, &r.DBReadAt)...); err != nil {
-			return out, err
+		if err = rows.Scan(dest...); err != nil {
+			return out[:len(out)-1], err
 		}
 		if r.xact, err = strconv.ParseUint(xactText, 10, 64); err != nil {
-			return out, fmt.Errorf("bad xact_id %q", xactText)
+			return out[:len(out)-1], fmt.Errorf("bad xact_id %q", xactText)
 		}
-		out = append(out, r)
 	}
 	return out, rows.Err()
 }
