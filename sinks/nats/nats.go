@@ -292,6 +292,7 @@ type batchEncoder struct {
 	vals  []string
 	used  []nats.Header // the maps handed out in this call
 	spare []nats.Header // emptied maps of earlier calls
+	room  int           // the values this call may use of base
 }
 
 var encoders = sync.Pool{New: func() any { return new(batchEncoder) }}
@@ -311,16 +312,18 @@ func getEncoder(msgs []*message.Message) *batchEncoder {
 	if cap(b.base) < n {
 		b.base = make([]string, n)
 	}
-	b.vals = b.base[:0]
+	b.vals, b.room = b.base[:0], n
 	return b
 }
 
 // put empties b for another call and keeps it. Call it only once every
 // message it encoded was acked or failed.
 func (b *batchEncoder) put() {
-	clear(b.msgs[:cap(b.msgs)]) // let go of the payloads
+	// Only what this call used: the rest was emptied by the calls before,
+	// and a one-message call must not clear a large batch's arrays.
+	clear(b.msgs) // let go of the payloads
 	b.msgs = b.msgs[:0]
-	clear(b.base)
+	clear(b.base[:b.room])
 	for _, h := range b.used {
 		clear(h)
 	}
