@@ -36,7 +36,7 @@ func TestDeadLetterTopicReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, subj := range map[string]string{strings.ToUpper(strings.ReplaceAll(base, ".", "_")) + "_DLQ": dlq, strings.ToUpper(strings.ReplaceAll(base, ".", "_")) + "_DEST": dest} {
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}}); err != nil {
+		if _, err := testenv.CreateStream(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{subj}}); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })

@@ -212,9 +212,9 @@ func createStream(t testing.TB, url string, cfg jetstream.StreamConfig) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+	if _, err := testenv.CreateStream(ctx, js, cfg); err != nil {
 		t.Fatalf("create stream %s: %v", cfg.Name, err)
 	}
 	t.Cleanup(func() {

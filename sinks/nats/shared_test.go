@@ -247,7 +247,9 @@ func TestSharedConnectionOutageReachesEveryPipeline(t *testing.T) {
 		t.Fatal(err)
 	}
 	js, _ := jetstream.New(nc)
-	_, err = js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "OUTAGE", Subjects: []string{"outage.>"}})
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = testenv.CreateStream(sctx, js, jetstream.StreamConfig{Name: "OUTAGE", Subjects: []string{"outage.>"}})
 	nc.Close()
 	if err != nil {
 		t.Fatal(err)
