@@ -211,13 +211,15 @@ func (c *coordinator) beat(ctx context.Context, owned int) (live int, ok bool) {
 	if first || was != st.Up {
 		st.Since = now
 	}
-	c.state.Store(&st)
+	// The line is written before the state is published: whoever sees the
+	// new state (the API, /readyz) finds the line that explains it.
 	switch {
 	case err != nil && (first || was):
 		c.log.Error("coordination database unreachable: this instance "+degradedMode, "err", redact.Error(err))
 	case err == nil && !first && !was:
 		c.log.Info("coordination database reachable again; sharing pipelines fairly", "live", live)
 	}
+	c.state.Store(&st)
 	return live, err == nil
 }
 
