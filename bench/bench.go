@@ -70,7 +70,7 @@ var (
 	Scenarios = []string{ScenarioDrain, ScenarioSteady, ScenarioMemory, ScenarioIdle}
 	Sources   = []string{xid8.Name, poll.Name, wal.Name}
 	Sinks     = []string{nats.Name, kafka.Name, rabbitmq.Name}
-	Systems   = []string{SystemFerry, SystemWatermill, SystemCeiling}
+	Systems   = []string{SystemFerry, SystemWatermill, SystemCeiling, SystemFranzCeiling}
 )
 
 // Run measures what o asks for and returns the report. An error means the

@@ -47,15 +47,16 @@ type ceilingPublisher interface {
 
 // ceiling measures the broker client alone: drain publishes Events
 // messages as fast as it can, steady Rate per second for Duration.
-func (r *runner) ceiling(ctx context.Context, scenario, sink string, rep int) (Measurement, error) {
+// system is SystemCeiling, or SystemFranzCeiling for Kafka.
+func (r *runner) ceiling(ctx context.Context, scenario, system, sink string, rep int) (Measurement, error) {
 	id := r.nextID(scenario, "ceil", sink)
-	label := fmt.Sprintf("%s ceiling →%s", scenario, sink)
+	label := fmt.Sprintf("%s %s →%s", scenario, system, sink)
 	t, err := r.s.target(ctx, sink, id)
 	if err != nil {
 		return Measurement{}, err
 	}
 	defer t.cleanup()
-	j := job{System: SystemCeiling, Sink: sink, SinkYAML: sinkYAML(t, nil), Window: r.o.CeilingWindow}
+	j := job{System: system, Sink: sink, SinkYAML: sinkYAML(t, nil), Window: r.o.CeilingWindow}
 	n := r.o.Events
 	if scenario == ScenarioSteady {
 		j.Mode, j.Rate, j.Duration = modeSteady, r.o.Rate, r.o.Duration
@@ -67,7 +68,7 @@ func (r *runner) ceiling(ctx context.Context, scenario, sink string, rep int) (M
 	if err != nil {
 		return m, err
 	}
-	m.Scenario, m.System, m.Sink, m.Repeat = scenario, SystemCeiling, sink, rep
+	m.Scenario, m.System, m.Sink, m.Repeat = scenario, system, sink, rep
 	if scenario == ScenarioSteady {
 		m.EventsPerSec = float64(m.Events) / r.o.Duration.Seconds()
 	}
@@ -168,6 +169,9 @@ func newCeilingPublisher(ctx context.Context, j job, n int, acked func(int, erro
 		cfg := kafka.DefaultConfig()
 		if err := yaml.Unmarshal([]byte(j.SinkYAML), cfg); err != nil {
 			return nil, err
+		}
+		if j.System == SystemFranzCeiling {
+			return newFranzCeiling(cfg, n, window, j.Mode == modeSteady, acked)
 		}
 		return newKafkaCeiling(cfg, n, j.Mode == modeSteady, acked)
 	case rabbitmq.Name:

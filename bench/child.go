@@ -40,6 +40,9 @@ const (
 	SystemFerry     = "ferry"
 	SystemWatermill = "watermill-sql"
 	SystemCeiling   = "ceiling"
+	// SystemFranzCeiling is Kafka's second ceiling: franz-go's producer
+	// alone, where the sink and SystemCeiling use Sarama (ceiling_franz.go).
+	SystemFranzCeiling = "ceiling-franz-go"
 )
 
 // job is what a child runs.
@@ -247,7 +250,7 @@ func (c *child) run() error {
 		sys = &ferrySystem{c: c}
 	case SystemWatermill:
 		sys = &watermillSystem{c: c}
-	case SystemCeiling:
+	case SystemCeiling, SystemFranzCeiling:
 		return c.runCeiling(ctx)
 	default:
 		return fmt.Errorf("unknown system %q", c.job.System)

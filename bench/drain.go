@@ -21,8 +21,12 @@ func (r *runner) drainScenario(ctx context.Context) error {
 	for rep := range r.o.Repeat {
 		for _, sink := range r.o.Sinks {
 			if r.wants(SystemCeiling) {
-				m, err := r.ceiling(ctx, ScenarioDrain, sink, rep)
+				m, err := r.ceiling(ctx, ScenarioDrain, SystemCeiling, sink, rep)
 				errs = append(errs, r.record(ScenarioDrain, SystemCeiling, "", sink, m, err))
+			}
+			if r.wants(SystemFranzCeiling) && sink == kafka.Name {
+				m, err := r.ceiling(ctx, ScenarioDrain, SystemFranzCeiling, sink, rep)
+				errs = append(errs, r.record(ScenarioDrain, SystemFranzCeiling, "", sink, m, err))
 			}
 			if r.wants(SystemWatermill) {
 				for _, b := range Baselines {

@@ -24,7 +24,7 @@ func (r *runner) drainChild(ctx context.Context, id, label string, j job, n int)
 	defer cancel()
 	// The database's CPU for the system (none for the ceiling).
 	var pg *pgCPU
-	if j.System != SystemCeiling {
+	if j.System != SystemCeiling && j.System != SystemFranzCeiling {
 		pg = startPGCPU(ctx, r.s.pool)
 	}
 	p, err := r.spawn(id, j)

@@ -17,8 +17,8 @@ type Options struct {
 	Scenarios []string
 	Sources   []string
 	Sinks     []string
-	// Systems to measure: ferry, watermill-sql, ceiling. Default all; a
-	// ratio needs its baseline.
+	// Systems to measure: ferry, watermill-sql, ceiling, ceiling-franz-go
+	// (Kafka only). Default all; a ratio needs its baseline.
 	Systems []string
 	// Baselines are the watermill-sql builds drain measures (Baselines;
 	// default DefaultBaselines). Ferry's ratio is to BaselineRouter.

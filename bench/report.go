@@ -10,7 +10,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ferryhq/ferry/sinks/kafka"
 	"github.com/ferryhq/ferry/sinks/nats"
+	"github.com/ferryhq/ferry/sinks/rabbitmq"
+	"github.com/ferryhq/ferry/sources/poll"
 	"github.com/ferryhq/ferry/sources/wal"
 	"github.com/ferryhq/ferry/sources/xid8"
 )
@@ -197,6 +200,15 @@ type Row struct {
 	OfCeiling      float64 `json:"pct_of_ceiling,omitempty"`
 	OfCeilingMin   float64 `json:"pct_of_ceiling_min,omitempty"`
 	OfCeilingMax   float64 `json:"pct_of_ceiling_max,omitempty"`
+	// OfFranzCeiling is events/s ÷ Kafka's franz-go ceiling's in the same
+	// repeat, in percent; CPUVsCeiling Ferry's CPU per event ÷ the
+	// ceiling's (both drain only).
+	OfFranzCeiling    float64 `json:"pct_of_franz_go_ceiling,omitempty"`
+	OfFranzCeilingMin float64 `json:"pct_of_franz_go_ceiling_min,omitempty"`
+	OfFranzCeilingMax float64 `json:"pct_of_franz_go_ceiling_max,omitempty"`
+	CPUVsCeiling      float64 `json:"cpu_x_ceiling,omitempty"`
+	CPUVsCeilingMin   float64 `json:"cpu_x_ceiling_min,omitempty"`
+	CPUVsCeilingMax   float64 `json:"cpu_x_ceiling_max,omitempty"`
 	// Latency of the repeat with the median p99; P99Max is the worst p99.
 	Latency *Latency `json:"latency,omitempty"`
 	P99Max  float64  `json:"p99_max_ms,omitempty"`
@@ -246,7 +258,7 @@ func (rep *Report) summarise() {
 		ms := groups[k]
 		row := Row{Scenario: k.scenario, System: k.system, Source: k.source, Sink: k.sink, Runs: len(ms), Events: ms[0].Events,
 			Pipelines: ms[0].Pipelines}
-		var eps, vsw, ofc, cpu, pgcpu []float64
+		var eps, vsw, ofc, off, cpux, cpu, pgcpu []float64
 		for _, m := range ms {
 			if m.EventsPerSec > 0 {
 				eps = append(eps, m.EventsPerSec)
@@ -267,12 +279,20 @@ func (rep *Report) summarise() {
 				}
 				if c, ok := baseline(SystemCeiling, m); ok && c.EventsPerSec > 0 {
 					ofc = append(ofc, 100*m.EventsPerSec/c.EventsPerSec)
+					if m.Events > 0 && c.Events > 0 && c.CPUSeconds > 0 {
+						cpux = append(cpux, (m.CPUSeconds/float64(m.Events))/(c.CPUSeconds/float64(c.Events)))
+					}
+				}
+				if c, ok := baseline(SystemFranzCeiling, m); ok && c.EventsPerSec > 0 {
+					off = append(off, 100*m.EventsPerSec/c.EventsPerSec)
 				}
 			}
 		}
 		row.EventsPerSec, row.EventsPerSecMin, row.EventsPerSecMax = medianRange(eps)
 		row.VsWatermill, row.VsWatermillMin, row.VsWatermillMax = medianRange(vsw)
 		row.OfCeiling, row.OfCeilingMin, row.OfCeilingMax = medianRange(ofc)
+		row.OfFranzCeiling, row.OfFranzCeilingMin, row.OfFranzCeilingMax = medianRange(off)
+		row.CPUVsCeiling, row.CPUVsCeilingMin, row.CPUVsCeilingMax = medianRange(cpux)
 		row.CPUPer10k, _, _ = medianRange(cpu)
 		row.CPUPerEvent = row.CPUPer10k * 100
 		row.PGCPUPerEvent, _, _ = medianRange(pgcpu)
@@ -317,13 +337,31 @@ type Target struct {
 
 // Target thresholds (see docs/performance.md).
 const (
+	// Every source into every sink, drain.
 	targetVsWatermill = 10.0
-	targetOfCeiling   = 60.0
-	targetP99WAL      = 10.0 // ms over the ceiling's own publish p99
-	targetP99Polling  = 40.0
-	targetRSS         = 150 << 20
-	targetRSSFlat     = 1.20
-	targetIdleCPU     = 5.0
+	// xid8 and wal into NATS: share of the ceiling's events/s, and CPU per
+	// event at most this many times the ceiling client's.
+	targetOfCeiling    = 60.0
+	targetCPUVsCeiling = 2.0
+	// xid8 and wal into Kafka: share of the franz-go ceiling (what kfake
+	// takes from the leanest client) and of the Sarama one (the sink's
+	// own library).
+	targetOfFranzCeiling  = 30.0
+	targetOfSaramaCeiling = 70.0
+	// Every source into RabbitMQ: share of its ceiling; steady p99 at most
+	// this many times the ceiling's.
+	targetOfAMQPCeiling = 90.0
+	targetP99AMQPTimes  = 2.0
+	// poll's PostgreSQL µs per event: half the 26 µs of the round's start.
+	targetPollPGCPU = 13.0
+	// Steady p99 over the ceiling's own publish p99, in ms: xid8 and wal
+	// into NATS; otherwise wal and the polling sources.
+	targetP99NATS    = 2.0
+	targetP99WAL     = 10.0
+	targetP99Polling = 40.0
+	targetRSS        = 150 << 20
+	targetRSSFlat    = 1.20
+	targetIdleCPU    = 5.0
 )
 
 func (rep *Report) row(scenario, system, source, sink string) (Row, bool) {
@@ -335,37 +373,43 @@ func (rep *Report) row(scenario, system, source, sink string) (Row, bool) {
 	return Row{}, false
 }
 
+// share is a "≥ goal % of a ceiling" target.
+func share(name string, goal, got, lo, hi float64, runs int) Target {
+	return Target{Name: name, Goal: fmt.Sprintf("≥ %.0f%%", goal), Value: got,
+		Got: fmt.Sprintf("%.0f%%%s", got, rangeText(runs, lo, hi, "%.0f")), Met: got >= goal}
+}
+
 func (rep *Report) checkTargets() []Target {
 	var ts []Target
 	for _, r := range rep.Rows {
 		if r.System != SystemFerry {
 			continue
 		}
+		cursor := r.Source == wal.Name || r.Source == xid8.Name
 		switch r.Scenario {
 		case ScenarioDrain:
-			if r.VsWatermill > 0 {
-				ts = append(ts, Target{Name: fmt.Sprintf("drain %s ≥ %.0f× watermill-sql", arrow(r.Source, r.Sink), targetVsWatermill),
-					Goal: fmt.Sprintf("≥ %.0f×", targetVsWatermill), Value: r.VsWatermill,
-					Got: fmt.Sprintf("%.1f×%s", r.VsWatermill, rangeText(r.Runs, r.VsWatermillMin, r.VsWatermillMax, "%.1f")),
-					Met: r.VsWatermill >= targetVsWatermill})
-			}
-			if r.Sink == nats.Name && (r.Source == wal.Name || r.Source == xid8.Name) && r.OfCeiling > 0 {
-				ts = append(ts, Target{Name: fmt.Sprintf("drain %s ≥ %.0f%% of the NATS ceiling", arrow(r.Source, r.Sink), targetOfCeiling),
-					Goal: fmt.Sprintf("≥ %.0f%%", targetOfCeiling), Value: r.OfCeiling,
-					Got: fmt.Sprintf("%.0f%%%s", r.OfCeiling, rangeText(r.Runs, r.OfCeilingMin, r.OfCeilingMax, "%.0f")),
-					Met: r.OfCeiling >= targetOfCeiling})
-			}
+			ts = append(ts, rep.drainTargets(r, cursor)...)
 		case ScenarioSteady:
 			c, ok := rep.row(ScenarioSteady, SystemCeiling, "", r.Sink)
 			if !ok || c.Latency == nil || r.Latency == nil {
 				continue
 			}
+			if r.Sink == rabbitmq.Name {
+				limit := c.Latency.P99 * targetP99AMQPTimes
+				ts = append(ts, Target{Name: fmt.Sprintf("steady %s p99 ≤ %.0f× ceiling p99", arrow(r.Source, r.Sink), targetP99AMQPTimes),
+					Goal: fmt.Sprintf("≤ %.1f ms", limit), Value: r.Latency.P99,
+					Got: fmt.Sprintf("%.1f ms (ceiling %.1f ms)", r.Latency.P99, c.Latency.P99), Met: r.Latency.P99 <= limit})
+				continue
+			}
 			budget := targetP99Polling
-			if r.Source == wal.Name {
+			switch {
+			case r.Sink == nats.Name && cursor:
+				budget = targetP99NATS
+			case r.Source == wal.Name:
 				budget = targetP99WAL
 			}
 			limit := c.Latency.P99 + budget
-			ts = append(ts, Target{Name: fmt.Sprintf("steady %s p99 ≤ ceiling p99 + %.0f ms", arrow(r.Source, r.Sink), budget),
+			ts = append(ts, Target{Name: fmt.Sprintf("steady %s p99 ≤ ceiling p99 + %.0f ms at %d events/s", arrow(r.Source, r.Sink), budget, rep.Options.Rate),
 				Goal: fmt.Sprintf("≤ %.1f ms", limit), Value: r.Latency.P99,
 				Got: fmt.Sprintf("%.1f ms (ceiling %.1f ms)", r.Latency.P99, c.Latency.P99),
 				Met: r.Latency.P99 <= limit})
@@ -389,6 +433,48 @@ func (rep *Report) checkTargets() []Target {
 				Goal: "≤ 5%", Value: r.Idle.CPUPercent, Got: fmt.Sprintf("%.2f%% (%.1f xact/s)", r.Idle.CPUPercent, r.Idle.XactPerSec),
 				Met: r.Idle.CPUPercent <= targetIdleCPU})
 		}
+	}
+	return ts
+}
+
+// drainTargets are r's drain goals: against Watermill for every source,
+// against the ceilings per sink, and poll's database cost.
+func (rep *Report) drainTargets(r Row, cursor bool) []Target {
+	var ts []Target
+	name := func(f string, a ...any) string {
+		return "drain " + arrow(r.Source, r.Sink) + " " + fmt.Sprintf(f, a...)
+	}
+	if r.VsWatermill > 0 {
+		ts = append(ts, Target{Name: name("≥ %.0f× watermill-sql", targetVsWatermill),
+			Goal: fmt.Sprintf("≥ %.0f×", targetVsWatermill), Value: r.VsWatermill,
+			Got: fmt.Sprintf("%.1f×%s", r.VsWatermill, rangeText(r.Runs, r.VsWatermillMin, r.VsWatermillMax, "%.1f")),
+			Met: r.VsWatermill >= targetVsWatermill})
+	}
+	switch {
+	case r.Sink == nats.Name && cursor && r.OfCeiling > 0:
+		ts = append(ts, share(name("≥ %.0f%% of the NATS ceiling", targetOfCeiling), targetOfCeiling, r.OfCeiling, r.OfCeilingMin, r.OfCeilingMax, r.Runs))
+		if r.CPUVsCeiling > 0 {
+			ts = append(ts, Target{Name: name("CPU per event ≤ %.0f× the ceiling client's", targetCPUVsCeiling),
+				Goal: fmt.Sprintf("≤ %.1f×", targetCPUVsCeiling), Value: r.CPUVsCeiling,
+				Got: fmt.Sprintf("%.2f×%s", r.CPUVsCeiling, rangeText(r.Runs, r.CPUVsCeilingMin, r.CPUVsCeilingMax, "%.2f")),
+				Met: r.CPUVsCeiling <= targetCPUVsCeiling})
+		}
+	case r.Sink == kafka.Name && cursor:
+		if r.OfFranzCeiling > 0 {
+			ts = append(ts, share(name("≥ %.0f%% of the franz-go ceiling (kfake)", targetOfFranzCeiling), targetOfFranzCeiling,
+				r.OfFranzCeiling, r.OfFranzCeilingMin, r.OfFranzCeilingMax, r.Runs))
+		}
+		if r.OfCeiling > 0 {
+			ts = append(ts, share(name("≥ %.0f%% of the Sarama ceiling (the sink's library)", targetOfSaramaCeiling), targetOfSaramaCeiling,
+				r.OfCeiling, r.OfCeilingMin, r.OfCeilingMax, r.Runs))
+		}
+	case r.Sink == rabbitmq.Name && r.OfCeiling > 0:
+		ts = append(ts, share(name("≥ %.0f%% of the RabbitMQ ceiling", targetOfAMQPCeiling), targetOfAMQPCeiling, r.OfCeiling, r.OfCeilingMin, r.OfCeilingMax, r.Runs))
+	}
+	if r.Source == poll.Name && r.PGCPUPerEvent > 0 {
+		ts = append(ts, Target{Name: name("PostgreSQL ≤ %.0f µs per event", targetPollPGCPU),
+			Goal: fmt.Sprintf("≤ %.0f µs", targetPollPGCPU), Value: r.PGCPUPerEvent, Got: fmt.Sprintf("%.1f µs", r.PGCPUPerEvent),
+			Met: r.PGCPUPerEvent <= targetPollPGCPU})
 	}
 	return ts
 }
@@ -465,7 +551,7 @@ func (rep *Report) cells(r Row) []string {
 	if r.PGCPUPerEvent > 0 {
 		c[10] = fmt.Sprintf("%.1f", r.PGCPUPerEvent)
 	}
-	if r.System == SystemCeiling {
+	if r.System == SystemCeiling || r.System == SystemFranzCeiling {
 		c[11] = dash // prebuilt messages: its memory says nothing
 	}
 	return c

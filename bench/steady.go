@@ -20,7 +20,7 @@ func (r *runner) steadyScenario(ctx context.Context) error {
 	for rep := range r.o.Repeat {
 		for _, sink := range r.o.Sinks {
 			if r.wants(SystemCeiling) {
-				m, err := r.ceiling(ctx, ScenarioSteady, sink, rep)
+				m, err := r.ceiling(ctx, ScenarioSteady, SystemCeiling, sink, rep)
 				errs = append(errs, r.record(ScenarioSteady, SystemCeiling, "", sink, m, err))
 			}
 			for _, src := range r.sources() {

@@ -78,7 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (o bench.Options, out output, e
 	scenarios := fs.String("scenarios", strings.Join(def.Scenarios, ","), "scenarios to run: drain, steady, backlog-memory, idle")
 	sources := fs.String("sources", strings.Join(def.Sources, ","), "sources: xid8, poll, wal")
 	sinks := fs.String("sinks", strings.Join(def.Sinks, ","), "sinks: nats ($NATS_URL, else the machine's server at 127.0.0.1:4222, else in-process), kafka (kfake in-process unless $KAFKA_BROKERS), rabbitmq ($AMQP_URL)")
-	systems := fs.String("systems", strings.Join(def.Systems, ","), "systems to measure: ferry, watermill-sql (baseline), ceiling (broker client alone)")
+	systems := fs.String("systems", strings.Join(def.Systems, ","), "systems to measure: ferry, watermill-sql (baseline), ceiling (broker client alone), ceiling-franz-go (Kafka: franz-go's producer alone; the sink and ceiling use Sarama)")
 	baselines := fs.String("baselines", strings.Join(def.Baselines, ","), "drain: watermill-sql builds to measure: router (batch 100 → Watermill's publisher; the ratio's baseline), router-1000 (batch 1000), forwarder (Watermill's forwarder, with Ferry's watermill_sql source beside it), ferry-sink (batch 100 → the Ferry sink)")
 	quick := fs.Bool("quick", false, "smoke run: every scenario at a tiny size, first source into first sink")
 	events := fs.Int("events", def.Events, "drain: rows in the backlog")
