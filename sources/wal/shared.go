@@ -462,5 +462,9 @@ func (h *sharedStream) session(ctx context.Context) error {
 		m.src.env.Report.Recovered()
 	}
 	h.log.Info("shared wal stream streaming", "publication", h.publication, "members", len(h.members), "from", start.String())
-	return h.stream(ctx, conn)
+	err = h.stream(ctx, conn)
+	if errors.Is(err, errPresumedDead) {
+		h.slots.terminate(conn.PID())
+	}
+	return err
 }

@@ -73,8 +73,8 @@ func (h *sharedStream) stream(ctx context.Context, conn *pgconn.PgConn) error {
 func (h *sharedStream) checkSilence() error {
 	silent := time.Since(h.heard)
 	if silent > sharedAskAfter+serverSilence {
-		return fmt.Errorf("replication stream: no message from the server for %s although a reply was requested; "+
-			"the connection is presumed dead", silent.Round(time.Second))
+		return fmt.Errorf("replication stream: no message from the server for %s although a reply was requested: %w",
+			silent.Round(time.Second), errPresumedDead)
 	}
 	if silent > sharedAskAfter && time.Since(h.asked) > sharedAskAfter {
 		h.asked = time.Now()

@@ -350,10 +350,18 @@ func (m *slotManager) create(ctx context.Context, conn *pgconn.PgConn) (pglogrep
 func (m *slotManager) createReplicationSlot(ctx context.Context, conn *pgconn.PgConn, name string, temporary bool, snapshot string) (pglogrepl.CreateReplicationSlotResult, error) {
 	waitCtx, stopWaiting := context.WithCancel(ctx)
 	defer stopWaiting()
+	callCtx, giveUp := context.WithCancelCause(ctx)
+	defer giveUp(nil)
 	go m.reportSlotCreationWait(waitCtx, name)
-	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput",
+	if m.pool != nil {
+		go m.watchCreation(waitCtx, conn.PID(), giveUp)
+	}
+	res, err := pglogrepl.CreateReplicationSlot(callCtx, conn, name, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Temporary: temporary, SnapshotAction: snapshot})
 	if err != nil {
+		if cause := context.Cause(callCtx); cause != nil && ctx.Err() == nil {
+			return res, fmt.Errorf("create replication slot %s: %w", name, cause)
+		}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55000" && strings.Contains(pgErr.Message, "wal_level") {
 			return res, fatalf("create replication slot %s: %s: set wal_level = logical and restart PostgreSQL", name, pgErr.Message)
@@ -361,6 +369,71 @@ func (m *slotManager) createReplicationSlot(ctx context.Context, conn *pgconn.Pg
 		return res, fmt.Errorf("create replication slot %s: %w", name, err)
 	}
 	return res, nil
+}
+
+// watchCreation guards CREATE_REPLICATION_SLOT against a connection that
+// died without an error (a half-open connection, a frozen proxy): the
+// server may rightly take long (it waits for open transactions), but a
+// reply lost on the way would hold the wait for ever, and the stream's
+// silence check does not run yet. Every askAfter it asks the server over
+// the pool whether the connection's process still runs the command. Gone,
+// or no longer active at two looks in a row (it finished and answered
+// into the void), the wait ends with the reason: the session fails and the
+// source reconnects. The process is terminated first: it holds the slot,
+// and a temporary slot for as long as it lives.
+func (m *slotManager) watchCreation(ctx context.Context, pid uint32, giveUp context.CancelCauseFunc) {
+	t := time.NewTicker(askAfter)
+	defer t.Stop()
+	finished := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		qctx, cancel := context.WithTimeout(ctx, askAfter)
+		var state string
+		err := m.pool.QueryRow(qctx, `SELECT coalesce(state, '') FROM pg_stat_activity WHERE pid = $1`, int32(pid)).Scan(&state)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, pgx.ErrNoRows):
+			giveUp(fmt.Errorf("%w: its server process %d is gone", errPresumedDead, pid))
+			return
+		case err != nil || state == "active":
+			finished = 0 // still creating, or the server cannot be asked: wait on
+		default:
+			if finished++; finished < 2 {
+				continue
+			}
+			m.terminate(pid)
+			giveUp(fmt.Errorf("%w: the server finished creating the slot (its process is %s) but the answer never arrived",
+				errPresumedDead, state))
+			return
+		}
+	}
+}
+
+// errPresumedDead: the replication connection stopped answering without an
+// error; the session gives it up and the source reconnects.
+var errPresumedDead = errors.New("the replication connection is presumed dead")
+
+// terminate ends the server process of a replication connection Ferry gave
+// up on, best effort: until the server notices the connection is dead the
+// process keeps the slot active (START_REPLICATION is refused) and a
+// temporary slot alive. Only a Ferry walsender is ended, so a process id the
+// server has since reused is left alone.
+func (m *slotManager) terminate(pid uint32) {
+	if m.pool == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), askAfter)
+	defer cancel()
+	if _, err := m.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE pid = $1 AND backend_type = 'walsender' AND application_name LIKE 'ferry:%'`, int32(pid)); err != nil {
+		m.log.Debug("terminate the dead replication connection's server process", "pid", pid, "err", redact.Error(err))
+	}
 }
 
 // reportSlotCreationWait logs the oldest open transactions while slot

@@ -175,8 +175,8 @@ func (s *streamer) run(ctx context.Context, conn *pgconn.PgConn, slot string) er
 		if err != nil {
 			if isTimeout(err) {
 				if silent := time.Since(st.heard); silent > max(serverSilence, 3*s.cfg.StatusInterval) && ctx.Err() == nil {
-					return fmt.Errorf("replication stream: no message from the server for %s although a reply was requested; "+
-						"the connection is presumed dead", silent.Round(time.Second))
+					return fmt.Errorf("replication stream: no message from the server for %s although a reply was requested: %w",
+						silent.Round(time.Second), errPresumedDead)
 				}
 				deadline = time.Time{}
 				continue

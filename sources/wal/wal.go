@@ -356,7 +356,11 @@ func (s *Source) session(ctx context.Context) error {
 	s.env.Report.Recovered()
 	s.log.Info("wal source streaming", "stream_slot", slot, "publication", slots.publication,
 		"table", s.stream.table.Schema+"."+s.stream.table.Name, "from", s.stream.readEnd.String())
-	return s.stream.run(ctx, conn, slot)
+	err = s.stream.run(ctx, conn, slot)
+	if errors.Is(err, errPresumedDead) {
+		slots.terminate(conn.PID())
+	}
+	return err
 }
 
 // openPool opens the pool the parts share (snapshot reader, heartbeat, slot

@@ -1,0 +1,64 @@
+package wal_test
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryhq/ferry/lab/faultproxy"
+	"github.com/ferryhq/ferry/lab/testenv"
+	"github.com/ferryhq/ferry/plugins/plugintest"
+)
+
+// The replication connection goes half-open while the server creates the
+// slot: creation waits for a transaction that was open when it began, the
+// network freezes, the transaction ends, and the server's answer goes into
+// the void. The source waited for that answer for good (found by the
+// chaos suite's half-open scenario on a loaded machine: the fault landed
+// during the first start's snapshot and nothing was delivered after it).
+// Now it asks the server whether the connection's process still creates
+// the slot, ends that process once it is done, and starts over.
+func TestHalfOpenWhileCreatingTheSlot(t *testing.T) {
+	dsn, pool := freshOutbox(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := faultproxy.Start(t, u.Host)
+	u.Host = proxy.Addr()
+	pipeline := testenv.Name("halfopen-create")
+	ctx := context.Background()
+
+	// An open transaction with an id: slot creation waits for it.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+		t.Fatal(err)
+	}
+	d := startDirect(t, u.String(), pipeline, 100, nil)
+	testenv.Eventually(t, 30*time.Second, "slot creation waiting for the open transaction", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
+			AND query LIKE 'CREATE_REPLICATION_SLOT%'`, "ferry:"+pipeline).Scan(&n)
+		return n == 1
+	})
+	proxy.Blackhole()
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Heal() // new connections work; the frozen ones stay frozen
+
+	w, err := plugintest.Insert(ctx, pool, "agg-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 90*time.Second, "the event committed after the fault", func() bool { return d.outboxIDs()[w.OutboxID] > 0 })
+	if !strings.Contains(d.logs.String(), "presumed dead") {
+		t.Errorf("the log does not say why the connection was given up:\n%s", d.logs)
+	}
+}
