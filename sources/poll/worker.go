@@ -157,7 +157,14 @@ func (w *worker) claimInTransaction(ctx context.Context, limit int) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	defer tx.Rollback(context.Background())
+	defer func() {
+		// Bounded, not ctx: at shutdown the batch still ends, but a
+		// connection that died without an error must not hold the worker
+		// for good (pgx closes it when the rollback times out).
+		rbCtx, cancel := context.WithTimeout(context.Background(), w.s.cfg.QueryTimeout)
+		_ = tx.Rollback(rbCtx)
+		cancel()
+	}()
 	rows, err := w.read(ctx, tx, w.s.sql.claimTx, limit, w.s.cfg.Workers, w.n, w.claimReach(limit))
 	if err != nil || len(rows) == 0 {
 		return 0, err

@@ -153,7 +153,16 @@ func (b *bootstrap) readSnapshot(ctx context.Context, delivered *keySet, snapsho
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback(context.Background())
+	defer func() {
+		// Not ctx (the pass may end because it was cancelled), and bounded:
+		// on a connection that died without an error (half-open) the
+		// rollback would wait for good, and with it the slot creation
+		// that waits for the passes to end. pgx closes the connection
+		// when the rollback times out.
+		rbCtx, cancel := context.WithTimeout(context.Background(), askAfter)
+		_ = tx.Rollback(rbCtx)
+		cancel()
+	}()
 	if snapshot != "" {
 		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(snapshot, "'", "''")+"'"); err != nil {
 			return err

@@ -19,7 +19,8 @@ import (
 // chaos suite's half-open scenario on a loaded machine: the fault landed
 // during the first start's snapshot and nothing was delivered after it).
 // Now it asks the server whether the connection's process still creates
-// the slot, ends that process once it is done, and starts over.
+// the slot, ends that process once it is done, and starts over; a snapshot
+// pass whose answer was lost the same way ends too.
 func TestHalfOpenWhileCreatingTheSlot(t *testing.T) {
 	dsn, pool := freshOutbox(t)
 	u, err := url.Parse(dsn)
@@ -45,6 +46,17 @@ func TestHalfOpenWhileCreatingTheSlot(t *testing.T) {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'
 			AND query LIKE 'CREATE_REPLICATION_SLOT%'`, "ferry:"+pipeline).Scan(&n)
+		return n == 1
+	})
+	// And a snapshot pass waiting for the table, so that its answer is
+	// lost too: the pass must still end (its rollback is bounded).
+	if _, err := tx.Exec(ctx, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "a snapshot pass waiting for the table", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`,
+			"ferry:"+pipeline).Scan(&n)
 		return n == 1
 	})
 	proxy.Blackhole()
