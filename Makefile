@@ -64,7 +64,7 @@ test-loaded:
 
 # The standard matrix of `ferry-bench` (every scenario, source and sink,
 # against watermill-sql and the broker ceiling measured in the same run);
-# about 50 minutes on 2 cores. BENCHFLAGS adds flags, e.g. BENCHFLAGS=--quick.
+# about 75 minutes on 2 cores. BENCHFLAGS adds flags, e.g. BENCHFLAGS=--quick.
 bench: bench-build
 	bin/ferry-bench --markdown bin/bench.md $(BENCHFLAGS)
 
