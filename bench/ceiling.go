@@ -204,6 +204,17 @@ func ceilingHeaders(i int) map[string]string {
 	}
 }
 
+// sortedKeys are h's keys in order: the ceilings send headers in the order
+// the sinks do.
+func sortedKeys(h map[string]string) []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
 // eventID is a stable UUID-shaped id for ceiling message i.
 func eventID(i int) string {
 	return fmt.Sprintf("00000000-0000-4000-8000-%012d", i)
@@ -362,13 +373,8 @@ func newKafkaCeiling(cfg *kafka.Config, n int, steady bool, acked func(int, erro
 
 func (c *kafkaCeiling) msg(i int) *sarama.ProducerMessage {
 	h := ceilingHeaders(i)
-	keys := make([]string, 0, len(h))
-	for k := range h {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	headers := make([]sarama.RecordHeader, 0, len(h))
-	for _, k := range keys {
+	for _, k := range sortedKeys(h) {
 		headers = append(headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(h[k])})
 	}
 	return &sarama.ProducerMessage{Topic: c.topic, Key: sarama.StringEncoder(aggregateID(i)),
