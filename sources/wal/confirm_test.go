@@ -2,12 +2,10 @@ package wal_test
 
 import (
 	"context"
-	"net/url"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
@@ -21,17 +19,12 @@ import (
 // of it again — far more than max_in_flight.
 func TestLostStatusUpdatesKeepCounting(t *testing.T) {
 	dsn, pool := freshOutbox(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := faultproxy.Start(t, u.Host)
-	u.Host = proxy.Addr()
+	proxy, viaProxy := behindProxy(t, dsn)
 	pipeline := testenv.Name("lost-status")
 	slot := wal.DefaultName(pipeline)
 	const maxInFlight, events = 10, 300
 
-	first := startDirect(t, u.String(), pipeline, maxInFlight, nil)
+	first := startDirect(t, viaProxy, pipeline, maxInFlight, nil)
 	waitStreaming(t, pool, slot)
 
 	// Hold the stream while the events commit, then let them through at

@@ -2,12 +2,10 @@ package wal_test
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 )
@@ -23,12 +21,7 @@ import (
 // pass whose answer was lost the same way ends too.
 func TestHalfOpenWhileCreatingTheSlot(t *testing.T) {
 	dsn, pool := freshOutbox(t)
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := faultproxy.Start(t, u.Host)
-	u.Host = proxy.Addr()
+	proxy, viaProxy := behindProxy(t, dsn)
 	pipeline := testenv.Name("halfopen-create")
 	ctx := context.Background()
 
@@ -41,7 +34,7 @@ func TestHalfOpenWhileCreatingTheSlot(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
 		t.Fatal(err)
 	}
-	d := startDirect(t, u.String(), pipeline, 100, nil)
+	d := startDirect(t, viaProxy, pipeline, 100, nil)
 	testenv.Eventually(t, 30*time.Second, "slot creation waiting for the open transaction", func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'

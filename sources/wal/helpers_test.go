@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/plugins/plugintest"
@@ -404,4 +406,17 @@ func (l *leanStream) delivered() []plugintest.Delivered {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]plugintest.Delivered(nil), l.got...)
+}
+
+// behindProxy puts a fault proxy in front of dsn's server and returns it
+// with the dsn that goes through it.
+func behindProxy(t *testing.T, dsn string) (*faultproxy.Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := faultproxy.Start(t, u.Host)
+	u.Host = proxy.Addr()
+	return proxy, u.String()
 }
