@@ -52,6 +52,9 @@ type coordinator struct {
 	// rounds and by releaseAll: under the supervisor's opMu.
 	registry *ownership.Registry
 	sessions map[string]*ownership.Session
+	// units are the locks of the units (units.go) this instance owns, by
+	// key; also under opMu.
+	units map[int64]*ownership.Claim
 	// state is the coordination database as the last round found it; read
 	// by the status surfaces at any time.
 	state atomic.Pointer[Coordination]
@@ -98,6 +101,7 @@ func (c *coordinator) releaseAll() {
 		ls.Close()
 	}
 	c.sessions = nil
+	c.units = nil
 	for _, e := range c.entries.all() {
 		c.release(e)
 	}
@@ -117,28 +121,6 @@ func (c *coordinator) lockSession(dsn string) *ownership.Session {
 		c.sessions[dsn] = ls
 	}
 	return ls
-}
-
-// byLockDSN groups es by their lock database, keeping their order within
-// each group; the groups come in the order of their first entry.
-func byLockDSN(es []*entry) (dsns []string, groups map[string][]*entry) {
-	groups = map[string][]*entry{}
-	for _, e := range es {
-		dsn := plugins.SourceHA(e.spec.Source.Config).LockDSN // exclusive() checked it is set
-		if _, ok := groups[dsn]; !ok {
-			dsns = append(dsns, dsn)
-		}
-		groups[dsn] = append(groups[dsn], e)
-	}
-	return dsns, groups
-}
-
-func lockKeys(es []*entry) []int64 {
-	keys := make([]int64, len(es))
-	for i, e := range es {
-		keys[i] = ownership.LockKey(e.spec.Name)
-	}
-	return keys
 }
 
 // Coordination is the state of the coordination database as the last
@@ -248,7 +230,8 @@ func (c *coordinator) run(ctx context.Context, opMu *sync.Mutex) {
 
 // round is one ownership round: drop pipelines whose lock is gone,
 // heartbeat, then hand back what exceeds the fair share or take over
-// unowned pipelines up to it.
+// unowned pipelines up to it. The fleet places units (units.go): a
+// pipeline, or every member of a shared replication slot at once.
 //
 // The heartbeat only spreads work; the advisory locks on each pipeline's
 // own database are what make running twice impossible. So when the
@@ -257,26 +240,28 @@ func (c *coordinator) run(ctx context.Context, opMu *sync.Mutex) {
 // database (a tenant's, chosen as the coordination database) never stops
 // every pipeline.
 func (c *coordinator) round(ctx context.Context, o *Ownership) {
-	owned, unowned, exclusive := c.census()
+	owned, unowned, units := c.census()
 	owned, lost := c.keepOwned(ctx, owned)
 	if ctx.Err() != nil {
 		return // stopping: what a check missed is no loss
 	}
 	unowned = append(unowned, lost...)
 
-	share := exclusive // degraded: no fair share, run what can be locked
-	if live, ok := c.beat(ctx, len(owned)); ok {
-		share = ownership.FairShare(exclusive, live)
+	share := units // degraded: no fair share, run what can be locked
+	if live, ok := c.beat(ctx, c.pipelinesOf(owned)); ok {
+		share = ownership.FairShare(units, live)
 		for len(owned) > share {
 			// Hand back the excess so a newer instance gets its share: drain
 			// first, then unlock.
-			e := owned[len(owned)-1]
+			u := owned[len(owned)-1]
 			owned = owned[:len(owned)-1]
-			c.log.Info("handing a pipeline over to another instance", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "share", share, "live", live)
-			c.toStandby(e)
+			c.handBack(u, share, live)
 		}
 	} else if ctx.Err() != nil {
 		return
+	}
+	for _, u := range owned {
+		c.fill(ctx, o, u) // members added, resumed or handed over since
 	}
 	rand.Shuffle(len(unowned), func(i, j int) { unowned[i], unowned[j] = unowned[j], unowned[i] })
 	dsns, groups := byLockDSN(unowned)
@@ -284,9 +269,9 @@ func (c *coordinator) round(ctx context.Context, o *Ownership) {
 		if ctx.Err() != nil {
 			return
 		}
-		es := groups[dsn]
+		us := groups[dsn]
 		if room := share - len(owned); room > 0 {
-			took, others, ok := c.takeOver(ctx, o, dsn, es, room)
+			took, others, ok := c.takeOver(ctx, o, dsn, us, room)
 			if !ok {
 				continue // the database did not answer: backing_off
 			}
@@ -294,40 +279,21 @@ func (c *coordinator) round(ctx context.Context, o *Ownership) {
 			c.findOwners(ctx, o, dsn, others, true)
 			continue
 		}
-		c.findOwners(ctx, o, dsn, es, false)
+		c.findOwners(ctx, o, dsn, us, false)
 	}
-}
-
-// census is the round's view of the exclusive pipelines: those this
-// instance owns, those it does not (paused ones are nobody's to take), and
-// how many there are.
-func (c *coordinator) census() (owned, unowned []*entry, exclusive int) {
-	c.entries.mu.Lock()
-	defer c.entries.mu.Unlock()
-	for _, e := range c.entries.byName {
-		if !c.exclusive(e) {
-			continue
-		}
-		exclusive++
-		if e.lock != nil {
-			owned = append(owned, e)
-		} else if e.status.State != StatePaused {
-			unowned = append(unowned, e)
-		}
-	}
-	return owned, unowned, exclusive
 }
 
 // keepOwned checks the locks of owned and stops, at once, the pipelines
-// whose lock is gone (another instance may own them already): lost.
-func (c *coordinator) keepOwned(ctx context.Context, owned []*entry) (kept, lost []*entry) {
+// whose lock is gone (another instance may own them already). A unit whose
+// own lock is gone is lost whole; a member that lost its lock alone stops,
+// and fill takes it again.
+func (c *coordinator) keepOwned(ctx context.Context, owned []*unit) (kept, lost []*unit) {
 	// One statement per lock session says which locks it still holds; a
 	// session that does not answer has lost them all. The sessions are
 	// checked side by side: each may take the full statement timeout to be
 	// found half-open.
-	dsns, _ := byLockDSN(owned)
 	var checks sync.WaitGroup
-	for _, dsn := range dsns {
+	for _, dsn := range sessionsOf(owned) {
 		ls := c.lockSession(dsn)
 		checks.Go(func() { _ = ls.Check(ctx) }) // the claims say what was lost, and why
 	}
@@ -335,14 +301,25 @@ func (c *coordinator) keepOwned(ctx context.Context, owned []*entry) (kept, lost
 	if ctx.Err() != nil {
 		return owned, nil
 	}
-	for _, e := range owned {
-		if err := e.lock.Lost(); err != nil {
-			c.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
-			c.toStandby(e)
-			lost = append(lost, e)
+	for _, u := range owned {
+		if err := c.unitLost(u); err != nil {
+			if u.group() {
+				c.log.Warn("lost ownership of a unit; stopping its pipelines here", "unit", u.name, "pipelines", len(u.members), "err", redactErr(err))
+			} else {
+				e := u.members[0]
+				c.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
+			}
+			c.standbyUnit(u)
+			lost = append(lost, u)
 			continue
 		}
-		kept = append(kept, e)
+		for _, e := range u.members {
+			if l := c.lockOf(e); u.group() && l != nil && l.Lost() != nil {
+				c.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "unit", u.name, "err", e.spec.Mask(redactErr(l.Lost())))
+				c.toStandby(e)
+			}
+		}
+		kept = append(kept, u)
 	}
 	return kept, lost
 }
@@ -351,48 +328,62 @@ func (c *coordinator) keepOwned(ctx context.Context, owned []*entry) (kept, lost
 // once known: ownership moves when instances come and go.
 const ownerRecheck = 30 * time.Second
 
-// findOwners looks up who owns the pipelines of es (all locked on dsn)
-// this instance does not run, for the status: standby names the owner; one
+// findOwners looks up who owns the units of us (all locked on dsn) this
+// instance does not run, for the status: standby names the owner; one
 // whose database cannot be reached is backing_off; one nobody owns waits
-// for an instance with room, which says so. All of es are looked up in one
+// for an instance with room, which says so. All of us are looked up in one
 // statement. Unless tried (this round just tried to lock them), an owner
-// found recently is not looked up again.
-func (c *coordinator) findOwners(ctx context.Context, o *Ownership, dsn string, es []*entry, tried bool) {
-	var ask []*entry
+// found recently is not looked up again. A member of a unit that still
+// runs here is stopped first: the unit is another instance's to run.
+func (c *coordinator) findOwners(ctx context.Context, o *Ownership, dsn string, us []*unit, tried bool) {
+	var ask []*unit
 	c.entries.mu.Lock()
-	for _, e := range es {
-		fresh := !tried && e.status.State == StateStandby && e.status.Owner != "" && time.Since(e.ownerChecked) < ownerRecheck
+	for _, u := range us {
+		fresh := true
+		for _, e := range u.members {
+			if tried || e.status.State != StateStandby || e.status.Owner == "" || time.Since(e.ownerChecked) >= ownerRecheck {
+				fresh = false
+				e.ownerChecked = time.Time{}
+			}
+		}
 		if !fresh {
-			e.ownerChecked = time.Time{}
-			ask = append(ask, e)
+			ask = append(ask, u)
 		}
 	}
 	c.entries.mu.Unlock()
 	if len(ask) == 0 || ctx.Err() != nil {
 		return
 	}
-	holders, err := c.lockSession(dsn).Holders(ctx, lockKeys(ask))
+	holders, err := c.lockSession(dsn).Holders(ctx, unitKeys(ask))
 	if ctx.Err() != nil {
 		return
 	}
-	for _, e := range ask {
-		holder, held := holders[ownership.LockKey(e.spec.Name)]
-		switch {
-		case err != nil:
-			c.entries.with(e, func(e *entry) {
-				e.setState(StateBackingOff)
-				e.status.Owner = ""
-			})
-			e.rep.Failing(fmt.Errorf("look up the owner on the source database: %w", err), o.Interval)
-		case held:
-			c.setStandby(e, holder)
-		default:
-			c.entries.with(e, func(e *entry) {
-				e.setState(StateStarting)
-				e.status.Owner, e.status.NextRetry = "", time.Now().Add(o.Interval)
-				e.status.LastError = "no instance owns it yet; this one runs its fair share already and leaves it to one with room"
-				e.ownerChecked = time.Now() // marks it left to others (Readiness)
-			})
+	for _, u := range ask {
+		holder, held := holders[u.key]
+		for _, e := range u.members {
+			if c.isPaused(e) {
+				continue
+			}
+			if c.lockOf(e) != nil {
+				c.toStandby(e) // a member that ran here before its unit was another's
+			}
+			switch {
+			case err != nil:
+				c.entries.with(e, func(e *entry) {
+					e.setState(StateBackingOff)
+					e.status.Owner = ""
+				})
+				e.rep.Failing(fmt.Errorf("look up the owner on the source database: %w", err), o.Interval)
+			case held:
+				c.setStandby(e, holder)
+			default:
+				c.entries.with(e, func(e *entry) {
+					e.setState(StateStarting)
+					e.status.Owner, e.status.NextRetry = "", time.Now().Add(o.Interval)
+					e.status.LastError = "no instance owns it yet; this one runs its fair share already and leaves it to one with room"
+					e.ownerChecked = time.Now() // marks it left to others (Readiness)
+				})
+			}
 		}
 	}
 }
@@ -409,46 +400,67 @@ func (c *coordinator) setStandby(e *entry, holder string) {
 	e.rep.reset(spec)
 }
 
-// takeOver tries to own and start up to room of es (all locked on dsn),
-// in order, with one statement on the instance's lock session there. It
-// returns those it started and those it could not lock (others), whose
-// owners the caller looks up. A source database that cannot be reached
-// puts all of es in backing_off with the error until a later round gets
+// takeOver tries to own and start up to room of us (all locked on dsn), in
+// order, with one statement on the instance's lock session there. It
+// returns those it took and those it could not lock (others), whose owners
+// the caller looks up. A source database that cannot be reached puts every
+// pipeline of us in backing_off with the error until a later round gets
 // through (ok false).
-func (c *coordinator) takeOver(ctx context.Context, o *Ownership, dsn string, es []*entry, room int) (started, others []*entry, ok bool) {
-	claims, err := c.lockSession(dsn).TryLock(ctx, lockKeys(es), room)
+func (c *coordinator) takeOver(ctx context.Context, o *Ownership, dsn string, us []*unit, room int) (took, others []*unit, ok bool) {
+	claims, err := c.lockSession(dsn).TryLock(ctx, unitKeys(us), room)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, nil, false
 		}
-		for _, e := range es {
-			c.entries.with(e, func(e *entry) {
-				e.setState(StateBackingOff)
-				e.status.Owner, e.ownerChecked = "", time.Time{}
-			})
-			e.rep.Failing(fmt.Errorf("take ownership on the source database: %w", err), o.Interval)
+		for _, u := range us {
+			for _, e := range u.members {
+				c.entries.with(e, func(e *entry) {
+					e.setState(StateBackingOff)
+					e.status.Owner, e.ownerChecked = "", time.Time{}
+				})
+				e.rep.Failing(fmt.Errorf("take ownership on the source database: %w", err), o.Interval)
+			}
 		}
 		return nil, nil, false
 	}
-	for _, e := range es {
-		claim := claims[ownership.LockKey(e.spec.Name)]
+	for _, u := range us {
+		claim := claims[u.key]
 		if claim == nil {
-			others = append(others, e)
+			others = append(others, u)
 			continue
 		}
+		if u.group() {
+			if c.units == nil {
+				c.units = map[int64]*ownership.Claim{}
+			}
+			c.units[u.key] = claim
+			c.log.Info("took ownership of a unit", "unit", u.name, "pipelines", len(u.members), "instance", o.Instance)
+			c.fill(ctx, o, u)
+			took = append(took, u)
+			continue
+		}
+		e := u.members[0]
 		c.entries.with(e, func(e *entry) {
 			e.lock = claim
 			e.status.Owner = o.Instance
 		})
-		c.log.Info("took ownership", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "instance", o.Instance)
-		if err := c.life.start(e); err != nil {
-			c.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
-			c.release(e)
-			continue
+		if c.startOwned(e) {
+			took = append(took, u)
 		}
-		started = append(started, e)
 	}
-	return started, others, true
+	return took, others, true
+}
+
+// startOwned starts e, which this instance has just locked; a start that
+// fails gives the lock back.
+func (c *coordinator) startOwned(e *entry) bool {
+	c.log.Info("took ownership", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "instance", c.opts.Instance)
+	if err := c.life.start(e); err != nil {
+		c.log.Error("start owned pipeline", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
+		c.release(e)
+		return false
+	}
+	return true
 }
 
 // toStandby stops e here (draining it) and gives up its ownership.

@@ -35,6 +35,15 @@ func LockKey(pipeline string) int64 {
 	return int64(h.Sum64() &^ (1 << 63)) // non-negative: pg_locks shows it as two oids
 }
 
+// UnitKey is the advisory lock key of a unit: pipelines that share what
+// only one instance may use at a time (plugins.HA.Unit) and are owned
+// together. The prefix keeps it apart from every pipeline's LockKey.
+func UnitKey(unit string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("ferry/unit/" + unit))
+	return int64(h.Sum64() &^ (1 << 63))
+}
+
 // Lock is an advisory lock held on its own connection, for a one-off
 // holder (a purge); an instance's pipelines share a Session per database.
 type Lock struct {

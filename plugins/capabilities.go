@@ -196,6 +196,12 @@ type HA struct {
 	// (`ownership: shared`): the source's reads must never hand one event
 	// to two instances (the poll source's SKIP LOCKED claims).
 	Shared bool
+	// Unit, when not empty, names something only one instance may use at a
+	// time that this pipeline shares with others (the wal source's shared
+	// replication slot): the pipelines of one Unit are owned and placed as
+	// one, on one instance, and count once in an instance's fair share.
+	// It is shown in logs, so it must hold no secret.
+	Unit string
 }
 
 // Exclusive reports whether the source can be owned by one instance.

@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -189,8 +190,20 @@ func (c *Config) shared() bool { return c.SlotMode == SlotModeShared }
 var _ plugins.OutboxSource = (*Config)(nil)
 
 // HA: the ownership lock lives on the source database; a replication slot
-// streams to one instance at a time.
-func (c *Config) HA() plugins.HA { return plugins.HA{LockDSN: c.DSN} }
+// streams to one instance at a time, so the members of a shared slot are one
+// unit: the instance that streams the slot runs all of them.
+func (c *Config) HA() plugins.HA {
+	ha := plugins.HA{LockDSN: c.DSN}
+	if c.shared() {
+		slot, _ := c.names("")
+		where := "?"
+		if pc, err := pgconn.ParseConfig(c.DSN); err == nil {
+			where = fmt.Sprintf("%s:%d/%s", pc.Host, pc.Port, pc.Database)
+		}
+		ha.Unit = "wal shared slot " + slot + " on " + where
+	}
+	return ha
+}
 
 // HealthInterval is metrics_interval: how often the slot is measured.
 func (c *Config) HealthInterval() time.Duration { return c.MetricsInterval }
