@@ -115,7 +115,7 @@ func (b *bootstrap) run(ctx context.Context, conn *pgconn.PgConn) (string, error
 	n := s.admitted
 	// The exported snapshot lives until the next command on conn, which is
 	// START_REPLICATION: read the table in it now.
-	if err := b.readSnapshot(ctx, delivered, res.SnapshotName); err != nil {
+	if _, err := b.readSnapshot(ctx, delivered, res.SnapshotName); err != nil {
 		return "", fmt.Errorf("read the outbox in the slot's snapshot: %w", err)
 	}
 	if delivered.len() > 0 {
@@ -134,7 +134,7 @@ func (b *bootstrap) run(ctx context.Context, conn *pgconn.PgConn) (string, error
 // (slot creation returned).
 func (b *bootstrap) readUntilConsistent(ctx context.Context, delivered *keySet) {
 	for ctx.Err() == nil {
-		if err := b.readSnapshot(ctx, delivered, ""); err != nil && ctx.Err() == nil {
+		if _, err := b.readSnapshot(ctx, delivered, ""); err != nil && ctx.Err() == nil {
 			b.log.Warn("initial snapshot: read the outbox table", "err", redact.Error(err))
 		}
 		select {
@@ -146,12 +146,14 @@ func (b *bootstrap) readUntilConsistent(ctx context.Context, delivered *keySet) 
 
 // readSnapshot delivers the rows of one snapshot (the slot's when snapshot
 // is set, else a new REPEATABLE READ one) that were not delivered yet, in
-// id order, into the streamer's window.
-func (b *bootstrap) readSnapshot(ctx context.Context, delivered *keySet, snapshot string) error {
+// id order, into the streamer's window. It returns the WAL insert position
+// read once the snapshot was taken: every transaction the snapshot sees
+// committed before it.
+func (b *bootstrap) readSnapshot(ctx context.Context, delivered *keySet, snapshot string) (taken pglogrepl.LSN, err error) {
 	s := b.stream
 	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer func() {
 		// Not ctx (the pass may end because it was cancelled), and bounded:
@@ -165,29 +167,38 @@ func (b *bootstrap) readSnapshot(ctx context.Context, delivered *keySet, snapsho
 	}()
 	if snapshot != "" {
 		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+strings.ReplaceAll(snapshot, "'", "''")+"'"); err != nil {
-			return err
+			return 0, err
 		}
+	}
+	// The transaction's first statement takes its snapshot, before it
+	// reads the position.
+	var takenText string
+	if err := tx.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&takenText); err != nil {
+		return 0, err
+	}
+	if taken, err = pglogrepl.ParseLSN(takenText); err != nil {
+		return 0, err
 	}
 	rows, err := tx.Query(ctx, b.snapshotSQL())
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		r, err := s.scanSnapshotRow(rows)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		key := rowKey(&r)
 		if delivered.has(key) {
 			continue
 		}
 		if err := s.admitSnapshotRow(ctx, r.Key(), s.table.Message(&r, positionText(0, 0), time.Now())); err != nil {
-			return err
+			return 0, err
 		}
 		delivered.add(key)
 	}
-	return rows.Err()
+	return taken, rows.Err()
 }
 
 // snapshotSQL reads every mapped column as text, the form the stream

@@ -84,9 +84,10 @@ type Config struct {
 	// OnSlotLost is "fail" (stop with an error) or "recreate" (drop the lost
 	// slot, create a new one, log that events may have been missed). Default "fail".
 	OnSlotLost string `yaml:"on_slot_lost"`
-	// InitialSnapshot makes the first start (no slot yet) also deliver the
-	// rows already in the outbox table, read in the slot's snapshot, so that
-	// nothing committed before the slot existed is skipped. Default true.
+	// InitialSnapshot makes the first start (no slot yet; with slot_mode
+	// shared, no row in the members table yet) also deliver the rows
+	// already in the outbox table, read in one snapshot, so that nothing
+	// committed before the pipeline started is skipped. Default true.
 	InitialSnapshot bool `yaml:"initial_snapshot"`
 	// HeartbeatInterval is how often a pg_logical_emit_message is written to
 	// the source database so the slot of a quiet database keeps advancing
@@ -159,8 +160,7 @@ func (c *Config) Validate() error {
 
 // validateShared checks slot_mode and what the shared stream cannot do:
 // a shared slot outlives every member, so it is never temporary nor
-// dropped by one of them, and one member's initial snapshot cannot hold
-// the others' stream back.
+// dropped by one of them, nor recreated by one of them.
 func (c *Config) validateShared(p *plugins.Problems) {
 	switch c.SlotMode {
 	case SlotModeOwn:
@@ -169,9 +169,6 @@ func (c *Config) validateShared(p *plugins.Problems) {
 	default:
 		p.Add("slot_mode", "want %q or %q, got %q", SlotModeOwn, SlotModeShared, c.SlotMode)
 		return
-	}
-	if c.InitialSnapshot {
-		p.Add("initial_snapshot", "must be false with slot_mode: shared (a shared stream delivers what commits once the pipeline joined it)")
 	}
 	if c.TemporarySlot {
 		p.Add("temporary_slot", "must be false with slot_mode: shared (the shared slot outlives its members)")

@@ -38,10 +38,11 @@ func TestConfigValidate(t *testing.T) {
 		{"status interval beyond wal_sender_timeout/2", func(c *wal.Config) { c.StatusInterval = time.Minute }, []string{"status_interval: "}},
 		{"slot check interval", func(c *wal.Config) { c.MetricsInterval = 0 }, []string{"metrics_interval: "}},
 		{"shared", func(c *wal.Config) { c.SlotMode, c.InitialSnapshot = wal.SlotModeShared, false }, nil},
+		{"shared with its initial snapshot", func(c *wal.Config) { c.SlotMode = wal.SlotModeShared }, nil},
 		{"slot_mode", func(c *wal.Config) { c.SlotMode = "per-database" }, []string{"slot_mode: want \"own\" or \"shared\""}},
 		{"shared with what a shared slot cannot do", func(c *wal.Config) {
 			c.SlotMode, c.TemporarySlot, c.DropSlotOnStop, c.OnSlotLost = wal.SlotModeShared, true, true, wal.OnSlotLostRecreate
-		}, []string{"initial_snapshot: must be false with slot_mode: shared", "temporary_slot: ", "drop_slot_on_stop: ", "on_slot_lost: "}},
+		}, []string{"temporary_slot: ", "drop_slot_on_stop: ", "on_slot_lost: "}},
 		{"all at once", func(c *wal.Config) { c.DSN, c.Slot, c.StatusInterval = "", "x-y", 0 },
 			[]string{"dsn: ", "slot: ", "status_interval: "}},
 	} {

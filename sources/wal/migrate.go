@@ -52,7 +52,7 @@ func (s *Source) migrate(ctx context.Context, h *sharedStream) error {
 	if err != nil || !st.exists {
 		return err
 	}
-	until, err := s.sharedPosition(ctx, h)
+	until, err := s.sharedPosition(ctx, h, false)
 	if err != nil {
 		return err
 	}
@@ -141,7 +141,7 @@ func (s *Source) registerMigration(ctx context.Context, h *sharedStream, name st
 	if err := s.prepareTable(ctx); err != nil {
 		return nil, slotState{}, false, err
 	}
-	if _, err := h.register(ctx, s.log, s.env.Pipeline, s.stream.table); err != nil {
+	if _, _, err := h.register(ctx, s.log, s.env.Pipeline, s.stream.table, false); err != nil {
 		return nil, slotState{}, false, err
 	}
 	return old, st, split, nil
@@ -154,8 +154,11 @@ func (s *Source) registerMigration(ctx context.Context, h *sharedStream, name st
 // (logical decoding judges a change by the catalog as it was when the
 // change was made): it must commit before the position, so the own slot
 // delivers it. Taken on every attempt, since the member has not streamed
-// the shared slot yet and the shared slot is held at its row.
-func (s *Source) sharedPosition(ctx context.Context, h *sharedStream) (pglogrepl.LSN, error) {
+// the shared slot yet and the shared slot is held at its row. With
+// snapshot the row also records the position as its snapshot's (see
+// sharedSnapshot), in the same statement: a crash between two would leave
+// a row past its snapshot position, and the snapshot would never be read.
+func (s *Source) sharedPosition(ctx context.Context, h *sharedStream, snapshot bool) (pglogrepl.LSN, error) {
 	var open []string
 	if err := h.pool.QueryRow(ctx, `SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) x`).Scan(&open); err != nil {
 		return 0, fmt.Errorf("read the open transactions: %w", err)
@@ -181,8 +184,10 @@ func (s *Source) sharedPosition(ctx context.Context, h *sharedStream) (pglogrepl
 		}
 	}
 	var lsn string
-	err := h.pool.QueryRow(ctx, `UPDATE `+MembersTable+` SET confirmed_lsn = pg_current_wal_insert_lsn(), updated_at = now(), held = true
-		WHERE slot = $1 AND pipeline = $2 RETURNING confirmed_lsn::text`, h.slot, s.env.Pipeline).Scan(&lsn)
+	err := h.pool.QueryRow(ctx, `UPDATE `+MembersTable+` SET confirmed_lsn = p.lsn, updated_at = now(), held = true,
+			snapshot_at = CASE WHEN $3 THEN p.lsn END
+		FROM (SELECT pg_current_wal_insert_lsn() AS lsn) p
+		WHERE slot = $1 AND pipeline = $2 RETURNING confirmed_lsn::text`, h.slot, s.env.Pipeline, snapshot).Scan(&lsn)
 	if err != nil {
 		return 0, fmt.Errorf("record the pipeline's shared position in %s: %w", MembersTable, err)
 	}

@@ -207,20 +207,19 @@ func (h *sharedStream) join(ctx context.Context, m *member) error {
 	h.mu.Lock()
 	h.all[m] = struct{}{} // running, even before its row exists: the watcher must not call it stopped
 	h.mu.Unlock()
-	h.joinMu.Lock()
-	defer h.joinMu.Unlock()
-	if err := h.open(ctx); err != nil {
-		return err
-	}
 	s := m.src
-	s.pool, s.slots.pool, s.stream.pool, s.boot.pool = h.pool, h.pool, h.pool, h.pool
-	if err := s.prepareTable(ctx); err != nil {
-		return err
-	}
-	at, err := h.register(ctx, s.log, s.env.Pipeline, s.stream.table)
+	at, snapshot, err := h.registerMember(ctx, s)
 	if err != nil {
 		return err
 	}
+	if snapshot {
+		// Outside joinMu: a big table's snapshot must not hold up the
+		// other members' joins.
+		if at, err = s.sharedSnapshot(ctx, h); err != nil {
+			return err
+		}
+	}
+	s.joinedAt = true
 	s.stream.startAt(at)
 	m.table = s.stream.table.Schema + "." + s.stream.table.Name
 	m.persisted = max(m.persisted, at)
@@ -236,6 +235,22 @@ func (h *sharedStream) join(ctx context.Context, m *member) error {
 	}
 	h.wakeLocked()
 	return nil
+}
+
+// registerMember prepares the member's table and row (register), under
+// joinMu. Only its first join in a run may read its initial snapshot: a
+// rejoin (after a stall) has its snapshot's rows in its window already.
+func (h *sharedStream) registerMember(ctx context.Context, s *Source) (at pglogrepl.LSN, snapshot bool, err error) {
+	h.joinMu.Lock()
+	defer h.joinMu.Unlock()
+	if err := h.open(ctx); err != nil {
+		return 0, false, err
+	}
+	s.pool, s.slots.pool, s.stream.pool, s.boot.pool = h.pool, h.pool, h.pool, h.pool
+	if err := s.prepareTable(ctx); err != nil {
+		return 0, false, err
+	}
+	return h.register(ctx, s.log, s.env.Pipeline, s.stream.table, s.cfg.InitialSnapshot && !s.joinedAt)
 }
 
 // open opens the stream's pool and prepares the database, once.

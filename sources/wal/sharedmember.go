@@ -40,6 +40,10 @@ func (s *Source) runShared(runCtx context.Context) {
 			// the member's row stays at the shared position.
 			h.leave(m)
 		}
+		if s.stopWatch != nil {
+			s.stopWatch()
+		}
+		s.bg.Wait() // the snapshot's watcher uses the stream's pool
 		h.release()
 	}
 	s.stream.win.Close()

@@ -38,6 +38,7 @@ const membersDDL = `CREATE TABLE IF NOT EXISTS ` + MembersTable + ` (
 	updated_at    timestamptz NOT NULL DEFAULT now(),
 	held          boolean NOT NULL DEFAULT true,
 	split_at      timestamptz,
+	snapshot_at   pg_lsn,
 	PRIMARY KEY (slot, pipeline))`
 
 // prepareShared runs once per shared stream, before its first member joins:
@@ -94,18 +95,24 @@ func (h *sharedStream) prepareShared(ctx context.Context) error {
 // returns where the member resumes: its row's position, or, for a new
 // member, the server's current position after its table joined the
 // publication (events committed from then on are the member's).
-func (h *sharedStream) register(ctx context.Context, log *slog.Logger, pipeline string, table outbox.Table) (pglogrepl.LSN, error) {
+//
+// With snapshot, a new member's row records that its initial snapshot is
+// due (snapshot_at, its position); snapshot reports whether one is due: a
+// new member's, or one whose row never moved past its snapshot position
+// (the process stopped before the snapshot's rows were delivered and
+// confirmed — it is read again, whole).
+func (h *sharedStream) register(ctx context.Context, log *slog.Logger, pipeline string, table outbox.Table, wantSnapshot bool) (at pglogrepl.LSN, snapshot bool, err error) {
 	qualified := pgx.Identifier{table.Schema, table.Name}.Sanitize()
 	var in bool
 	if err := h.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication_tables
 		WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)`, h.publication, table.Schema, table.Name).Scan(&in); err != nil {
-		return 0, fmt.Errorf("read publication %s: %w", h.publication, err)
+		return 0, false, fmt.Errorf("read publication %s: %w", h.publication, err)
 	}
 	if !in {
 		_, err := h.pool.Exec(ctx, `ALTER PUBLICATION `+pgx.Identifier{h.publication}.Sanitize()+` ADD TABLE `+qualified)
 		var pgErr interface{ SQLState() string }
 		if err != nil && !(errors.As(err, &pgErr) && pgErr.SQLState() == "42710") { // added meanwhile
-			return 0, fmt.Errorf("add %s to publication %s (the role must own the table): %w", qualified, h.publication, err)
+			return 0, false, fmt.Errorf("add %s to publication %s (the role must own the table): %w", qualified, h.publication, err)
 		}
 		log.Info("added the outbox table to the shared publication", "table", qualified, "publication", h.publication)
 	}
@@ -117,14 +124,16 @@ func (h *sharedStream) register(ctx context.Context, log *slog.Logger, pipeline 
 	// by the shared stream (and, for a member moving off its own slot,
 	// delivered from that slot instead).
 	var lsn string
-	err := h.pool.QueryRow(ctx, `INSERT INTO `+MembersTable+` (slot, pipeline, outbox_table, confirmed_lsn)
-		VALUES ($1, $2, $3, pg_current_wal_insert_lsn())
+	err = h.pool.QueryRow(ctx, `INSERT INTO `+MembersTable+` (slot, pipeline, outbox_table, confirmed_lsn, snapshot_at)
+		SELECT $1, $2, $3, p.lsn, CASE WHEN $4 THEN p.lsn END FROM (SELECT pg_current_wal_insert_lsn() AS lsn) p
 		ON CONFLICT (slot, pipeline) DO UPDATE SET outbox_table = excluded.outbox_table
-		RETURNING confirmed_lsn::text`, h.slot, pipeline, table.Schema+"."+table.Name).Scan(&lsn)
+		RETURNING confirmed_lsn::text, coalesce(snapshot_at >= confirmed_lsn, false)`,
+		h.slot, pipeline, table.Schema+"."+table.Name, wantSnapshot).Scan(&lsn, &snapshot)
 	if err != nil {
-		return 0, fmt.Errorf("register in %s: %w", MembersTable, err)
+		return 0, false, fmt.Errorf("register in %s: %w", MembersTable, err)
 	}
-	return pglogrepl.ParseLSN(lsn)
+	at, err = pglogrepl.ParseLSN(lsn)
+	return at, snapshot && wantSnapshot, err
 }
 
 // persist writes the members' new positions and returns the lowest
@@ -173,20 +182,20 @@ func (h *sharedStream) readMemberLags(ctx context.Context) ([]memberLag, error) 
 	})
 }
 
-// addSplitColumns adds held and split_at to a members table made before
+// addSplitColumns adds held, split_at and snapshot_at to a members table made before
 // they existed.
 func addSplitColumns(ctx context.Context, pool *pgxpool.Pool) error {
 	var has int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attname IN ('held', 'split_at') AND NOT attisdropped`, MembersTable).Scan(&has); err != nil {
+		WHERE attrelid = to_regclass($1) AND attname IN ('held', 'split_at', 'snapshot_at') AND NOT attisdropped`, MembersTable).Scan(&has); err != nil {
 		return fmt.Errorf("read %s: %w", MembersTable, err)
 	}
-	if has == 2 {
+	if has == 3 {
 		return nil
 	}
 	if _, err := pool.Exec(ctx, `ALTER TABLE `+MembersTable+` ADD COLUMN IF NOT EXISTS held boolean NOT NULL DEFAULT true,
-		ADD COLUMN IF NOT EXISTS split_at timestamptz`); err != nil {
-		return fmt.Errorf("add held and split_at to %s: %w", MembersTable, err)
+		ADD COLUMN IF NOT EXISTS split_at timestamptz, ADD COLUMN IF NOT EXISTS snapshot_at pg_lsn`); err != nil {
+		return fmt.Errorf("add held, split_at and snapshot_at to %s: %w", MembersTable, err)
 	}
 	return nil
 }

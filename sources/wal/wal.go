@@ -118,6 +118,8 @@ type Source struct {
 	pool      *pgxpool.Pool
 	bgStarted bool
 	bg        sync.WaitGroup
+	joinedAt  bool               // a shared member: it joined once in this run (its snapshot, if due, is read)
+	stopWatch context.CancelFunc // a shared member: ends the wait for its snapshot's acks
 
 	failed chan struct{} // closed when err is set
 	errMu  sync.Mutex
