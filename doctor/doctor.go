@@ -59,6 +59,13 @@ type Options struct {
 	// URLIsDefault says URL was not asked for: when nothing answers there,
 	// the doctor checks as if there were no URL.
 	URLIsDefault bool
+	// Local, when set, is the running Ferry the doctor runs inside (the
+	// API's and the console's walk): the relay is judged by the pipeline's
+	// status there, as with URL. Without it, a walk inside an instance
+	// would look for sessions on the source database, where the instance's
+	// own pool (it measures a paused pipeline's backlog too) passes for a
+	// relay.
+	Local func(name string) (engine.Status, error)
 	// Token is sent as the bearer token to URL: once an instance has any
 	// API token, every /api/v1 read needs one.
 	Token string
@@ -365,6 +372,9 @@ func fetchInstance(ctx context.Context, base, token string) (*instance, error) {
 
 // status is the pipeline's status as the instance at URL reported it.
 func (o *Options) status(name string) (engine.Status, error) {
+	if o.Local != nil {
+		return o.Local(name)
+	}
 	if o.instanceErr != nil {
 		return engine.Status{}, o.instanceErr
 	}

@@ -22,7 +22,7 @@ import (
 func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, suspect string) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	if o.URL != "" {
+	if o.URL != "" || o.Local != nil {
 		return relayFromAPI(spec, o)
 	}
 	src, ok := spec.Source.Config.(plugins.OutboxSource)
@@ -33,12 +33,16 @@ func checkRelay(ctx context.Context, spec *pipelines.Spec, o Options) (c Check, 
 }
 
 // relayFromAPI judges the relay by the pipeline's state as the running
-// Ferry at o.URL reports it.
+// Ferry at o.URL, or the one the doctor runs inside (o.Local), reports it.
 func relayFromAPI(spec *pipelines.Spec, o Options) (c Check, suspect string) {
 	c = Check{Stage: StageRelay}
 	st, err := o.status(spec.Name)
 	if err != nil {
-		c.Status, c.Evidence = Unhealthy, []string{"cannot read the pipeline from " + o.URL + ": " + err.Error()}
+		from := o.URL
+		if o.Local != nil {
+			from = "this instance"
+		}
+		c.Status, c.Evidence = Unhealthy, []string{"cannot read the pipeline from " + from + ": " + err.Error()}
 		c.Action = "is `ferry run` up, with --http, and does it run this pipeline?"
 		return c, ""
 	}

@@ -52,7 +52,7 @@ func (c *api) diagnose(w http.ResponseWriter, r *http.Request, p principal) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	rep := doctor.Run(ctx, []*pipelines.Spec{spec}, doctor.Options{Timeout: 5 * time.Second, Sample: time.Second})
+	rep := doctor.Run(ctx, []*pipelines.Spec{spec}, doctor.Options{Timeout: 5 * time.Second, Sample: time.Second, Local: c.o.Supervisor.Status})
 	writeJSON(w, http.StatusOK, rep.Pipelines[0])
 }
 
