@@ -420,8 +420,12 @@ func checkSlot(c Check, slot string, d map[string]any) Check {
 		c.Action = "the pipeline never ran here, or its slot was dropped: events committed since may be missing — see the WAL source's 'slot lost' steps in the README"
 		return c
 	}
+	safe := d["safe_wal_size_bytes"]
+	if safe == nil {
+		safe = "unlimited (max_slot_wal_keep_size -1)" // the server reports no bound
+	}
 	c.Evidence = append(c.Evidence, fmt.Sprintf("slot %s: active %v, wal_status %v, retained %v bytes of WAL, confirmed up to %v, safe_wal_size %v",
-		slot, d["active"], d["wal_status"], d["retained_wal_bytes"], d["confirmed_lsn"], d["safe_wal_size_bytes"]))
+		slot, d["active"], d["wal_status"], d["retained_wal_bytes"], d["confirmed_lsn"], safe))
 	switch {
 	case d["wal_status"] == "lost":
 		c.Status = Unhealthy

@@ -46,14 +46,18 @@ func relayFromAPI(spec *pipelines.Spec, o Options) (c Check, suspect string) {
 		c.Action = "is `ferry run` up, with --http, and does it run this pipeline?"
 		return c, ""
 	}
-	c.Evidence = append(c.Evidence, fmt.Sprintf("state %s since %s, started %d times", st.State, st.Since.Format(time.RFC3339), st.Starts))
+	times := "times"
+	if st.Starts == 1 {
+		times = "time"
+	}
+	c.Evidence = append(c.Evidence, fmt.Sprintf("state %s since %s, started %d %s", st.State, st.Since.Format(time.RFC3339), st.Starts, times))
 	if st.LastError != "" {
 		c.Evidence = append(c.Evidence, "last error: "+st.LastError)
 	}
 	if d := st.Duplicates; d != nil && *d > 0 {
 		// Confirmed, so nothing is lost to the relay; but these events did
 		// not arrive again where the pipeline sent them.
-		c.Evidence = append(c.Evidence, fmt.Sprintf("%d publishes since start confirmed by the broker as duplicates, not stored (duplicates_total): "+
+		c.Evidence = append(c.Evidence, fmt.Sprintf("publishes since start confirmed by the broker as duplicates, not stored (duplicates_total): %d; "+
 			"another pipeline publishes the same event ids into the stream, or events were sent again within its duplicate window", *d))
 	}
 	switch st.State {

@@ -58,6 +58,11 @@ func (s *Supervisor) Resume(name string) error {
 	paused := false
 	s.entries.with(e, func(e *entry) { paused = e.status.State == StatePaused })
 	if !paused {
+		// Paused on the instance that owns it (the status every instance
+		// shows), not here: say where to resume it.
+		if st := s.ha.fleetView([]Status{s.entries.status(e)}); len(st) == 1 && st[0].State == StatePaused && st[0].Owner != "" {
+			return fmt.Errorf("%w: %s is paused on instance %s, not on this one: resume it there", ErrConflict, name, st[0].Owner)
+		}
 		return fmt.Errorf("%w: %s is not paused", ErrConflict, name)
 	}
 	return s.life.start(e)

@@ -241,7 +241,12 @@ func (s *Supervisor) ownedEntry(name string) (*entry, error) {
 		return nil, err
 	}
 	if s.ha.exclusive(e) && !s.ha.owns(e) {
-		return nil, fmt.Errorf("%w: %s is owned by another instance", ErrConflict, name)
+		owner := ""
+		s.entries.with(e, func(e *entry) { owner = e.status.Owner })
+		if owner == "" {
+			return nil, fmt.Errorf("%w: %s is owned by another instance", ErrConflict, name)
+		}
+		return nil, fmt.Errorf("%w: %s is owned by instance %s: send this to that instance", ErrConflict, name, owner)
 	}
 	return e, nil
 }

@@ -2,7 +2,6 @@ package service_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -34,20 +33,16 @@ func (s fleetStatus) String() string {
 }
 
 // fleet is what in says of every pipeline; nil when it does not answer.
+// The request carries the admin token, which an instance without API
+// tokens ignores.
 func (in *instance) fleet() map[string]fleetStatus {
-	c := &http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + in.addr + "/api/v1/pipelines")
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
 	var body struct {
 		Pipelines []struct {
 			Name, State, Owner string
 			Health             *struct{ Backlog int64 }
 		}
 	}
-	if json.NewDecoder(resp.Body).Decode(&body) != nil {
+	if code, _ := in.api("GET", "/api/v1/pipelines", "", &body); code != http.StatusOK {
 		return nil
 	}
 	out := map[string]fleetStatus{}
@@ -192,5 +187,61 @@ func within(t *testing.T, timeout time.Duration, what string, cond func() (bool,
 			t.Fatalf("timed out after %s waiting for %s; last: %s", timeout, what, why)
 		}
 		time.Sleep(20 * time.Millisecond) // the poll's pace, not a wait for the condition
+	}
+}
+
+// A pause or a resume sent to an instance that does not run the pipeline
+// is refused with the instance to send it to: the one every status
+// surface names as the owner.
+func TestFleetPauseAndResumeNameTheOwner(t *testing.T) {
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	dir := t.TempDir()
+	y := fmt.Sprintf("name: orders\nsource: {type: xid8, dsn: %q, poll_interval: 20ms}\nsink: {type: nats, url: %q, subject: %s}\n", e.DSN, e.NATS, e.Subject)
+	if err := os.WriteFile(filepath.Join(dir, "orders.yaml"), []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	token := filepath.Join(t.TempDir(), "admin.token")
+	if err := os.WriteFile(token, []byte(cpAdmin+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ins := []*instance{startInstance(t, "a", dir, "--admin-token-file", token), startInstance(t, "b", dir, "--admin-token-file", token)}
+	var owner, other *instance
+	testenv.Eventually(t, 60*time.Second, "every instance naming the running owner", func() bool {
+		owner, other = nil, nil
+		for _, in := range ins {
+			st, ok := in.fleet()["orders"]
+			if !ok || st.State != "running" {
+				return false
+			}
+			for _, o := range ins {
+				if o.name == st.Owner {
+					owner = o
+				}
+			}
+		}
+		for _, in := range ins {
+			if in != owner {
+				other = in
+			}
+		}
+		return owner != nil
+	})
+	code, body := other.api("POST", "/api/v1/pipelines/orders/pause", "", nil)
+	if code != http.StatusConflict || !strings.Contains(body, "owned by instance "+owner.name) {
+		t.Fatalf("pause on %s, which does not run it: %d %s; want 409 naming %s", other.name, code, body, owner.name)
+	}
+	if code, body := owner.api("POST", "/api/v1/pipelines/orders/pause", "", nil); code/100 != 2 {
+		t.Fatalf("pause on the owner: %d %s", code, body)
+	}
+	testenv.Eventually(t, 20*time.Second, other.name+" showing orders paused on "+owner.name, func() bool {
+		st := other.fleet()["orders"]
+		return st.State == "paused" && st.Owner == owner.name
+	})
+	code, body = other.api("POST", "/api/v1/pipelines/orders/resume", "", nil)
+	if code != http.StatusConflict || !strings.Contains(body, "paused on instance "+owner.name+", not on this one") {
+		t.Fatalf("resume on %s, which shows it paused on %s: %d %s; want 409 naming %s", other.name, owner.name, code, body, owner.name)
+	}
+	if code, body := owner.api("POST", "/api/v1/pipelines/orders/resume", "", nil); code/100 != 2 {
+		t.Fatalf("resume on the owner: %d %s", code, body)
 	}
 }
