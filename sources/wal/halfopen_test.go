@@ -46,12 +46,22 @@ func TestHalfOpenWhileCreatingTheSlot(t *testing.T) {
 	if _, err := tx.Exec(ctx, `LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 30*time.Second, "a snapshot pass waiting for the table", func() bool {
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`,
 			"ferry:"+pipeline).Scan(&n)
-		return n == 1
-	})
+		if n >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			// What the pipeline's sessions do, and what the source said.
+			var sessions string
+			_ = pool.QueryRow(ctx, `SELECT coalesce(string_agg(state || ' ' || coalesce(wait_event_type, '-') || ' ' || left(query, 60), E'\n'), 'none')
+				FROM pg_stat_activity WHERE application_name = $1`, "ferry:"+pipeline).Scan(&sessions)
+			t.Fatalf("no snapshot pass waits for the table after 30s; the pipeline's sessions:\n%s\nthe source's log:\n%s", sessions, d.logs)
+		}
+		time.Sleep(50 * time.Millisecond) // the poll's pace
+	}
 	proxy.Blackhole()
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
