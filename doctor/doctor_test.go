@@ -57,7 +57,7 @@ func TestHealthy(t *testing.T) {
 	y := e.YAML("fine", 100)
 	e.Start(t, y)
 	w, _ := plugintest.Insert(context.Background(), e.Pool, "agg-1")
-	e.Coll.WaitFor(t, 10*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
+	e.Coll.WaitFor(t, 60*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
 	d := diagnose(t, load(t, y), opts, "", 0)
 	if !d.Healthy || len(d.Checks) != 5 {
 		t.Fatalf("diagnosis %+v", d)

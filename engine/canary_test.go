@@ -87,7 +87,7 @@ sink: {type: nats, url: %[3]q, subject: %[2]s.default}
 	if n := stageEvents(t, reg, "0:event_router", "ok"); n != 5 {
 		t.Errorf("event_router ok %v, want 5 (the orders, no canary)", n)
 	}
-	testenv.Eventually(t, 10*time.Second, "the ack_to_consumed lag and canary metrics", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the ack_to_consumed lag and canary metrics", func() bool {
 		st := state(sup, "canaried")
 		return st.State == engine.StateRunning && st.Lag[plugins.SegmentAckToConsumed].Count > 0 &&
 			metric(t, reg, "ferry_canary_generated_total", "canaried") >= 3 && metric(t, reg, "ferry_canary_latency_seconds", "canaried") >= 1

@@ -511,7 +511,7 @@ func TestLimitedBatchReportsFailureByChunk(t *testing.T) {
 	snk.refuse = func(*message.Message, int) error { return down }
 	tr := &countingTransform{calls: map[string]int{}}
 	sup := memPipeline(t, src, tr, snk, "limits: {rate: 5}\n", engine.Options{}, nil)
-	testenv.Eventually(t, 10*time.Second, "backing_off with the broker's error", func() bool {
+	testenv.Eventually(t, 60*time.Second, "backing_off with the broker's error", func() bool {
 		st := state(sup, "mem")
 		return st.State == engine.StateBackingOff && strings.Contains(st.LastError, "broker down")
 	})

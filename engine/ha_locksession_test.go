@@ -147,7 +147,7 @@ func TestLockSessionPerDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	gone := specs[0].Name
-	testenv.Eventually(t, 10*time.Second, "the removed pipeline's lock released", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the removed pipeline's lock released", func() bool {
 		var held bool
 		if err := e.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
 			AND ((classid::bigint << 32) | objid::bigint) = $1)`, ownership.LockKey(gone)).Scan(&held); err != nil {

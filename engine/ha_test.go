@@ -168,7 +168,7 @@ func TestStandbyNamesTheOwner(t *testing.T) {
 	if st := status(t, a, "orders"); st.Owner != "a" {
 		t.Errorf("a: owner %q; want a", st.Owner)
 	}
-	testenv.Eventually(t, 10*time.Second, "both ready", func() bool { return a.Ready() && b.Ready() })
+	testenv.Eventually(t, 60*time.Second, "both ready", func() bool { return a.Ready() && b.Ready() })
 	if v := gauge(t, reg, "ferry_ha_coordination_up"); v != 1 {
 		t.Errorf("ferry_ha_coordination_up %v, want 1", v)
 	}

@@ -87,13 +87,13 @@ sink: {type: slow, delay: 800ms}
 	}
 	time.Sleep(1500 * time.Millisecond) // the delay under test
 	tx.Rollback(ctx)
-	testenv.Eventually(t, 10*time.Second, "held event delivered", func() bool { return lagOf(t, sup, "held", plugins.SegmentReadToAck).Count == 1 })
+	testenv.Eventually(t, 60*time.Second, "held event delivered", func() bool { return lagOf(t, sup, "held", plugins.SegmentReadToAck).Count == 1 })
 
 	// slowbroker: the broker takes 800ms to confirm.
 	if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox2 (aggregate_type, aggregate_id, type, payload) VALUES ('o', '1', 'T', '{}')`); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "slow event delivered", func() bool {
+	testenv.Eventually(t, 60*time.Second, "slow event delivered", func() bool {
 		return lagOf(t, sup, "slowbroker", plugins.SegmentReadToAck).Count == 1
 	})
 

@@ -22,7 +22,7 @@ func TestServingFollowsTheRouter(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sup.Run(ctx, nil) }()
-	testenv.Eventually(t, 10*time.Second, "serving once Run started", sup.Serving)
+	testenv.Eventually(t, 60*time.Second, "serving once Run started", sup.Serving)
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

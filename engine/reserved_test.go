@@ -62,7 +62,7 @@ func TestRowCannotSetReservedHeaders(t *testing.T) {
 	if kept != 1 {
 		t.Errorf("the row's own headers (tenant, ferry-replay) arrived on %d events, want 1", kept)
 	}
-	testenv.Eventually(t, 10*time.Second, "4 dropped headers counted", func() bool {
+	testenv.Eventually(t, 60*time.Second, "4 dropped headers counted", func() bool {
 		return metricValue(t, reg, "ferry_reserved_headers_dropped_total", "reserved") == 4
 	})
 }

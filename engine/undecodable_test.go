@@ -110,7 +110,7 @@ dead_letter: {topic: %[4]s.dlq}
 			if err := e.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&last); err != nil {
 				t.Fatal(err)
 			}
-			testenv.Eventually(t, 10*time.Second, "the slot confirmed past every row", func() bool {
+			testenv.Eventually(t, 60*time.Second, "the slot confirmed past every row", func() bool {
 				var past bool
 				_ = e.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`,
 					wal.DefaultName(name), last).Scan(&past)
@@ -158,7 +158,7 @@ sink: {type: nats, url: %q, subject: %s}
 			t.Errorf("error %q lacks %q", msg, want)
 		}
 	}
-	e.Coll.WaitFor(t, 10*time.Second, "the row before it", func(m []testenv.Received) bool { return len(m) >= 1 })
+	e.Coll.WaitFor(t, 60*time.Second, "the row before it", func(m []testenv.Received) bool { return len(m) >= 1 })
 	if got := e.Coll.All(); len(got) != 1 || string(got[0].Data) != `{"n": 0}` {
 		t.Fatalf("delivered %d events", len(got))
 	}

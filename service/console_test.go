@@ -269,7 +269,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	openPipeline(t, tab, ui, "orders")
 	inBrowser(t, tab, 10*time.Second, "click pause", chromedp.Click(`article[data-pipeline="orders"] button[data-action="pause"]`))
 	waitJS(t, tab, 15*time.Second, "orders paused", cardState("orders")+` === 'paused'`)
-	testenv.Eventually(t, 15*time.Second, "orders paused in the API", func() bool {
+	testenv.Eventually(t, 60*time.Second, "orders paused in the API", func() bool {
 		st, _ := in.localStatus("orders")
 		return st == "paused"
 	})
@@ -279,7 +279,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// same on a running pipeline is refused inline (409).
 	ord := `article[data-pipeline="orders"] `
 	// The writers keep adding rows, so something waits once it stopped.
-	testenv.Eventually(t, 15*time.Second, "orders' rows waiting past its cursor", func() bool {
+	testenv.Eventually(t, 60*time.Second, "orders' rows waiting past its cursor", func() bool {
 		var off struct {
 			Position struct {
 				Undelivered int64 `json:"undelivered_events"`

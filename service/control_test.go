@@ -152,7 +152,7 @@ func TestControlPlaneThreeInstances(t *testing.T) {
 	})
 
 	// Every instance, owner or not, says who runs orders and how it is.
-	testenv.Eventually(t, 15*time.Second, "every instance reporting orders' owner", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every instance reporting orders' owner", func() bool {
 		for _, in := range ins {
 			var v struct {
 				RunningOn []struct{ Instance, State string } `json:"running_on"`
@@ -306,7 +306,7 @@ func TestControlPlaneThreeInstances(t *testing.T) {
 	if code, body := other.api("DELETE", "/api/v1/pipelines/orders", "", nil); code != 200 {
 		t.Fatalf("delete: %d %s", code, body)
 	}
-	testenv.Eventually(t, 10*time.Second, "orders gone from every live instance", func() bool {
+	testenv.Eventually(t, 60*time.Second, "orders gone from every live instance", func() bool {
 		for _, in := range ins {
 			if in.cmd.ProcessState != nil {
 				continue
@@ -378,7 +378,7 @@ func TestControlPlaneNoSecretInOutput(t *testing.T) {
 	}
 	call("GET", "/api/v1/tokens", "")
 	call("GET", "/api/v1/audit", "")
-	testenv.Eventually(t, 10*time.Second, "secret-test running", func() bool {
+	testenv.Eventually(t, 60*time.Second, "secret-test running", func() bool {
 		st, _ := in.localStatus("secret-test")
 		return st == "running"
 	})

@@ -139,7 +139,7 @@ func TestEmbeddedStorePausedStaysKnown(t *testing.T) {
 	if code, body := em.call("POST", "/api/v1/pipelines/em/pause", cpAdmin, ""); code != 200 {
 		t.Fatalf("pause: %d %s", code, body)
 	}
-	testenv.Eventually(t, 15*time.Second, "em paused on this instance", func() bool {
+	testenv.Eventually(t, 60*time.Second, "em paused on this instance", func() bool {
 		st, _, _ := status()
 		return st == "paused"
 	})
@@ -196,7 +196,7 @@ func TestEmbeddedReload(t *testing.T) {
 	}
 	// Both pipelines' sinks name the same server: one shared connection,
 	// two users, on the process's gauge.
-	testenv.Eventually(t, 15*time.Second, "one shared NATS connection for a and b", func() bool {
+	testenv.Eventually(t, 60*time.Second, "one shared NATS connection for a and b", func() bool {
 		return metric("\nferry_broker_connections{endpoint=\"nats://127.0.0.1:1\",sink=\"nats\"} 1\n") &&
 			metric("\nferry_broker_connection_users{endpoint=\"nats://127.0.0.1:1\",sink=\"nats\"} 2\n")
 	})

@@ -398,7 +398,7 @@ func (h *hostile) authHygiene(t *testing.T) {
 			Count           int
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, "the refusals in the audit log", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the refusals in the audit log", func() bool {
 		_, body := h.call("GET", "/api/v1/audit?action=denied&limit=1000", "admin", "")
 		audit.Entries = nil
 		_ = json.Unmarshal([]byte(body), &audit)
@@ -419,7 +419,7 @@ func (h *hostile) authHygiene(t *testing.T) {
 		t.Fatalf("token with a ttl: %d %s", code, body)
 	}
 	h.tokenValues = append(h.tokenValues, tok.Token)
-	testenv.Eventually(t, 10*time.Second, "the token expired", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the token expired", func() bool {
 		code, body := h.callFrom("127.0.201.1", "GET", "/api/v1/tenants/team-b", tok.Token, "")
 		return code == 401 && strings.Contains(body, "token expired")
 	})

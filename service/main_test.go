@@ -114,7 +114,7 @@ func freeAddr(t *testing.T) string {
 func get(t *testing.T, u string) string {
 	t.Helper()
 	var resp *http.Response
-	testenv.Eventually(t, 10*time.Second, u, func() bool {
+	testenv.Eventually(t, 60*time.Second, u, func() bool {
 		var err error
 		resp, err = http.Get(u)
 		return err == nil

@@ -196,7 +196,7 @@ func TestReadyThroughBrokenPipelineAndStoreOutage(t *testing.T) {
 		s, ok := p.store()
 		return ok && !s.Up && s.Since != nil && s.LastError != "" && s.ReadAt != nil
 	})
-	testenv.Eventually(t, 10*time.Second, "ferry_store_up 0", func() bool {
+	testenv.Eventually(t, 60*time.Second, "ferry_store_up 0", func() bool {
 		_, m := p.probe("/metrics")
 		return strings.Contains(m, "\nferry_store_up 0\n")
 	})

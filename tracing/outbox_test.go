@@ -36,7 +36,7 @@ func TestFromTheOutbox(t *testing.T) {
 	e.Coll.WaitFor(t, 60*time.Second, "3 events", func(r []testenv.Received) bool { return len(r) >= 3 })
 	var publishes, batchRows int
 	spans := map[string]string{} // span id → the aggregate it published
-	testenv.Eventually(t, 10*time.Second, "a publish span per event", func() bool {
+	testenv.Eventually(t, 60*time.Second, "a publish span per event", func() bool {
 		publishes, batchRows = 0, 0
 		for _, s := range exp.GetSpans() {
 			a := attrs(s)

@@ -478,7 +478,7 @@ func resetBackWithinWindow(t *testing.T, f *controlFixture, name, yaml string, r
 	}
 	written := writeEvents(t, f, 100, 10)
 	coll.WaitFor(t, 60*time.Second, "100 events", func(m []testenv.Received) bool { return len(m) >= 100 })
-	testenv.Eventually(t, 10*time.Second, "every event recorded as delivered", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every event recorded as delivered", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/"+name+"/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return r.code == 200 && recorded(pos, written[99])

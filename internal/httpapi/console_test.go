@@ -58,7 +58,7 @@ func TestConsoleWithoutStore(t *testing.T) {
 		written = append(written, w)
 	}
 	e.Coll.WaitFor(t, 30*time.Second, "25 events", func(m []testenv.Received) bool { return len(m) >= len(written) })
-	testenv.Eventually(t, 10*time.Second, "commit_to_ack observed", func() bool {
+	testenv.Eventually(t, 60*time.Second, "commit_to_ack observed", func() bool {
 		st, _ := sup.Status("orders")
 		return st.Lag[plugins.SegmentCommitToAck].Count >= int64(len(written))
 	})

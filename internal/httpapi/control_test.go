@@ -239,7 +239,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	if r := f.do(t, "POST", "/api/v1/pipelines", adminToken, "application/yaml", y); r.code != 409 {
 		t.Fatalf("second create: %d %s, want 409", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "orders running", func() bool {
+	testenv.Eventually(t, 60*time.Second, "orders running", func() bool {
 		st, err := f.sup.Status("orders")
 		return err == nil && st.State == engine.StateRunning
 	})
@@ -254,7 +254,7 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	if r.code != 200 || r.body["changed"] != true || r.pipelineVersion() != 2 || r.hdr.Get("ETag") != `"2"` {
 		t.Fatalf("changed put: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "orders restarted with version 2", func() bool {
+	testenv.Eventually(t, 60*time.Second, "orders restarted with version 2", func() bool {
 		st, err := f.sup.Status("orders")
 		return err == nil && st.Starts == 2 && st.State == engine.StateRunning
 	})
@@ -275,21 +275,21 @@ func TestControlPipelineLifecycle(t *testing.T) {
 	}
 	// Paused, it stays known here (its backlog still measured), running
 	// nothing: the converger hands it over with Spec.Paused.
-	testenv.Eventually(t, 10*time.Second, "orders paused (known, not running)", func() bool {
+	testenv.Eventually(t, 60*time.Second, "orders paused (known, not running)", func() bool {
 		st, err := f.sup.Status("orders")
 		return err == nil && st.State == engine.StatePaused
 	})
 	if r := f.do(t, "POST", "/api/v1/pipelines/orders/resume", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("resume: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "orders running again", func() bool {
+	testenv.Eventually(t, 60*time.Second, "orders running again", func() bool {
 		st, err := f.sup.Status("orders")
 		return err == nil && st.State == engine.StateRunning
 	})
 	if r := f.do(t, "DELETE", "/api/v1/pipelines/orders", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("delete: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "orders stopped", func() bool {
+	testenv.Eventually(t, 60*time.Second, "orders stopped", func() bool {
 		_, err := f.sup.Status("orders")
 		return err != nil
 	})
@@ -335,7 +335,7 @@ func TestConcurrentPutsOneWins(t *testing.T) {
 			codes[i] = f.do(t, "PUT", "/api/v1/pipelines/race/config", adminToken, "application/yaml", body, "If-Match", `"1"`).code
 		}()
 	}
-	testenv.Eventually(t, 10*time.Second, "every PUT waiting on the row", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every PUT waiting on the row", func() bool {
 		var waiting int
 		err := f.e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'ferry:store'`).Scan(&waiting)
 		// The store's pool holds 4 connections, one of them LISTENing.
@@ -454,7 +454,7 @@ func TestStoreUnavailable(t *testing.T) {
 	if r := f.do(t, "PUT", "/api/v1/pipelines/steady/config", adminToken, "application/yaml", y); r.code != 201 {
 		t.Fatalf("create: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "steady running", func() bool {
+	testenv.Eventually(t, 60*time.Second, "steady running", func() bool {
 		st, err := f.sup.Status("steady")
 		return err == nil && st.State == engine.StateRunning
 	})
@@ -478,13 +478,13 @@ func TestStoreUnavailable(t *testing.T) {
 	}
 	// A convergence round passes without the store: the pipeline still
 	// delivers.
-	testenv.Eventually(t, 10*time.Second, "the converger noticing", func() bool { return f.conv.Snapshot().Stale })
+	testenv.Eventually(t, 60*time.Second, "the converger noticing", func() bool { return f.conv.Snapshot().Stale })
 	var id int64
 	if err := f.e.Pool.QueryRow(context.Background(), `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
 		VALUES ('order', 'o-1', 'T', '{}') RETURNING id`).Scan(&id); err != nil {
 		t.Fatal(err)
 	}
-	coll.WaitFor(t, 10*time.Second, "the event written during the outage", func(m []testenv.Received) bool {
+	coll.WaitFor(t, 60*time.Second, "the event written during the outage", func(m []testenv.Received) bool {
 		for _, r := range m {
 			if r.Header.Get("outbox_id") == fmt.Sprint(id) {
 				return true
@@ -585,7 +585,7 @@ func TestDeletePurge(t *testing.T) {
 		}
 		return n
 	}
-	testenv.Eventually(t, 10*time.Second, "the cursor row", func() bool { return cursor() == 1 })
+	testenv.Eventually(t, 60*time.Second, "the cursor row", func() bool { return cursor() == 1 })
 	r := f.do(t, "DELETE", "/api/v1/pipelines/purged?purge=true", adminToken, "", "")
 	if r.code != 200 || !strings.Contains(fmt.Sprint(r.body["warning"]), "starts from the beginning") ||
 		!strings.Contains(fmt.Sprint(r.body["purged"]), "xid8 cursor row of purged") {

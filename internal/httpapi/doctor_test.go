@@ -31,7 +31,7 @@ func TestDoctorDuringStoreOutage(t *testing.T) {
 	if r := f.do(t, "PUT", "/api/v1/pipelines/sick/config", adminToken, "application/yaml", f.pipelineYAML("sick", "team-a")); r.code != 201 {
 		t.Fatalf("create: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "sick running", func() bool {
+	testenv.Eventually(t, 60*time.Second, "sick running", func() bool {
 		st, err := f.sup.Status("sick")
 		return err == nil && st.State == engine.StateRunning
 	})
@@ -61,14 +61,14 @@ func TestDoctorOfAPausedPipelineInsideTheInstance(t *testing.T) {
 	if r := f.do(t, "PUT", "/api/v1/pipelines/idle/config", adminToken, "application/yaml", f.pipelineYAML("idle", "team-a")); r.code != 201 {
 		t.Fatalf("create: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "idle running", func() bool {
+	testenv.Eventually(t, 60*time.Second, "idle running", func() bool {
 		st, err := f.sup.Status("idle")
 		return err == nil && st.State == engine.StateRunning
 	})
 	if r := f.do(t, "POST", "/api/v1/pipelines/idle/pause", adminToken, "", ""); r.code/100 != 2 {
 		t.Fatalf("pause: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "idle paused", func() bool {
+	testenv.Eventually(t, 60*time.Second, "idle paused", func() bool {
 		st, err := f.sup.Status("idle")
 		return err == nil && st.State == engine.StatePaused
 	})

@@ -85,7 +85,7 @@ func TestFilePipelineRoutesWithoutStore(t *testing.T) {
 		t.Fatalf("ff: %+v, want a running file pipeline", st)
 	}
 
-	testenv.Eventually(t, 10*time.Second, "the offsets at the last event", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the offsets at the last event", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/ff/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return r.code == 200 && r.body["source"] == "xid8" && fmt.Sprint(pos["id"]) == fmt.Sprint(written[19].OutboxID)

@@ -110,7 +110,7 @@ func TestResetXid8ToTime(t *testing.T) {
 		t.Fatalf("reset while running: %d %s", r.code, r.raw)
 	}
 	// The cursor is at the last event once it is recorded.
-	testenv.Eventually(t, 10*time.Second, "the cursor at the last event", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the cursor at the last event", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/rs/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return r.code == 200 && fmt.Sprint(pos["id"]) == fmt.Sprint(written[999].OutboxID) && r.body["newest_delivered_created_at"] != nil
@@ -136,7 +136,7 @@ func TestResetXid8ToTime(t *testing.T) {
 	}
 	coll.WaitFor(t, 60*time.Second, "the 500 events after the time again", func(m []testenv.Received) bool { return len(m) >= 1502 })
 	// Nothing more comes: the cursor was recorded at the last event.
-	testenv.Eventually(t, 10*time.Second, "the cursor at the last event again", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the cursor at the last event again", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/rs/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return fmt.Sprint(pos["id"]) == fmt.Sprint(written[999].OutboxID)
@@ -291,7 +291,7 @@ func TestResetPollToTime(t *testing.T) {
 	if r := f.do(t, "PATCH", "/api/v1/pipelines/pr/offsets", adminToken, "application/json", body); r.code != 409 {
 		t.Fatalf("reset while running: %d %s", r.code, r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "every row marked", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every row marked", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/pr/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return r.code == 200 && pos["unpublished_events"] == 0.0 && r.body["newest_delivered_created_at"] != nil
@@ -317,7 +317,7 @@ func TestResetPollToTime(t *testing.T) {
 		t.Fatalf("resume: %d %s", r.code, r.raw)
 	}
 	coll.WaitFor(t, 60*time.Second, "the 500 events after the time again", func(m []testenv.Received) bool { return len(m) >= 1502 })
-	testenv.Eventually(t, 10*time.Second, "every row marked again", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every row marked again", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/pr/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return pos["unpublished_events"] == 0.0
@@ -392,7 +392,7 @@ func TestPollDeadLetterReplay(t *testing.T) {
 	if r := f.do(t, "GET", "/api/v1/pipelines/dl/dead-letters?reason=nothing-like-it", adminToken, "", ""); r.body["total"] != 0.0 {
 		t.Fatalf("reason filter: %s", r.raw)
 	}
-	testenv.Eventually(t, 10*time.Second, "offsets: 5 parked, nothing else waiting", func() bool {
+	testenv.Eventually(t, 60*time.Second, "offsets: 5 parked, nothing else waiting", func() bool {
 		off := f.do(t, "GET", "/api/v1/pipelines/dl/offsets", adminToken, "", "")
 		pos := off.body["position"].(map[string]any)
 		return pos["dead_lettered_events"] == 5.0 && pos["unpublished_events"] == 0.0 && off.body["newest_delivered_created_at"] != nil
@@ -409,7 +409,7 @@ func TestPollDeadLetterReplay(t *testing.T) {
 		t.Fatalf("replay the rest: %d %s", r.code, r.raw)
 	}
 	coll.WaitFor(t, 30*time.Second, "every event", func(m []testenv.Received) bool { return len(m) >= 20 })
-	testenv.Eventually(t, 10*time.Second, "no dead letter left and every row marked", func() bool {
+	testenv.Eventually(t, 60*time.Second, "no dead letter left and every row marked", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/dl/offsets", adminToken, "", "")
 		pos := r.body["position"].(map[string]any)
 		return pos["dead_lettered_events"] == 0.0 && pos["unpublished_events"] == 0.0
@@ -583,7 +583,7 @@ func TestResetPollToTimeKafka(t *testing.T) {
 	if err := f.e.Pool.QueryRow(ctx, `SELECT created_at FROM outbox WHERE id = $1`, written[200].OutboxID).Scan(&cut); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "every row marked", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every row marked", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/pk/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return pos["unpublished_events"] == 0.0
@@ -599,7 +599,7 @@ func TestResetPollToTimeKafka(t *testing.T) {
 		t.Fatalf("resume: %d %s", r.code, r.raw)
 	}
 	testenv.Eventually(t, 60*time.Second, "the 200 records again", func() bool { return coll.Len() >= 600 })
-	testenv.Eventually(t, 10*time.Second, "every row marked again", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every row marked again", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/pk/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return pos["unpublished_events"] == 0.0

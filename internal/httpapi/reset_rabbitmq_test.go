@@ -36,7 +36,7 @@ func TestResetXid8ToTimeRabbitMQ(t *testing.T) {
 	if err := f.e.Pool.QueryRow(ctx, `SELECT created_at FROM outbox WHERE id = $1`, written[200].OutboxID).Scan(&cut); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "the cursor at the last event", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the cursor at the last event", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/rr/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return r.code == 200 && fmt.Sprint(pos["id"]) == fmt.Sprint(written[399].OutboxID)
@@ -53,7 +53,7 @@ func TestResetXid8ToTimeRabbitMQ(t *testing.T) {
 		t.Fatalf("resume: %d %s", r.code, r.raw)
 	}
 	testenv.Eventually(t, 60*time.Second, "the 200 messages again", func() bool { return coll.Len() >= 600 })
-	testenv.Eventually(t, 10*time.Second, "the cursor at the last event again", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the cursor at the last event again", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/rr/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
 		return fmt.Sprint(pos["id"]) == fmt.Sprint(written[399].OutboxID)

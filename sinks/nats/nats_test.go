@@ -57,7 +57,7 @@ func natsTarget(t testing.TB) *plugintest.Target {
 			srv.Close()
 			return func(t testing.TB) {
 				var err error
-				testenv.Eventually(t, 10*time.Second, "NATS restarted on its port", func() bool {
+				testenv.Eventually(t, 60*time.Second, "NATS restarted on its port", func() bool {
 					srv, err = natsserver.Start(port, dir)
 					return err == nil
 				})
@@ -189,7 +189,7 @@ func TestContract(t *testing.T) {
 			srv.Close()
 			return func(t testing.TB) {
 				var err error
-				testenv.Eventually(t, 10*time.Second, "NATS restarted on its port", func() bool {
+				testenv.Eventually(t, 60*time.Second, "NATS restarted on its port", func() bool {
 					srv, err = natsserver.Start(port, dir)
 					return err == nil
 				})

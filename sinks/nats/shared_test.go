@@ -107,7 +107,7 @@ func TestPipelinesShareOneConnection(t *testing.T) {
 	if n := natssink.Connections(endpoint); n != 0 {
 		t.Fatalf("after the last pipeline closed: %d connections, want 0", n)
 	}
-	testenv.Eventually(t, 10*time.Second, "the server sees the shared connection closed", func() bool { return srv.NumClients() == 1 })
+	testenv.Eventually(t, 60*time.Second, "the server sees the shared connection closed", func() bool { return srv.NumClients() == 1 })
 }
 
 func sharedSink(t *testing.T, url, subject, pipeline string) *natssink.Sink {
@@ -271,18 +271,18 @@ func TestSharedConnectionOutageReachesEveryPipeline(t *testing.T) {
 	}
 	srv.Close()
 	for i, s := range sinks {
-		testenv.Eventually(t, 10*time.Second, "publishes fail saying why", func() bool {
+		testenv.Eventually(t, 60*time.Second, "publishes fail saying why", func() bool {
 			err := s.Publish("", message.NewMessage(fmt.Sprintf("outage-%d-down", i), nil))
 			return err != nil && strings.Contains(err.Error(), "connection refused")
 		})
 	}
-	testenv.Eventually(t, 10*time.Second, "every pipeline logged the disconnect", func() bool { return logs.count() == len(sinks) })
-	testenv.Eventually(t, 10*time.Second, "NATS restarted on its port", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every pipeline logged the disconnect", func() bool { return logs.count() == len(sinks) })
+	testenv.Eventually(t, 60*time.Second, "NATS restarted on its port", func() bool {
 		srv, err = natsserver.Start(port, dir)
 		return err == nil
 	})
 	for i, s := range sinks {
-		testenv.Eventually(t, 10*time.Second, "publishes succeed again", func() bool {
+		testenv.Eventually(t, 60*time.Second, "publishes succeed again", func() bool {
 			return s.Publish("", message.NewMessage(fmt.Sprintf("outage-%d-after", i), nil)) == nil
 		})
 	}

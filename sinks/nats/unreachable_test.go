@@ -67,12 +67,12 @@ func TestUnreachableServerNamesTheCause(t *testing.T) {
 		t.Fatal(err)
 	}
 	up := newSink(t, url, "ferry.unreachable", stream)
-	testenv.Eventually(t, 10*time.Second, "connected", func() bool { return up.Start(context.Background()) == nil })
+	testenv.Eventually(t, 60*time.Second, "connected", func() bool { return up.Start(context.Background()) == nil })
 	if err := up.Publish("", message.NewMessage("up", nil)); err != nil {
 		t.Fatal(err)
 	}
 	srv.Close()
-	testenv.Eventually(t, 10*time.Second, "a reconnection attempt failed", func() bool {
+	testenv.Eventually(t, 60*time.Second, "a reconnection attempt failed", func() bool {
 		err = up.Publish("", message.NewMessage("b", nil))
 		return err != nil && strings.Contains(err.Error(), "connection refused")
 	})

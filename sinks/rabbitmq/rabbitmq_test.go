@@ -162,7 +162,7 @@ func TestRoutingKeyTemplateAndProperties(t *testing.T) {
 	if err := s.Publish("", orderEvent("a5b1e0f4-0000-4000-8000-000000000001", "OrderPaid")); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "the message", func() bool { return f.coll.Len() == 1 })
+	testenv.Eventually(t, 60*time.Second, "the message", func() bool { return f.coll.Len() == 1 })
 	d := f.coll.All()[0]
 	switch {
 	case d.RoutingKey != "outbox.order.OrderPaid":
@@ -326,7 +326,7 @@ func TestReturnsMatchTheirPublish(t *testing.T) {
 			routed++
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, "the routed messages", func() bool { return f.coll.Len() == routed })
+	testenv.Eventually(t, 60*time.Second, "the routed messages", func() bool { return f.coll.Len() == routed })
 }
 
 // declare: true creates the exchange; without it a missing exchange fails
@@ -386,7 +386,7 @@ func TestTLS(t *testing.T) {
 	if err := s.Publish("", orderEvent("tls-1", "T")); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "the message over TLS", func() bool { return f.coll.Len() == 1 })
+	testenv.Eventually(t, 60*time.Second, "the message over TLS", func() bool { return f.coll.Len() == 1 })
 
 	untrusted := f.sink(t, func(c *rabbitmq.Config) { c.URL = secure.String() })
 	if err := untrusted.Start(context.Background()); err == nil {
@@ -565,7 +565,7 @@ func TestConsumerLag(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testenv.Eventually(t, 10*time.Second, "3 messages waiting", func() bool {
+	testenv.Eventually(t, 60*time.Second, "3 messages waiting", func() bool {
 		lags, err := s.ConsumerLag(context.Background())
 		return err == nil && len(lags) == 1 && lags[0] == (plugins.GroupLag{Group: queue, Topic: exchange, Lag: 3})
 	})

@@ -103,10 +103,10 @@ func TestIdlePipelinesShareTheirChecks(t *testing.T) {
 	// A worker goes idle a second after its last notification, once its
 	// acked rows are marked; the statistics lag by up to a second.
 	settle := time.Now().Add(3 * time.Second)
-	testenv.Eventually(t, 10*time.Second, "the pipelines settling", func() bool { return time.Now().After(settle) })
+	testenv.Eventually(t, 60*time.Second, "the pipelines settling", func() bool { return time.Now().After(settle) })
 	x0, t0 := xacts(), time.Now()
 	window := time.Now().Add(5 * time.Second)
-	testenv.Eventually(t, 10*time.Second, "a measuring window", func() bool { return time.Now().After(window) })
+	testenv.Eventually(t, 60*time.Second, "a measuring window", func() bool { return time.Now().After(window) })
 	perSec := float64(xacts()-x0) / time.Since(t0).Seconds()
 	if perSec > n/4 {
 		t.Fatalf("%d idle pipelines caused %.1f transactions/s; want their checks batched (a statement each would be %d/s)", n, perSec, 2*n)

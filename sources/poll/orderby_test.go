@@ -63,7 +63,7 @@ func TestUUIDIDWithOrderBy(t *testing.T) {
 			m.Ack()
 		}
 	}()
-	testenv.Eventually(t, 10*time.Second, "5 events marked published", func() bool {
+	testenv.Eventually(t, 60*time.Second, "5 events marked published", func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM outboxevent WHERE published_at IS NOT NULL`).Scan(&n)
 		return n == 5

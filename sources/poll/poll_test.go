@@ -259,7 +259,7 @@ func TestDeleteOnDelivered(t *testing.T) {
 	e.Start(t, strings.Replace(e.YAML("del", 100), "  lease: 2s\n", "  lease: 2s\n  on_delivered: delete\n", 1))
 	e.Coll.WaitFor(t, 30*time.Second, "200 events", func(m []testenv.Received) bool { return len(m) >= 200 })
 	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), false).Assert(t, 0)
-	testenv.Eventually(t, 10*time.Second, "delivered rows deleted", func() bool {
+	testenv.Eventually(t, 60*time.Second, "delivered rows deleted", func() bool {
 		var n int
 		e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n)
 		return n == 0

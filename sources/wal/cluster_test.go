@@ -85,7 +85,7 @@ func testSlotInvalidated(t *testing.T, dsn string) {
 	d := startDirect(t, dsn, name, 10, nil)
 	waitStreaming(t, pool, slot)
 	first := insertEvent(t, pool, "agg-1", 1)
-	testenv.Eventually(t, 10*time.Second, "the first event", func() bool { return d.outboxIDs()[first] == 1 })
+	testenv.Eventually(t, 60*time.Second, "the first event", func() bool { return d.outboxIDs()[first] == 1 })
 	d.src.Close()
 
 	// Events committed while the pipeline is stopped, then WAL beyond 1 MB.
@@ -159,7 +159,7 @@ func testBackpressure(t *testing.T, dsn string) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "a full window", func() bool { return len(d.messages()) >= 10 })
+	testenv.Eventually(t, 60*time.Second, "a full window", func() bool { return len(d.messages()) >= 10 })
 	pid := activePID(t, pool, slot)
 	time.Sleep(3 * time.Second) // watch: three times the server's timeout with the window full
 	if now := activePID(t, pool, slot); now != pid || len(d.messages()) != 10 {

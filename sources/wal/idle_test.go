@@ -43,17 +43,17 @@ func TestIdleDatabase(t *testing.T) {
 			}
 			end := currentLSN(t, other)
 			if !heartbeat {
-				testenv.Eventually(t, 10*time.Second, "retained WAL ≥ 1 MB in the gauge", func() bool {
+				testenv.Eventually(t, 60*time.Second, "retained WAL ≥ 1 MB in the gauge", func() bool {
 					g, ok := d.gauge(t, "ferry_wal_slot_retained_wal_bytes", map[string]string{"slot": slot})
 					return ok && g >= 1<<20
 				})
 			}
-			testenv.Eventually(t, 10*time.Second, "the slot confirmed past the other database's WAL", func() bool {
+			testenv.Eventually(t, 60*time.Second, "the slot confirmed past the other database's WAL", func() bool {
 				return readSlot(t, pool, slot).confirmed >= end
 			})
 			if heartbeat {
 				after := currentLSN(t, other)
-				testenv.Eventually(t, 10*time.Second, "the slot confirmed past a heartbeat", func() bool {
+				testenv.Eventually(t, 60*time.Second, "the slot confirmed past a heartbeat", func() bool {
 					return readSlot(t, pool, slot).confirmed > after
 				})
 			}

@@ -85,7 +85,7 @@ func TestKillAfterAckBeforeConfirm(t *testing.T) {
 	if v.Duplicates != 20 {
 		t.Fatalf("%d re-deliveries, want every one of the 20 events sent again", v.Duplicates)
 	}
-	testenv.Eventually(t, 10*time.Second, "the slot confirmed past the events", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the slot confirmed past the events", func() bool {
 		return readSlot(t, e.Pool, slot).confirmed > minCommitLSN(t, e.Coll.All())
 	})
 	if err := child.Stop(); err != nil {
@@ -120,7 +120,7 @@ func TestKillBeforeAck(t *testing.T) {
 	if err := e.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&read); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "a status update after the read", func() bool {
+	testenv.Eventually(t, 60*time.Second, "a status update after the read", func() bool {
 		var replied bool
 		_ = e.Pool.QueryRow(ctx, `SELECT coalesce(reply_time > $2, false) FROM pg_stat_replication WHERE application_name = $1`, "ferry:"+name, read).Scan(&replied)
 		return replied

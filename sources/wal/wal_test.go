@@ -145,7 +145,7 @@ func TestNoInitialSnapshot(t *testing.T) {
 	e.Start(t, e.YAML(name, 10))
 	waitStreaming(t, e.Pool, wal.DefaultName(name))
 	after := insertEvent(t, e.Pool, "agg-1", 2)
-	e.Coll.WaitFor(t, 10*time.Second, "the event after the start", func(m []testenv.Received) bool { return len(m) >= 1 })
+	e.Coll.WaitFor(t, 60*time.Second, "the event after the start", func(m []testenv.Received) bool { return len(m) >= 1 })
 	got := relaytest.Decode(t, e.Coll.All())
 	if len(got) != 1 || got[0].OutboxID != after {
 		t.Fatalf("delivered %+v, want only outbox id %d (not %d, committed before the slot)", got, after, before)
@@ -263,7 +263,7 @@ func TestColumnsAndMetadata(t *testing.T) {
 		RETURNING event_uuid::text, at`).Scan(&want, &at); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "the event", func() bool { return len(d.messages()) == 1 })
+	testenv.Eventually(t, 60*time.Second, "the event", func() bool { return len(d.messages()) == 1 })
 	m := d.messages()[0]
 	md := m.Metadata
 	if m.UUID != want || md.Get(plugins.MetaAggregateType) != "order" || md.Get(plugins.MetaAggregateID) != "o-1" ||
@@ -292,7 +292,7 @@ func TestEventIDMatchesOtherSources(t *testing.T) {
 	d := startDirect(t, dsn, name, 10, nil)
 	waitStreaming(t, pool, wal.DefaultName(name))
 	id := insertEvent(t, pool, "agg-1", 1)
-	testenv.Eventually(t, 10*time.Second, "the event", func() bool { return len(d.messages()) == 1 })
+	testenv.Eventually(t, 60*time.Second, "the event", func() bool { return len(d.messages()) == 1 })
 	u, _ := url.Parse(dsn)
 	want := outbox.Table{Database: strings.TrimPrefix(u.Path, "/"), Schema: "public", Name: "outbox"}.EventID(&outbox.Row{ID: id})
 	if got := d.messages()[0].UUID; got != want {
@@ -349,9 +349,9 @@ func TestTemporarySlotAndDropOnStop(t *testing.T) {
 				t.Fatalf("slot %+v, want temporary %v", r, cfg.TemporarySlot)
 			}
 			id := insertEvent(t, pool, "agg-1", 1)
-			testenv.Eventually(t, 10*time.Second, "the event", func() bool { return d.outboxIDs()[id] == 1 })
+			testenv.Eventually(t, 60*time.Second, "the event", func() bool { return d.outboxIDs()[id] == 1 })
 			d.src.Close()
-			testenv.Eventually(t, 10*time.Second, "the slot gone after stop", func() bool { return !readSlot(t, pool, slot).exists })
+			testenv.Eventually(t, 60*time.Second, "the slot gone after stop", func() bool { return !readSlot(t, pool, slot).exists })
 		})
 	}
 }
@@ -398,7 +398,7 @@ func TestGuardrails(t *testing.T) {
 		slot := wal.DefaultName(name)
 		d := startDirect(t, dsn, name, 10, nil)
 		waitStreaming(t, pool, slot)
-		testenv.Eventually(t, 10*time.Second, "the slot dropped", func() bool {
+		testenv.Eventually(t, 60*time.Second, "the slot dropped", func() bool {
 			_, _ = pool.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active`, slot)
 			_, err := pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
 			return err == nil
@@ -503,14 +503,14 @@ func TestHealthFlowAndLag(t *testing.T) {
 	waitStreaming(t, pool, slot)
 	d.hold()
 	id := insertEvent(t, pool, "agg-1", 1)
-	testenv.Eventually(t, 10*time.Second, "the event", func() bool { return d.outboxIDs()[id] == 1 })
+	testenv.Eventually(t, 60*time.Second, "the event", func() bool { return d.outboxIDs()[id] == 1 })
 	md := d.messages()[0].Metadata
 	commitAt, err1 := strconv.ParseInt(md.Get(plugins.MetaCommitAt), 10, 64)
 	readAt, err2 := strconv.ParseInt(md.Get(plugins.MetaDBReadAt), 10, 64)
 	if err1 != nil || err2 != nil || readAt < commitAt || time.Duration(readAt-commitAt) > 10*time.Second {
 		t.Fatalf("commit at %q, read at %q on the database clock", md.Get(plugins.MetaCommitAt), md.Get(plugins.MetaDBReadAt))
 	}
-	testenv.Eventually(t, 10*time.Second, "the held event's age and backlog in Health", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the held event's age and backlog in Health", func() bool {
 		h := d.src.Health()
 		return h.BacklogUnit == "bytes" && h.Backlog > 0 && h.OldestAge > 0 && h.Details["wal_status"] == "reserved"
 	})
@@ -518,7 +518,7 @@ func TestHealthFlowAndLag(t *testing.T) {
 		t.Fatalf("flow %+v, want one event in flight", f)
 	}
 	d.release()
-	testenv.Eventually(t, 10*time.Second, "nothing undelivered", func() bool {
+	testenv.Eventually(t, 60*time.Second, "nothing undelivered", func() bool {
 		h := d.src.Health()
 		return h.OldestAge == 0 && d.src.Flow().Acked == 1
 	})
@@ -544,10 +544,10 @@ func TestStopWhileWindowFullConfirms(t *testing.T) {
 	for i := range 30 {
 		insertEvent(t, pool, fmt.Sprintf("agg-%d", i), 1)
 	}
-	testenv.Eventually(t, 10*time.Second, "a full window", func() bool { return len(d.messages()) == 10 })
+	testenv.Eventually(t, 60*time.Second, "a full window", func() bool { return len(d.messages()) == 10 })
 	stopped := make(chan struct{})
 	go func() { d.src.Close(); close(stopped) }()
-	testenv.Eventually(t, 10*time.Second, "the source draining", func() bool { return strings.Contains(d.logs.String(), "wal source stopping") })
+	testenv.Eventually(t, 60*time.Second, "the source draining", func() bool { return strings.Contains(d.logs.String(), "wal source stopping") })
 	d.release()
 	<-stopped
 	var lastCommit pglogrepl.LSN

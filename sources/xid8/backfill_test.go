@@ -32,7 +32,7 @@ func TestBackfillStartsOnItsNotification(t *testing.T) {
 	e := relaytest.Setup(t, h)
 	ctx := context.Background()
 	e.Start(t, e.YAML("bfnotify", 100))
-	testenv.Eventually(t, 10*time.Second, "LISTEN session", func() bool {
+	testenv.Eventually(t, 60*time.Second, "LISTEN session", func() bool {
 		var n int
 		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:listen' AND query LIKE 'LISTEN%'`).Scan(&n)
 		return n > 0
@@ -45,9 +45,9 @@ func TestBackfillStartsOnItsNotification(t *testing.T) {
 		}
 		written = append(written, w)
 	}
-	e.Coll.WaitFor(t, 10*time.Second, "3 events", func(m []testenv.Received) bool { return len(m) >= 3 })
+	e.Coll.WaitFor(t, 60*time.Second, "3 events", func(m []testenv.Received) bool { return len(m) >= 3 })
 	// Only rows behind the recorded cursor are backfilled.
-	testenv.Eventually(t, 10*time.Second, "the cursor at the last event", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the cursor at the last event", func() bool {
 		var id int64
 		_ = e.Pool.QueryRow(ctx, `SELECT id FROM ferry_offsets WHERE pipeline = 'bfnotify'`).Scan(&id)
 		return id == written[len(written)-1].OutboxID
@@ -59,7 +59,7 @@ func TestBackfillStartsOnItsNotification(t *testing.T) {
 	if n, err := cfg.Backfill(ctx, "bfnotify", plugins.BackfillFilter{AggregateID: "agg-1"}); err != nil || n != 3 {
 		t.Fatalf("backfill queued %d, %v; want 3", n, err)
 	}
-	e.Coll.WaitFor(t, 15*time.Second, "the 3 backfilled", func(m []testenv.Received) bool {
+	e.Coll.WaitFor(t, 60*time.Second, "the 3 backfilled", func(m []testenv.Received) bool {
 		n := 0
 		for _, r := range m {
 			if r.Header.Get(plugins.ReplayHeader) == "true" {

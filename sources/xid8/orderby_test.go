@@ -71,7 +71,7 @@ func TestUUIDIDNeedsOrderBy(t *testing.T) {
 		return src, rep, func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), ids...) }
 	}
 	bad, rep, _ := run(cols)
-	testenv.Eventually(t, 10*time.Second, "the start-up check's error", func() bool { return rep.get() != nil })
+	testenv.Eventually(t, 60*time.Second, "the start-up check's error", func() bool { return rep.get() != nil })
 	var fe *plugins.FieldError
 	if msg := rep.get().Error(); !errors.As(rep.get(), &fe) || !strings.Contains(msg, `column "id" of outboxevent is uuid`) ||
 		!strings.Contains(msg, `ALTER TABLE "outboxevent" ADD COLUMN seq bigint GENERATED ALWAYS AS IDENTITY`) ||
@@ -99,7 +99,7 @@ func TestUUIDIDNeedsOrderBy(t *testing.T) {
 	}
 	cols.OrderBy = "seq"
 	_, _, got := run(cols)
-	testenv.Eventually(t, 10*time.Second, "5 events", func() bool { return len(got()) >= 5 })
+	testenv.Eventually(t, 60*time.Second, "5 events", func() bool { return len(got()) >= 5 })
 	if g := got(); strings.Join(g, ",") != strings.Join(want, ",") {
 		t.Fatalf("delivered %v, want %v", g, want)
 	}

@@ -49,7 +49,7 @@ func TestOpenTransactionHoldsCursor(t *testing.T) {
 	e := relaytest.Setup(t, h)
 	ctx := context.Background()
 	e.Start(t, e.YAML("held", 100))
-	testenv.Eventually(t, 10*time.Second, "LISTEN session", func() bool {
+	testenv.Eventually(t, 60*time.Second, "LISTEN session", func() bool {
 		var n int
 		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:listen' AND query LIKE 'LISTEN%'`).Scan(&n)
 		return n > 0
@@ -59,7 +59,7 @@ func TestOpenTransactionHoldsCursor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.Coll.WaitFor(t, 10*time.Second, "the first event", func([]testenv.Received) bool { return delivered(t, e)[first.OutboxID] })
+	e.Coll.WaitFor(t, 60*time.Second, "the first event", func([]testenv.Received) bool { return delivered(t, e)[first.OutboxID] })
 
 	report, err := e.Pool.Begin(ctx)
 	if err != nil {
@@ -82,7 +82,7 @@ func TestOpenTransactionHoldsCursor(t *testing.T) {
 	if err := report.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e.Coll.WaitFor(t, 10*time.Second, "the held event", func([]testenv.Received) bool { return delivered(t, e)[second.OutboxID] })
+	e.Coll.WaitFor(t, 60*time.Second, "the held event", func([]testenv.Received) bool { return delivered(t, e)[second.OutboxID] })
 }
 
 // With the notify trigger, a commit wakes the relay: with a one-hour poll
@@ -95,7 +95,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	e.Start(t, e.YAML("notify", 100))
 	// The first poll runs at start; give LISTEN a moment to be in place by
 	// waiting until the listener's session shows in pg_stat_activity.
-	testenv.Eventually(t, 10*time.Second, "LISTEN session", func() bool {
+	testenv.Eventually(t, 60*time.Second, "LISTEN session", func() bool {
 		var n int
 		_ = e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'ferry:listen' AND query LIKE 'LISTEN%'`).Scan(&n)
 		return n > 0
@@ -104,7 +104,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.Coll.WaitFor(t, 10*time.Second, "the notified event", func([]testenv.Received) bool { return delivered(t, e)[w.OutboxID] })
+	e.Coll.WaitFor(t, 60*time.Second, "the notified event", func([]testenv.Received) bool { return delivered(t, e)[w.OutboxID] })
 }
 
 // Renamed columns and an event_id column are honoured; progress lands in
@@ -131,13 +131,13 @@ func TestColumnMappingAndOffsets(t *testing.T) {
   columns: {id: seq, aggregate_type: kind, aggregate_id: entity, type: name, payload: body, headers: meta, created_at: at, event_id: event_uuid}
 `, 1)
 	e.Start(t, y)
-	e.Coll.WaitFor(t, 10*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
+	e.Coll.WaitFor(t, 60*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
 	h := e.Coll.All()[0].Header
 	if h.Get("Nats-Msg-Id") != want || h.Get("aggregate_id") != "o-1" || h.Get("event_type") != "Placed" ||
 		h.Get("traceparent") != "00-1-2-01" || h.Get("n") != "3" || h.Get("position") == "" {
 		t.Fatalf("headers %v (want event id %s)", h, want)
 	}
-	testenv.Eventually(t, 10*time.Second, "the cursor recorded", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the cursor recorded", func() bool {
 		var id int64
 		_ = e.Pool.QueryRow(ctx, `SELECT id FROM relay_cursor WHERE pipeline = 'mapped'`).Scan(&id)
 		return id == 1
@@ -200,7 +200,7 @@ func TestOrderAcrossXidDigitBoundary(t *testing.T) {
 		written = append(written, plugintest.Written{OutboxID: id, Aggregate: "agg-x", Seq: seq})
 	}
 	e.Start(t, e.YAML("digits", 100))
-	e.Coll.WaitFor(t, 10*time.Second, "5 events", func(m []testenv.Received) bool { return len(m) >= 5 })
+	e.Coll.WaitFor(t, 60*time.Second, "5 events", func(m []testenv.Received) bool { return len(m) >= 5 })
 	plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true).Assert(t, 0)
 }
 
@@ -219,7 +219,7 @@ func TestCursorNeverMovesBack(t *testing.T) {
 		_ = e.Pool.QueryRow(ctx, `SELECT xact_id::text, id FROM ferry_offsets WHERE pipeline = 'forward'`).Scan(&xid, &id)
 		return xid, id
 	}
-	testenv.Eventually(t, 10*time.Second, "the first cursor", func() bool { _, id := cursor(); return id == first.OutboxID })
+	testenv.Eventually(t, 60*time.Second, "the first cursor", func() bool { _, id := cursor(); return id == first.OutboxID })
 	// A successor recorded a cursor far ahead.
 	if _, err := e.Pool.Exec(ctx, `UPDATE ferry_offsets SET xact_id = '100000000'::xid8, id = 7 WHERE pipeline = 'forward'`); err != nil {
 		t.Fatal(err)
@@ -227,7 +227,7 @@ func TestCursorNeverMovesBack(t *testing.T) {
 	if _, err := plugintest.Insert(ctx, e.Pool, "agg-1"); err != nil {
 		t.Fatal(err)
 	}
-	e.Coll.WaitFor(t, 10*time.Second, "the second event", func(m []testenv.Received) bool { return len(m) == 2 })
+	e.Coll.WaitFor(t, 60*time.Second, "the second event", func(m []testenv.Received) bool { return len(m) == 2 })
 	stop() // records progress past the second event before it returns
 	if xid, id := cursor(); xid != "100000000" || id != 7 {
 		t.Fatalf("cursor moved back to (%s, %d)", xid, id)

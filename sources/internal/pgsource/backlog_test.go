@@ -70,13 +70,13 @@ func TestBacklog(t *testing.T) {
 	go func() { defer close(done); b.Watch(watchCtx, pool, countAbove(&from)) }()
 	defer func() { stop(); <-done }()
 
-	testenv.Eventually(t, 10*time.Second, "a backlog of 3 with the holder", func() bool {
+	testenv.Eventually(t, 60*time.Second, "a backlog of 3 with the holder", func() bool {
 		h := b.Health()
 		tx, _ := h.Details["oldest_transaction"].(map[string]any)
 		return h.Backlog == 3 && h.BacklogUnit == "events" && h.XminHorizonAge() > 0 && tx["pid"] == holderPID
 	})
 	from.Store(1)
-	testenv.Eventually(t, 10*time.Second, "the backlog past the moved cursor", func() bool { return b.Health().Backlog == 2 })
+	testenv.Eventually(t, 60*time.Second, "the backlog past the moved cursor", func() bool { return b.Health().Backlog == 2 })
 	if stored.Load() < 2 {
 		t.Errorf("Stored was told %d measurements, want at least 2", stored.Load())
 	}

@@ -152,7 +152,7 @@ func TestLockedTableFailsItsCheckAlone(t *testing.T) {
 		h.Arm(0, 200*time.Millisecond)
 	}
 	began := time.Now()
-	testenv.Eventually(t, 15*time.Second, "three lock timeouts of the locked table's check, and the others' rows each time", func() bool {
+	testenv.Eventually(t, 60*time.Second, "three lock timeouts of the locked table's check, and the others' rows each time", func() bool {
 		return lockErrs.Load() >= 3 && others.Load() >= 3*int64(len(tables)-1)
 	})
 	// Each round waits out the lock timeout once; a batch held until the

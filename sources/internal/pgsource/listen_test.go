@@ -59,7 +59,7 @@ func TestPipelinesShareOneListenSession(t *testing.T) {
 		return n
 	}
 	a, b := subscribe(pools[0], "ch_a"), subscribe(pools[1], "ch_b")
-	testenv.Eventually(t, 10*time.Second, "both listening", func() bool { return a.listening.Load() && b.listening.Load() })
+	testenv.Eventually(t, 60*time.Second, "both listening", func() bool { return a.listening.Load() && b.listening.Load() })
 	notify := func(ch string) {
 		t.Helper()
 		if _, err := pools[0].Exec(ctx, `SELECT pg_notify($1, '')`, ch); err != nil {
@@ -67,15 +67,15 @@ func TestPipelinesShareOneListenSession(t *testing.T) {
 		}
 	}
 	notify("ch_a")
-	testenv.Eventually(t, 10*time.Second, "a woken", func() bool { return a.wakes.Load() == 1 })
+	testenv.Eventually(t, 60*time.Second, "a woken", func() bool { return a.wakes.Load() == 1 })
 	if b.wakes.Load() != 0 {
 		t.Fatalf("b woken by a's channel")
 	}
 	c := subscribe(pools[1], "ch_c") // joins a running session
-	testenv.Eventually(t, 10*time.Second, "c listening", c.listening.Load)
+	testenv.Eventually(t, 60*time.Second, "c listening", c.listening.Load)
 	notify("ch_c")
 	notify("ch_b")
-	testenv.Eventually(t, 10*time.Second, "b and c woken", func() bool { return b.wakes.Load() == 1 && c.wakes.Load() == 1 })
+	testenv.Eventually(t, 60*time.Second, "b and c woken", func() bool { return b.wakes.Load() == 1 && c.wakes.Load() == 1 })
 	if n := sessions(); n != 1 {
 		t.Fatalf("%d LISTEN sessions for three pipelines on one database, want 1", n)
 	}
@@ -87,23 +87,23 @@ func TestPipelinesShareOneListenSession(t *testing.T) {
 	if _, err := pools[0].Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "a new session listening", func() bool {
+	testenv.Eventually(t, 60*time.Second, "a new session listening", func() bool {
 		var n int
 		_ = pools[0].QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
 			AND application_name = 'ferry:listen' AND pid <> $1 AND query LIKE 'LISTEN%'`, pid).Scan(&n)
 		return n == 1 && a.listening.Load() && sessions() == 1
 	})
 	notify("ch_a")
-	testenv.Eventually(t, 10*time.Second, "a woken after the reconnect", func() bool { return a.wakes.Load() >= 2 })
+	testenv.Eventually(t, 60*time.Second, "a woken after the reconnect", func() bool { return a.wakes.Load() >= 2 })
 	a.leave()
 	if a.listening.Load() {
 		t.Fatal("a still told it listens after leaving")
 	}
 	notify("ch_b") // the session carries on for the others
-	testenv.Eventually(t, 10*time.Second, "b woken again", func() bool { return b.wakes.Load() == 2 })
+	testenv.Eventually(t, 60*time.Second, "b woken again", func() bool { return b.wakes.Load() == 2 })
 	b.leave()
 	c.leave()
-	testenv.Eventually(t, 10*time.Second, "the session closed with the last pipeline", func() bool { return sessions() == 0 })
+	testenv.Eventually(t, 60*time.Second, "the session closed with the last pipeline", func() bool { return sessions() == 0 })
 	listeners.Lock()
 	left := len(listeners.m)
 	listeners.Unlock()
@@ -132,7 +132,7 @@ func TestListenSessionHalfOpen(t *testing.T) {
 	defer pool.Close()
 	a := subscribe(pool, "ch_a")
 	defer a.leave()
-	testenv.Eventually(t, 10*time.Second, "listening", a.listening.Load)
+	testenv.Eventually(t, 60*time.Second, "listening", a.listening.Load)
 	proxy.Blackhole()
 	proxy.Heal() // the session stays frozen; new connections work
 	testenv.Eventually(t, 20*time.Second, "the frozen session given up", func() bool { return !a.listening.Load() })
@@ -145,5 +145,5 @@ func TestListenSessionHalfOpen(t *testing.T) {
 	if _, err := direct.Exec(ctx, `SELECT pg_notify('ch_a', '')`); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "woken through the new session", func() bool { return a.wakes.Load() >= 1 })
+	testenv.Eventually(t, 60*time.Second, "woken through the new session", func() bool { return a.wakes.Load() >= 1 })
 }
