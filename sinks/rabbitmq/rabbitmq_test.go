@@ -75,6 +75,9 @@ var harness = plugintest.SinkHarness{
 // RabbitMQ): one exchange, a topic is a routing key, and Read binds a
 // durable queue of its own to it. The broker-down scenario stops the
 // machine's RabbitMQ with rabbitmqctl stop_app and always starts it again.
+// contractTimeout is the contract sink's publish timeout.
+const contractTimeout = 10 * time.Second
+
 func TestContract(t *testing.T) {
 	u := testenv.AMQPURL(t)
 	exchange := testenv.Name("ferry_contract_x")
@@ -82,7 +85,10 @@ func TestContract(t *testing.T) {
 		New: func(t testing.TB, topic string) plugins.Sink {
 			cfg := rabbitmq.DefaultConfig()
 			cfg.URL, cfg.Exchange, cfg.RoutingKey = u, exchange, topic
-			cfg.PublishTimeout, cfg.ReconnectInterval = 2*time.Second, 200*time.Millisecond
+			// 10 s: a broker just started again (the broker-down scenario
+			// restarts it) confirms 400 concurrent publishes slowly on a
+			// loaded machine; 2 s failed ConcurrentPublishes there.
+			cfg.PublishTimeout, cfg.ReconnectInterval = contractTimeout, 200*time.Millisecond
 			if err := cfg.Validate(); err != nil {
 				t.Fatal(err)
 			}
@@ -98,7 +104,7 @@ func TestContract(t *testing.T) {
 			return plugintest.Poll(t, func() []plugintest.Record { return records(coll.All(), coll.Queue()) })
 		},
 		Features: plugintest.SinkFeatures{RejectsUnroutable: true},
-		Timeout:  2 * time.Second,
+		Timeout:  contractTimeout,
 	}
 	if testenv.RabbitMQControllable(u) {
 		c.Stop = func(t testing.TB) func(testing.TB) { return testenv.StopRabbitMQ(t, u) }
