@@ -220,7 +220,7 @@ func (es *entries) status(e *entry) Status {
 		}
 	}
 	es.mu.Lock()
-	st.Progress = e.progress.progress(st.Health)
+	st.Progress = e.progress.progress(st.Health, st.Flow)
 	es.mu.Unlock()
 	st.Lag = e.rep.lagSummaries()
 	return st

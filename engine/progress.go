@@ -15,7 +15,8 @@ type Progress struct {
 	// BacklogDrainPerSecond is how fast the backlog shrinks, in its unit
 	// (events, or WAL bytes for wal) per second, over the backlog's
 	// measurements of the last drainWindow: delivery minus new rows.
-	// Negative while the backlog grows; 0 with fewer than two measurements.
+	// Negative while the backlog grows; 0 with fewer than two measurements,
+	// and for a wal pipeline that is caught up (caughtUp).
 	BacklogDrainPerSecond float64 `json:"backlog_drain_per_second"`
 	// ETASeconds is the backlog over its drain rate: absent while the
 	// backlog is empty, does not shrink, or cannot be measured.
@@ -61,19 +62,39 @@ func (p *progressTracker) observe(now time.Time, f *plugins.Flow, h *plugins.Hea
 }
 
 // progress is the rates and the ETA from the readings; nil before there
-// are two of either.
-func (p *progressTracker) progress(h *plugins.Health) *Progress {
+// are two of either. f is the pipeline's window now.
+func (p *progressTracker) progress(h *plugins.Health, f *plugins.Flow) *Progress {
 	if len(p.acked) < 2 && len(p.backlog) < 2 {
 		return nil
 	}
 	var out Progress
 	out.DeliveredPerSecond = perSecond(p.acked)
+	if caughtUp(h, f) {
+		return &out // nothing drains: no rate, no ETA
+	}
 	out.BacklogDrainPerSecond = -perSecond(p.backlog)
 	if h != nil && !h.Failing() && h.Backlog > 0 && out.BacklogDrainPerSecond > 0 {
 		eta := float64(h.Backlog) / out.BacklogDrainPerSecond
 		out.ETASeconds = &eta
 	}
 	return &out
+}
+
+// caughtUpBytes is the most WAL a caught-up wal pipeline's backlog holds:
+// one WAL segment.
+const caughtUpBytes = 16 << 20
+
+// caughtUp reports a backlog in WAL bytes that holds nothing the pipeline
+// still has to deliver: nothing it read waits for an ack or a
+// confirmation (no event in flight, no undelivered age), and what is left
+// is under one WAL segment — other tables', other databases' and
+// heartbeats' WAL, confirmed at the next status update (or, for a shared
+// slot's member, at its next recorded position). It rises and falls with
+// their writes, so a drain rate computed from it alternates in sign and
+// an ETA from it misleads.
+func caughtUp(h *plugins.Health, f *plugins.Flow) bool {
+	return h != nil && f != nil && h.BacklogUnit == "bytes" && !h.Failing() &&
+		h.Backlog < caughtUpBytes && h.OldestAge == 0 && f.InFlight == 0
 }
 
 // perSecond is the change per second from the first reading to the last.
