@@ -51,6 +51,9 @@ func relayFromAPI(spec *pipelines.Spec, o Options) (c Check, suspect string) {
 		times = "time"
 	}
 	c.Evidence = append(c.Evidence, fmt.Sprintf("state %s since %s, started %d %s", st.State, st.Since.Format(time.RFC3339), st.Starts, times))
+	if st.Owner != "" && st.State != engine.StateStandby {
+		c.Evidence = append(c.Evidence, "runs on instance "+st.Owner)
+	}
 	if st.LastError != "" {
 		c.Evidence = append(c.Evidence, "last error: "+st.LastError)
 	}

@@ -226,6 +226,13 @@ func TestFleetPauseAndResumeNameTheOwner(t *testing.T) {
 		}
 		return owner != nil
 	})
+	// The doctor asked on either instance says which one runs it.
+	for _, in := range ins {
+		code, body := in.api("GET", "/api/v1/pipelines/orders/doctor", "", nil)
+		if code != http.StatusOK || !strings.Contains(body, "runs on instance "+owner.name) {
+			t.Errorf("doctor on %s: %d %s; want it naming %s as the instance running orders", in.name, code, body, owner.name)
+		}
+	}
 	code, body := other.api("POST", "/api/v1/pipelines/orders/pause", "", nil)
 	if code != http.StatusConflict || !strings.Contains(body, "owned by instance "+owner.name) {
 		t.Fatalf("pause on %s, which does not run it: %d %s; want 409 naming %s", other.name, code, body, owner.name)
