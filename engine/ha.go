@@ -309,14 +309,14 @@ func (c *coordinator) keepOwned(ctx context.Context, owned []*unit) (kept, lost 
 				e := u.members[0]
 				c.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "err", e.spec.Mask(redactErr(err)))
 			}
-			c.standbyUnit(u)
+			c.standbyUnit(u, err)
 			lost = append(lost, u)
 			continue
 		}
 		for _, e := range u.members {
 			if l := c.lockOf(e); u.group() && l != nil && l.Lost() != nil {
 				c.log.Warn("lost ownership; stopping the pipeline here", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "unit", u.name, "err", e.spec.Mask(redactErr(l.Lost())))
-				c.toStandby(e)
+				c.lostOwnership(e, l.Lost())
 			}
 		}
 		kept = append(kept, u)
@@ -461,6 +461,24 @@ func (c *coordinator) startOwned(e *entry) bool {
 		return false
 	}
 	return true
+}
+
+// lostOwnership stops e here (draining it) after its lock was lost with
+// the lock session: it shows backing_off with why until a round takes the
+// lock back (running), finds another instance holding it (standby, naming
+// it) or cannot reach the database (backing_off with that error).
+func (c *coordinator) lostOwnership(e *entry, why error) {
+	c.entries.with(e, func(e *entry) {
+		e.setState(StateBackingOff) // first: the stopping incarnation keeps it
+		e.status.Owner = ""
+		e.status.LastError = e.spec.Mask(redactErr(fmt.Errorf("lost the ownership lock; taking it back: %w", why)))
+		e.status.NextRetry = time.Now().Add(c.opts.Interval)
+		if e.inc != nil {
+			e.inc.keepState = true
+		}
+	})
+	c.life.halt(e)
+	c.release(e)
 }
 
 // toStandby stops e here (draining it) and gives up its ownership.

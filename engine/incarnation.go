@@ -29,6 +29,10 @@ type incarnation struct {
 	// once it has stopped (haltForPause); its end leaves the state alone.
 	// Under entries.mu.
 	pausing bool
+	// keepState: it is halted because this instance lost the pipeline's
+	// ownership lock with its database (backing_off, set before the halt);
+	// its end leaves the state alone. Under entries.mu.
+	keepState bool
 }
 
 // MaxBackoff caps the backoff between attempts of a failing pipeline.
@@ -158,7 +162,7 @@ func (l *lifecycle) run(ctx context.Context, e *entry, inc *incarnation) {
 		}
 		l.entries.update(name, func(e *entry) {
 			inc.running = false
-			if !inc.pausing && e.status.State != StatePaused && e.status.State != StateFailed && e.status.State != StateStandby {
+			if !inc.pausing && !inc.keepState && e.status.State != StatePaused && e.status.State != StateFailed && e.status.State != StateStandby {
 				e.setState(StateStopped)
 			}
 		})

@@ -116,16 +116,23 @@ func (c *coordinator) handBack(u *unit, share, live int) {
 		e := u.members[0]
 		c.log.Info("handing a pipeline over to another instance", "pipeline", e.spec.Name, "tenant", e.spec.Tenant, "share", share, "live", live)
 	}
-	c.standbyUnit(u)
+	c.standbyUnit(u, nil)
 }
 
 // standbyUnit stops every member of u here, side by side (each drains),
 // and then gives up the unit's lock: whoever takes it next finds the
-// members stopped, and their shared slot free.
-func (c *coordinator) standbyUnit(u *unit) {
+// members stopped, and their shared slot free. With lost (the lock went
+// with its session, not to another instance) each member shows
+// backing_off with why: no other instance is known to run it, and
+// standby would say one does.
+func (c *coordinator) standbyUnit(u *unit, lost error) {
 	var halts sync.WaitGroup
 	for _, e := range u.members {
-		if !c.isPaused(e) {
+		switch {
+		case c.isPaused(e):
+		case lost != nil:
+			halts.Go(func() { c.lostOwnership(e, lost) })
+		default:
 			halts.Go(func() { c.toStandby(e) })
 		}
 	}
