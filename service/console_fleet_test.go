@@ -53,7 +53,7 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	pagePNG := checkKeysAndFlow(t, tab, ui)
 
 	// A phone: nothing wider than the screen.
-	inBrowser(t, tab, 10*time.Second, "phone", emulation.SetDeviceMetricsOverride(390, 844, 3, true), chromedp.Navigate(ui+"#"))
+	inBrowser(t, tab, 30*time.Second, "phone", emulation.SetDeviceMetricsOverride(390, 844, 3, true), chromedp.Navigate(ui+"#"))
 	waitJS(t, tab, 10*time.Second, "the phone's table", `document.querySelectorAll('#fleet-table tbody tr').length > 0 && document.documentElement.scrollWidth <= window.innerWidth`)
 	var phonePNG []byte
 	inBrowser(t, tab, 20*time.Second, "phone screenshot", chromedp.CaptureScreenshot(&phonePNG), emulation.ClearDeviceMetricsOverride())
@@ -64,8 +64,8 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	if code, body := in.api("POST", "/api/v1/tokens", `{"scope":"tenant:team-b"}`, &tok, "Content-Type", "application/json"); code != 201 {
 		t.Fatalf("create token: %d %s", code, body)
 	}
-	inBrowser(t, tab, 10*time.Second, "sign out", chromedp.Click(`#logout`, chromedp.ByQuery), chromedp.WaitVisible(`#login`))
-	inBrowser(t, tab, 10*time.Second, "sign in as team-b", chromedp.SendKeys(`#token`, tok.Token), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
+	inBrowser(t, tab, 30*time.Second, "sign out", chromedp.Click(`#logout`, chromedp.ByQuery), chromedp.WaitVisible(`#login`))
+	inBrowser(t, tab, 30*time.Second, "sign in as team-b", chromedp.SendKeys(`#token`, tok.Token), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
 	waitJS(t, tab, 20*time.Second, "team-b's rows only", fmt.Sprintf(`document.querySelector('#counts span').textContent === (%d).toLocaleString('en-US') + ' pipelines' &&
 		document.querySelector('#f-tenant').dataset.values === '\nteam-b' &&
 		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.querySelector('.c-tenant').textContent === 'team-b')`, n/len(fleetTenants)+1))
@@ -102,7 +102,7 @@ func checkDeadLetterFlow(t *testing.T, tab context.Context, ui string, in *insta
 		SELECT 'order', 'o-' || i, 'T', '{}' FROM generate_series(1, 3) i`); err != nil {
 		t.Fatal(err)
 	}
-	inBrowser(t, tab, 10*time.Second, "open dl-router", chromedp.Navigate(ui+"#p=dl-router"))
+	inBrowser(t, tab, 30*time.Second, "open dl-router", chromedp.Navigate(ui+"#p=dl-router"))
 	waitJS(t, tab, 60*time.Second, "the router marked as dead-lettering", `!document.querySelector('#page').hidden &&
 		document.querySelector('#flow').dataset.unhealthy === '0:event_router' &&
 		document.querySelector('#flow .stage-box.bad[data-stage="0:event_router"] .why').textContent === 'first unhealthy stage: dead-lettered 3 events' &&
@@ -215,16 +215,16 @@ func waitFleet(t *testing.T, in *instance, all int) {
 func checkFleetTable(t *testing.T, tab context.Context, ui string, n int) []byte {
 	t.Helper()
 	inBrowser(t, tab, 20*time.Second, "open the console", chromedp.Navigate(ui), chromedp.WaitVisible(`#login`))
-	inBrowser(t, tab, 10*time.Second, "sign in", chromedp.SendKeys(`#token`, cpAdmin), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
+	inBrowser(t, tab, 30*time.Second, "sign in", chromedp.SendKeys(`#token`, cpAdmin), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
 	waitJS(t, tab, 30*time.Second, "the table drawn", `document.querySelectorAll('#fleet-table tbody tr').length > 0`)
 
 	// First render: a reload with the token in the tab's session.
 	var renderMS float64
 	inBrowser(t, tab, 30*time.Second, "reload", chromedp.Reload(), chromedp.WaitVisible(`#fleet-table tbody tr`))
 	waitJS(t, tab, 10*time.Second, "rendered", `document.body.dataset.rendered === 'true'`)
-	inBrowser(t, tab, 5*time.Second, "render time", chromedp.Evaluate(`performance.getEntriesByName('ferry-rendered')[0].startTime`, &renderMS))
+	inBrowser(t, tab, 30*time.Second, "render time", chromedp.Evaluate(`performance.getEntriesByName('ferry-rendered')[0].startTime`, &renderMS))
 	var drawn int
-	inBrowser(t, tab, 5*time.Second, "rows drawn", chromedp.Evaluate(`document.querySelectorAll('#fleet-table tbody tr').length`, &drawn))
+	inBrowser(t, tab, 30*time.Second, "rows drawn", chromedp.Evaluate(`document.querySelectorAll('#fleet-table tbody tr').length`, &drawn))
 	t.Logf("fleet view first render (navigation start → table drawn, %d pipelines, %d rows in the DOM): %.0f ms", n+len(fleetBroken), drawn, renderMS)
 	if drawn > 50 {
 		t.Errorf("%d rows in the DOM, want one page (≤ 50)", drawn)
@@ -264,15 +264,15 @@ func checkFleetTable(t *testing.T, tab context.Context, ui string, n int) []byte
 // back with Escape. It answers the pipeline page's picture.
 func checkKeysAndFlow(t *testing.T, tab context.Context, ui string) []byte {
 	t.Helper()
-	inBrowser(t, tab, 10*time.Second, "back to the default view", chromedp.Navigate(ui+"#"), chromedp.WaitVisible(`#fleet-table tbody tr`))
+	inBrowser(t, tab, 30*time.Second, "back to the default view", chromedp.Navigate(ui+"#"), chromedp.WaitVisible(`#fleet-table tbody tr`))
 	waitJS(t, tab, 10*time.Second, "the default view", `document.querySelector('#fleet-table tbody tr').dataset.pipeline.startsWith('zz-broken-')`)
-	inBrowser(t, tab, 10*time.Second, "/", chromedp.KeyEvent("/"))
+	inBrowser(t, tab, 30*time.Second, "/", chromedp.KeyEvent("/"))
 	waitJS(t, tab, 5*time.Second, "/ focusing the search", `document.activeElement === document.querySelector('#q')`)
 	// CDP sends the key's character apart from its keydown, so the page's
 	// preventDefault does not stop it as a browser would: clear it.
-	inBrowser(t, tab, 10*time.Second, "type a name", chromedp.Evaluate(`document.querySelector('#q').value = ''`, nil), chromedp.KeyEvent("zz-broken-3"), chromedp.KeyEvent(kb.Escape))
+	inBrowser(t, tab, 30*time.Second, "type a name", chromedp.Evaluate(`document.querySelector('#q').value = ''`, nil), chromedp.KeyEvent("zz-broken-3"), chromedp.KeyEvent(kb.Escape))
 	waitJS(t, tab, 10*time.Second, "one row found", `document.querySelectorAll('#fleet-table tbody tr').length === 1`)
-	inBrowser(t, tab, 10*time.Second, "open with j and Enter", chromedp.KeyEvent("j"), chromedp.KeyEvent(kb.Enter))
+	inBrowser(t, tab, 30*time.Second, "open with j and Enter", chromedp.KeyEvent("j"), chromedp.KeyEvent(kb.Enter))
 	waitJS(t, tab, 20*time.Second, "the pipeline's page, its sink marked", `location.hash.includes('p=zz-broken-3') && !document.querySelector('#page').hidden &&
 		!!document.querySelector('article.pipeline[data-pipeline="zz-broken-3"]') &&
 		document.querySelector('#flow').dataset.unhealthy === 'publish' &&
@@ -289,7 +289,7 @@ func checkKeysAndFlow(t *testing.T, tab context.Context, ui string) []byte {
 	})()`)
 	var pagePNG []byte
 	inBrowser(t, tab, 20*time.Second, "pipeline screenshot", chromedp.CaptureScreenshot(&pagePNG))
-	inBrowser(t, tab, 10*time.Second, "back with Escape", chromedp.KeyEvent(kb.Escape))
+	inBrowser(t, tab, 30*time.Second, "back with Escape", chromedp.KeyEvent(kb.Escape))
 	waitJS(t, tab, 10*time.Second, "the search again", `!document.querySelector('#fleet').hidden && document.querySelector('#q').value === 'zz-broken-3'`)
 	return pagePNG
 }
@@ -299,7 +299,7 @@ func checkKeysAndFlow(t *testing.T, tab context.Context, ui string) []byte {
 func pageMS(t *testing.T, tab context.Context) time.Duration {
 	t.Helper()
 	var ms float64
-	inBrowser(t, tab, 10*time.Second, "the last draw's time", chromedp.Evaluate(`Ferry.renderMS || 0`, &ms))
+	inBrowser(t, tab, 30*time.Second, "the last draw's time", chromedp.Evaluate(`Ferry.renderMS || 0`, &ms))
 	return time.Duration(ms * float64(time.Millisecond)).Round(100 * time.Microsecond)
 }
 
@@ -307,7 +307,7 @@ func pageMS(t *testing.T, tab context.Context) time.Duration {
 func clickAndWait(t *testing.T, tab context.Context, sel, what, cond string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	inBrowser(t, tab, 10*time.Second, "click "+sel, chromedp.Click(sel, chromedp.ByQuery))
+	inBrowser(t, tab, 30*time.Second, "click "+sel, chromedp.Click(sel, chromedp.ByQuery))
 	waitJS(t, tab, 10*time.Second, what, cond)
 	return time.Since(start).Round(time.Millisecond)
 }
