@@ -131,10 +131,25 @@ func (r *runner) idlePipelines(ctx context.Context, td *teardown, source, id str
 	return docs, nil
 }
 
-// walShared reports whether --set wal.slot_mode=shared makes the wal
-// pipelines share one slot (then the bench creates no slots, and the
-// cluster's slot count does not bound the idle pipelines).
-func (r *runner) walShared() bool { return r.set[wal.Name]["slot_mode"] == wal.SlotModeShared }
+// walShared reports whether the wal pipelines share one slot: the
+// default, unless --set wal.slot_mode=own (or a --set that only a slot of
+// its own honours) gives each its own. Shared, the bench creates no slots,
+// and the cluster's slot count does not bound the idle pipelines.
+func (r *runner) walShared() bool {
+	c := wal.DefaultConfig()
+	get := func(key string) string {
+		if v, ok := r.set[wal.Name][key]; ok {
+			return fmt.Sprint(v)
+		}
+		return ""
+	}
+	c.SlotMode, c.Slot, c.Publication = get("slot_mode"), get("slot"), get("publication")
+	c.TemporarySlot, c.DropSlotOnStop = get("temporary_slot") == "true", get("drop_slot_on_stop") == "true"
+	if v := get("on_slot_lost"); v != "" {
+		c.OnSlotLost = v
+	}
+	return c.HA().Unit != ""
+}
 
 // sessionSampler reads, every 250ms until stopped, the server sessions
 // Ferry holds, and keeps the most it saw.

@@ -128,14 +128,14 @@ func TestCannotCheck(t *testing.T) {
 	}
 }
 
-// A wal pipeline's slot with no reader retains WAL: the relay says it keeps
-// failing (here: a ferry whose API reports backing_off) and the doctor names
-// the slot.
+// A wal pipeline's slot of its own with no reader retains WAL: the relay
+// says it keeps failing (here: a ferry whose API reports backing_off) and
+// the doctor names the slot.
 func TestInactiveSlotRetainingWAL(t *testing.T) {
 	e := relaytest.Setup(t, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	ctx := context.Background()
 	name := strings.ToLower(testenv.Name("slotdoc"))
-	y := strings.Replace(e.YAML(name, 100), "type: wal", "type: wal\n  heartbeat_interval: 0s", 1)
+	y := strings.Replace(e.YAML(name, 100), "type: wal", "type: wal\n  slot_mode: own\n  heartbeat_interval: 0s", 1)
 	stop := e.Start(t, y)
 	plugintest.Insert(ctx, e.Pool, "agg-1")
 	e.Coll.WaitFor(t, 20*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })

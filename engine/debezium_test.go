@@ -108,9 +108,11 @@ transforms:
     fields: [{column: partitioncolumn, placement: partition}]
 %[7]s
 `, names["doc"], names["exp"], names["quarkus"], names["part"], dsn, debeziumColumns, sink))
+	// The default slot_mode: the four share the database's slot.
 	for _, n := range names {
-		waitStreamed(t, pool, wal.DefaultName(n))
+		waitMember(t, pool, n)
 	}
+	waitStreamed(t, pool, wal.SharedName(pool.Config().ConnConfig.Database))
 
 	const docID = "406c07f3-26f0-4eea-a50c-109940064b8f"
 	if _, err := pool.Exec(ctx, `INSERT INTO inventory.outboxevent VALUES ($1, 'order', '1', 'OrderCreated', $2)`, docID, debeziumOrder); err != nil {

@@ -89,9 +89,9 @@ func TestFleetPlacesASharedSlotAsOneUnit(t *testing.T) {
 			t.Fatal(err)
 		}
 		name := fmt.Sprintf("member-%d", i)
-		e.H.Extra = "slot_mode: shared\ninitial_snapshot: false"
+		e.H.Extra = "initial_snapshot: false" // slot_mode: the default, shared
 		if i >= members {
-			name, e.H.Extra = fmt.Sprintf("own-%d", i), "initial_snapshot: false"
+			name, e.H.Extra = fmt.Sprintf("own-%d", i), "slot_mode: own\ninitial_snapshot: false"
 		}
 		docs = append(docs, strings.Replace(e.YAML(name, 100), "table: outbox\n", "table: "+table+"\n", 1))
 	}

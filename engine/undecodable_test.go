@@ -1,12 +1,15 @@
 package engine_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/lab/relaytest"
@@ -22,8 +25,8 @@ import (
 // text and epoch-millisecond created_at columns; xid8 and poll accept only
 // timestamps, which the start-up check enforces.)
 func TestUndecodableRowDeadLettered(t *testing.T) {
-	for _, h := range []plugintest.SourceHarness{{Type: wal.Name, Schema: wal.Schema}} {
-		t.Run(h.Type, func(t *testing.T) {
+	for _, h := range []plugintest.SourceHarness{{Type: wal.Name, Schema: wal.Schema}, {Type: wal.Name, Schema: wal.Schema, Extra: "slot_mode: own"}} {
+		t.Run(h.Type+strings.ReplaceAll(cmp.Or(h.Extra, "shared"), "slot_mode: ", "_"), func(t *testing.T) {
 			e := relaytest.Setup(t, h)
 			ctx := context.Background()
 			// A text created_at, as some outbox libraries write it.
@@ -47,8 +50,11 @@ transforms:
 sink: {type: nats, url: %[5]q, subject: %[4]s.default}
 dead_letter: {topic: %[4]s.dlq}
 `, name, h.Type, e.DSN, prefix, e.NATS, extra(h)))
-			if h.Type == wal.Name {
+			switch {
+			case h.Extra != "":
 				waitSlot(t, e, wal.DefaultName(name))
+			case h.Type == wal.Name:
+				waitMember(t, e.Pool, name)
 			}
 			var poison int64
 			for i := range 10 {
@@ -112,8 +118,12 @@ dead_letter: {topic: %[4]s.dlq}
 			}
 			testenv.Eventually(t, 60*time.Second, "the slot confirmed past every row", func() bool {
 				var past bool
-				_ = e.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`,
-					wal.DefaultName(name), last).Scan(&past)
+				q := `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`
+				key := wal.DefaultName(name)
+				if h.Extra == "" { // shared: the pipeline's own position is its row
+					q, key = `SELECT confirmed_lsn >= $2::pg_lsn FROM `+wal.MembersTable+` WHERE pipeline = $1`, name
+				}
+				_ = e.Pool.QueryRow(ctx, q, key, last).Scan(&past)
 				return past
 			})
 		})
@@ -169,6 +179,18 @@ func extra(h plugintest.SourceHarness) string {
 		return ""
 	}
 	return ", " + h.Extra
+}
+
+// waitMember waits until a wal pipeline sharing its database's slot
+// joined it and delivered its initial snapshot.
+func waitMember(t *testing.T, pool *pgxpool.Pool, pipeline string) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, pipeline+" in the shared slot", func() bool {
+		var done bool
+		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM `+wal.MembersTable+`
+			WHERE pipeline = $1 AND snapshot_at IS NULL)`, pipeline).Scan(&done)
+		return err == nil && done
+	})
 }
 
 // waitSlot waits until a walsender streams slot (after the initial snapshot).

@@ -364,7 +364,7 @@ func TestFaultMatrix(t *testing.T) {
 				t.Fatal(err)
 			}
 			var status string
-			_ = slotPool.QueryRow(ctx, `SELECT COALESCE(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'ferry_slot'`).Scan(&status)
+			_ = slotPool.QueryRow(ctx, `SELECT COALESCE(wal_status, '') FROM pg_replication_slots WHERE slot_name = 'ferry_shared_postgres'`).Scan(&status) // the default slot_mode, shared
 			return status == "lost"
 		})
 		if err := m.sup.Resume("slot"); err != nil {

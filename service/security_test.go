@@ -60,9 +60,6 @@ sink: {type: rabbitmq, url: %q, exchange: amq.topic, routing_key: sec.wal}
 `, withPassword(x.DSN, dbPassword), x.Subject, natsURL, x.Subject, walName, withPassword(w.DSN, dbPassword), amqp)), 0o600)
 	tokenFile := filepath.Join(dir, "token")
 	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
-	t.Cleanup(func() {
-		w.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, wal.DefaultName(walName))
-	})
 
 	addr := freeAddr(t)
 	cmd := child([]string{"-c", dir, "--http", addr,

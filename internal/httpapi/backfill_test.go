@@ -3,7 +3,6 @@ package httpapi_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/ferryhq/ferry/lab/relaytest"
 	"github.com/ferryhq/ferry/lab/testenv"
-	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/sources/wal"
 )
@@ -118,35 +116,21 @@ func TestXid8BackfillDuringLiveTraffic(t *testing.T) {
 	})
 }
 
-// wal: the backfill waits until the stream read past the request, then the
-// rows still in the table are read through the snapshot's decoder and sent
-// beside the streamed ones.
+// wal on a slot of its own: the backfill waits until the stream read past
+// the request, then the rows still in the table are read through the
+// snapshot's decoder and sent beside the streamed ones.
 func TestWalBackfillDuringLiveTraffic(t *testing.T) {
 	f := startControlOn(t, adminToken, true, nil, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
-	y := fmt.Sprintf("name: wb\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wb}\n", f.e.DSN, f.e.NATS, f.e.Subject)
+	y := fmt.Sprintf("name: wb\nsource: {type: wal, dsn: %q, slot_mode: own}\nsink: {type: nats, url: %q, subject: %s.wb}\n", f.e.DSN, f.e.NATS, f.e.Subject)
 	backfillDuringLive(t, f, "wb", y)
 }
 
-// wal with slot_mode: shared: the backfill goes through the shared
-// stream's one check for requests, and is sent beside the stream the same
-// way. A shared member delivers what commits once it joined, so it joins
-// before the events are written.
+// wal with the default slot_mode, shared: the backfill goes through the
+// shared stream's one check for requests, and is sent beside the stream
+// the same way.
 func TestWalSharedBackfillDuringLiveTraffic(t *testing.T) {
 	f := startControlOn(t, adminToken, true, nil, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
-	cfg := wal.DefaultConfig()
-	cfg.DSN, cfg.SlotMode, cfg.InitialSnapshot = f.e.DSN, wal.SlotModeShared, false
-	src := wal.New(cfg, plugins.Env{Pipeline: "wbs", Logger: slog.New(slog.DiscardHandler)})
-	if _, err := src.Subscribe(context.Background(), ""); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 30*time.Second, "wbs joined the shared stream", func() bool {
-		var n int
-		_ = f.e.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+wal.MembersTable+` WHERE pipeline = 'wbs'`).Scan(&n)
-		return n == 1
-	})
-	src.Close()
-	y := fmt.Sprintf("name: wbs\nsource: {type: wal, dsn: %q, slot_mode: shared, initial_snapshot: false}\nsink: {type: nats, url: %q, subject: %s.wbs}\n",
-		f.e.DSN, f.e.NATS, f.e.Subject)
+	y := fmt.Sprintf("name: wbs\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wbs}\n", f.e.DSN, f.e.NATS, f.e.Subject)
 	backfillDuringLive(t, f, "wbs", y)
 }
 
@@ -184,11 +168,18 @@ func TestXid8BackfillBadInput(t *testing.T) {
 // again first, then the slot's stream without the listed rows it sends
 // again — and events written after the resume follow. A reset replaced by
 // a later one before the resume is not sent.
+// Both slot modes: the default, shared, and a slot of its own.
 func TestResetWalToTime(t *testing.T) {
+	for _, m := range walModes {
+		t.Run(m.name, func(t *testing.T) { resetWalToTime(t, m) })
+	}
+}
+
+func resetWalToTime(t *testing.T, m walMode) {
 	f := startControlOn(t, adminToken, true, nil, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	ctx := context.Background()
 	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_WT", 100*time.Millisecond, f.e.Subject+".wt")
-	y := fmt.Sprintf("name: wt\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wt}\n", f.e.DSN, f.e.NATS, f.e.Subject)
+	y := fmt.Sprintf("name: wt\nsource: {type: wal, dsn: %q%s}\nsink: {type: nats, url: %q, subject: %s.wt}\n", f.e.DSN, m.yaml, f.e.NATS, f.e.Subject)
 	if r := f.do(t, "PUT", "/api/v1/pipelines/wt/config", adminToken, "application/yaml", y); r.code != 201 {
 		t.Fatalf("create: %d %s", r.code, r.raw)
 	}
@@ -203,15 +194,13 @@ func TestResetWalToTime(t *testing.T) {
 	if r := f.do(t, "PATCH", "/api/v1/pipelines/wt/offsets", adminToken, "application/json", body); r.code != 409 {
 		t.Fatalf("reset while running: %d %s", r.code, r.raw)
 	}
-	// Until the initial snapshot's slot is promoted, a stop drops the
-	// temporary slot and the next start reads the snapshot again (by
-	// design): the reset needs the permanent slot.
-	testenv.Eventually(t, 30*time.Second, "the permanent slot in the offsets", func() bool {
+	// Until the initial snapshot was delivered, a stop means the next
+	// start reads the snapshot again (by design): the test waits for it.
+	testenv.Eventually(t, 30*time.Second, "the position after the initial snapshot in the offsets", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/wt/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
-		// Without the slot the answer still names it, with a note: the
-		// slot exists once its confirmed position shows.
-		return r.code == 200 && pos["slot"] == "ferry_wt" && pos["confirmed_flush_lsn"] != nil
+		_, ok := m.position(pos, "wt")
+		return r.code == 200 && ok
 	})
 	if r := f.do(t, "POST", "/api/v1/pipelines/wt/pause", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("pause: %d %s", r.code, r.raw)

@@ -432,21 +432,47 @@ func TestPollDeadLetterReplay(t *testing.T) {
 // wal: the slot only moves forward. Going back to an LSN is refused with
 // the reason (going back to a time is TestResetWalToTime); {"to": "latest"} while paused skips what waits in the
 // WAL: the skipped events never arrive, the ones after do.
+// Both slot modes: the default, shared (the pipeline's row moves; the
+// slot is its other members' too), and a slot of its own.
 func TestResetWalForwardOnly(t *testing.T) {
+	for _, m := range walModes {
+		t.Run(m.name, func(t *testing.T) { resetWalForwardOnly(t, m) })
+	}
+}
+
+// walMode is a slot mode of the wal source, as a pipeline's YAML sets it.
+type walMode struct {
+	name, yaml string
+	shared     bool
+}
+
+var walModes = []walMode{{"shared", "", true}, {"own", ", slot_mode: own", false}}
+
+// position reads a wal pipeline's position from its offsets: a shared
+// member's row once its initial snapshot was delivered, or its own slot's.
+func (m walMode) position(pos map[string]any, pipeline string) (string, bool) {
+	if m.shared {
+		lsn, _ := pos["member_confirmed_lsn"].(string)
+		return lsn, pos["slot_mode"] == "shared" && lsn != "" && pos["initial_snapshot_pending"] == false
+	}
+	lsn, _ := pos["confirmed_flush_lsn"].(string)
+	return lsn, pos["slot_mode"] == "own" && pos["slot"] == "ferry_"+pipeline && lsn != ""
+}
+
+func resetWalForwardOnly(t *testing.T, m walMode) {
 	f := startControlOn(t, adminToken, true, nil, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	coll := testenv.CollectStream(t, f.e.NATS, f.e.Stream+"_WL", 0, f.e.Subject+".wl")
-	y := fmt.Sprintf("name: wl\nsource: {type: wal, dsn: %q}\nsink: {type: nats, url: %q, subject: %s.wl}\n", f.e.DSN, f.e.NATS, f.e.Subject)
+	y := fmt.Sprintf("name: wl\nsource: {type: wal, dsn: %q%s}\nsink: {type: nats, url: %q, subject: %s.wl}\n", f.e.DSN, m.yaml, f.e.NATS, f.e.Subject)
 	if r := f.do(t, "PUT", "/api/v1/pipelines/wl/config", adminToken, "application/yaml", y); r.code != 201 {
 		t.Fatalf("create: %d %s", r.code, r.raw)
 	}
 	first := writeEvents(t, f, 100, 10)
 	coll.WaitFor(t, 60*time.Second, "100 events", func(m []testenv.Received) bool { return len(m) >= 100 })
-	var confirmed string
-	testenv.Eventually(t, 30*time.Second, "the slot in the offsets", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the position in the offsets", func() bool {
 		r := f.do(t, "GET", "/api/v1/pipelines/wl/offsets", adminToken, "", "")
 		pos, _ := r.body["position"].(map[string]any)
-		confirmed, _ = pos["confirmed_flush_lsn"].(string)
-		return r.code == 200 && pos["slot"] == "ferry_wl" && confirmed != "" && pos["retained_wal_bytes"] != nil
+		_, ok := m.position(pos, "wl")
+		return r.code == 200 && ok && pos["retained_wal_bytes"] != nil
 	})
 	if r := f.do(t, "POST", "/api/v1/pipelines/wl/pause", adminToken, "", ""); r.code != 200 {
 		t.Fatalf("pause: %d %s", r.code, r.raw)

@@ -82,6 +82,24 @@ func adminDSN(t testing.TB) string {
 	return pgBase
 }
 
+// dropSlots drops the replication slots of database: DROP DATABASE refuses
+// a database that has one, and a slot left behind holds the cluster's WAL
+// and one of its max_replication_slots. A slot still streamed loses its
+// walsender first; a slot is busy for a moment after its walsender ended.
+func dropSlots(ctx context.Context, c *pgx.Conn, database string) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, _ = c.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, database)
+		_, _ = c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, database)
+		var left int
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE database = $1`, database).Scan(&left); err != nil || left == 0 ||
+			time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // Postgres creates a fresh database for this test and returns its URL. The
 // database is dropped when the test ends.
 func Postgres(t testing.TB) string {
@@ -103,6 +121,7 @@ func Postgres(t testing.TB) string {
 			return
 		}
 		defer c.Close(ctx)
+		dropSlots(ctx, c, name)
 		_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	})
 	u, err := url.Parse(base)

@@ -17,11 +17,16 @@ import (
 // testOutOfOrderCommitRace: A inserts and stays open; B inserts and commits;
 // the relay runs; A commits; the relay runs; both must arrive. The control
 // runs the same steps against a naive `id > last_id` relay and shows it loses
-// A's event — the test can fail.
+// A's event — the test can fail. The race is the steady state's: a source
+// with a one-time setup (Settled) finishes it first, as a first start that
+// reads an initial snapshot waits for the transactions open at its start.
 func testOutOfOrderCommitRace(t *testing.T, h SourceHarness) {
 	e := SetupSource(t, h)
 	ctx := context.Background()
 	e.Start(t, e.YAML("race", 100))
+	if h.Settled != nil {
+		waitSettled(t, e, "race")
+	}
 
 	a, err := e.Pool.Begin(ctx)
 	if err != nil {

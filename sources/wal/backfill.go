@@ -221,16 +221,13 @@ func (c *Config) resetToTime(ctx context.Context, pipeline string, r plugins.Off
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	slot := c.slotName(pipeline)
-	s, err := readSlotOffsets(ctx, conn, slot)
+	from, posKey, err := c.resetFrom(ctx, conn, pipeline, slot, r.DryRun)
 	if err != nil {
 		var re *plugins.RequestError
 		if errors.As(err, &re) {
 			return plugins.ResetResult{}, err
 		}
 		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
-	}
-	if s.active && !r.DryRun {
-		return plugins.ResetResult{}, fmt.Errorf("reset: replication slot %s is still in use", slot)
 	}
 	idType, err := backfill.IDType(ctx, conn, c.Table, c.Columns.ID)
 	if err != nil {
@@ -251,11 +248,37 @@ func (c *Config) resetToTime(ctx context.Context, pipeline string, r plugins.Off
 	if err != nil {
 		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
 	}
+	if c.shared() && !r.DryRun {
+		// The reset says what to send again: an initial snapshot not
+		// delivered yet is not read as well (sharedsnapshot.go).
+		if _, err := conn.Exec(ctx, `UPDATE `+MembersTable+` SET snapshot_at = NULL WHERE slot = $1 AND pipeline = $2`, slot, pipeline); err != nil {
+			return plugins.ResetResult{}, fmt.Errorf("reset: %s: %w", MembersTable, redact.Error(err))
+		}
+	}
 	return plugins.ResetResult{Resend: n, Applied: !r.DryRun,
-		From: map[string]any{"slot": slot, "confirmed_flush_lsn": s.confirmed.String()},
-		To:   map[string]any{"slot": slot, "confirmed_flush_lsn": s.confirmed.String(), "time": t.UTC().Format(time.RFC3339Nano)},
+		From: map[string]any{"slot": slot, posKey: from.String()},
+		To:   map[string]any{"slot": slot, posKey: from.String(), "time": t.UTC().Format(time.RFC3339Nano)},
 		Note: fmt.Sprintf("the %d rows still in the outbox table created at or after the time are read again when the pipeline resumes, "+
-			"then the slot streams on from %s; rows among them not delivered yet are sent once, not twice", n, s.confirmed)}, nil
+			"then the slot streams on from %s; rows among them not delivered yet are sent once, not twice", n, from)}, nil
+}
+
+// resetFrom is where a reset to a time leaves the pipeline's stream, and
+// under which key the answer names it: its slot's confirmed position, or
+// a shared member's row. A slot of its own must be idle; a shared slot is
+// streamed for the other members, and the API holds the member paused.
+func (c *Config) resetFrom(ctx context.Context, conn *pgx.Conn, pipeline, slot string, dry bool) (pglogrepl.LSN, string, error) {
+	if c.shared() {
+		row, err := readMemberRow(ctx, conn, slot, pipeline)
+		return row.at, "member_confirmed_lsn", err
+	}
+	s, err := readSlotOffsets(ctx, conn, slot)
+	if err != nil {
+		return 0, "", err
+	}
+	if s.active && !dry {
+		return 0, "", fmt.Errorf("replication slot %s is still in use", slot)
+	}
+	return s.confirmed, "confirmed_flush_lsn", nil
 }
 
 // sendReset runs at the start of a session, before streaming: it sends

@@ -25,11 +25,13 @@ const (
 // How a pipeline's events are read from the server.
 const (
 	// SlotModeOwn gives the pipeline a replication slot, a publication and a
-	// walsender of its own (the default).
+	// walsender of its own.
 	SlotModeOwn = "own"
 	// SlotModeShared makes the pipeline a member of its database's shared
 	// stream: one slot, one publication and one walsender for every shared
-	// pipeline of the process on that database (see shared.go).
+	// pipeline of the process on that database (see shared.go). The
+	// default, unless the pipeline asks for what only a slot of its own
+	// can do (see Config.mode).
 	SlotModeShared = "shared"
 )
 
@@ -52,18 +54,24 @@ func SharedName(database string) string {
 type Config struct {
 	pgsource.Outbox `yaml:",inline"`
 	// Publication is the publication the slot streams; created for Table
-	// (inserts only) when missing. Default "ferry_<pipeline>" ("-" becomes
-	// "_"), or "ferry_shared_<database>" with slot_mode shared, which adds
-	// each member's table to it.
+	// (inserts only) when missing. Default "ferry_shared_<database>" (slot_mode
+	// shared, which adds each member's table to it), or "ferry_<pipeline>"
+	// ("-" becomes "_") with slot_mode own. Setting it, without slot_mode,
+	// gives the pipeline a slot of its own.
 	Publication string `yaml:"publication"`
 	// Slot is the logical replication slot (plugin pgoutput); created when
-	// missing. Default "ferry_<pipeline>" ("-" becomes "_"), or
-	// "ferry_shared_<database>" with slot_mode shared.
+	// missing. Default "ferry_shared_<database>" (slot_mode shared), or
+	// "ferry_<pipeline>" ("-" becomes "_") with slot_mode own. Setting it,
+	// without slot_mode, gives the pipeline a slot of its own.
 	Slot string `yaml:"slot"`
 	// SlotMode is "own" (a slot, publication and walsender per pipeline) or
 	// "shared" (the pipelines of a process on one database, with the same
 	// slot and publication names, share one slot, one publication and one
-	// walsender; each keeps its own progress). Default "own".
+	// walsender; each keeps its own progress). Default "shared", or "own"
+	// when the pipeline sets slot, publication, temporary_slot,
+	// drop_slot_on_stop or on_slot_lost: recreate, which only a slot of its
+	// own honours. A pipeline that ran with a slot of its own (ferry_<pipeline>)
+	// moves to the shared slot by itself, losing and repeating no event.
 	SlotMode string `yaml:"slot_mode"`
 	// SplitAfterBytes bounds what a stopped or paused member of a shared
 	// stream holds: once it is more than this many bytes of WAL behind, it
@@ -110,7 +118,6 @@ func DefaultConfig() *Config {
 	return &Config{
 		Outbox:            pgsource.DefaultOutbox(),
 		OnSlotLost:        OnSlotLostFail,
-		SlotMode:          SlotModeOwn,
 		SplitAfterBytes:   1 << 30,
 		InitialSnapshot:   true,
 		HeartbeatInterval: time.Minute,
@@ -163,7 +170,7 @@ func (c *Config) Validate() error {
 // dropped by one of them, nor recreated by one of them.
 func (c *Config) validateShared(p *plugins.Problems) {
 	switch c.SlotMode {
-	case SlotModeOwn:
+	case "", SlotModeOwn:
 		return
 	case SlotModeShared:
 	default:
@@ -181,8 +188,23 @@ func (c *Config) validateShared(p *plugins.Problems) {
 	}
 }
 
+// mode is the slot_mode the pipeline runs with: the one set, else shared
+// unless the pipeline set what only a slot of its own honours. Naming the
+// slot or the publication counts: such a pipeline was set up by hand
+// around its own slot (a publication made for it, a slot someone
+// watches), which the shared stream would not use.
+func (c *Config) mode() string {
+	if c.SlotMode != "" {
+		return c.SlotMode
+	}
+	if c.Slot != "" || c.Publication != "" || c.TemporarySlot || c.DropSlotOnStop || c.OnSlotLost == OnSlotLostRecreate {
+		return SlotModeOwn
+	}
+	return SlotModeShared
+}
+
 // shared reports whether the pipeline is a member of a shared stream.
-func (c *Config) shared() bool { return c.SlotMode == SlotModeShared }
+func (c *Config) shared() bool { return c.mode() == SlotModeShared }
 
 var _ plugins.OutboxSource = (*Config)(nil)
 

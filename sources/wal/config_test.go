@@ -92,13 +92,47 @@ sink:
 	if got := wal.SharedName("Orders-EU"); got != "ferry_shared_orders_eu" {
 		t.Fatalf("default shared slot and publication name %q", got)
 	}
-	if c.SlotMode != wal.SlotModeOwn {
-		t.Fatalf("default slot_mode %q", c.SlotMode)
+	if c.SlotMode != "" {
+		t.Fatalf("default slot_mode %q, want unset (decided by the rest of the section)", c.SlotMode)
 	}
 
 	_, err = pipelines.Loader{}.LoadBytes("orders.yaml", []byte(strings.Replace(doc, "  on_slot_lost", "  on_slot_lots", 1)))
 	if err == nil || !strings.Contains(err.Error(), "source.on_slot_lots: unknown key") || !strings.Contains(err.Error(), "on_slot_lost") {
 		t.Fatalf("unknown key: %v", err)
+	}
+}
+
+// slot_mode defaults to shared, unless the section asks for what only a
+// slot of its own honours; set, it is what it says. The fleet places a
+// shared pipeline with its slot's other members (HA().Unit).
+func TestDefaultSlotMode(t *testing.T) {
+	for _, tc := range []struct {
+		yaml   string
+		shared bool
+	}{
+		{"", true},
+		{"initial_snapshot: false", true},
+		{"on_slot_lost: fail", true},
+		{"slot: orders_slot", false},
+		{"publication: orders_pub", false},
+		{"temporary_slot: true", false},
+		{"drop_slot_on_stop: true", false},
+		{"on_slot_lost: recreate", false},
+		{"slot_mode: own", false},
+		{"slot_mode: shared\n  slot: orders_slot", true},
+	} {
+		doc := "name: orders\nsource:\n  type: wal\n  dsn: postgres://ferry@db:5433/orders\n  " + tc.yaml + "\nsink:\n  type: nats\n  subject: s\n"
+		specs, err := pipelines.Loader{}.LoadBytes("orders.yaml", []byte(doc))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		unit := specs[0].Source.Config.(*wal.Config).HA().Unit
+		if shared := unit != ""; shared != tc.shared {
+			t.Errorf("%q: shared %v (unit %q), want %v", tc.yaml, shared, unit, tc.shared)
+		}
+		if tc.yaml == "" && unit != "wal shared slot ferry_shared_orders on db:5433/orders" {
+			t.Errorf("default unit %q", unit)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/url"
@@ -28,8 +29,31 @@ import (
 	"github.com/ferryhq/ferry/sources/wal"
 )
 
+// harness runs the pipeline on a slot of its own: most tests here look at
+// that slot. TestConformanceShared runs the suite with the default,
+// shared, through sharedHarness.
 var harness = plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema, Features: plugintest.SourceFeatures{CommitOrder: true},
-	Settled: permanentSlotExists}
+	Settled: permanentSlotExists, Extra: ownSlot}
+
+// ownSlot is the harness's source YAML: a test that adds its own keeps it.
+const ownSlot = "slot_mode: own"
+
+// sharedHarness runs the pipeline with the default slot_mode, shared.
+var sharedHarness = plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema, Features: plugintest.SourceFeatures{CommitOrder: true},
+	Settled: sharedSnapshotDone}
+
+// sharedSnapshotDone reports whether a shared member's first start is done:
+// it has its row and its initial snapshot's rows were acked. Until then a
+// crash reads the snapshot again.
+func sharedSnapshotDone(ctx context.Context, e *plugintest.SourceEnv, pipeline string) (bool, error) {
+	var done bool
+	err := e.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+wal.MembersTable+` WHERE pipeline = $1 AND snapshot_at IS NULL)`, pipeline).Scan(&done)
+	var pgErr interface{ SQLState() string }
+	if errors.As(err, &pgErr) && pgErr.SQLState() == "42P01" { // no members table yet
+		return false, nil
+	}
+	return done, err
+}
 
 // permanentSlotExists reports whether the pipeline's initial snapshot is
 // done: its temporary slot was made the permanent one. Until then a crash
@@ -103,6 +127,7 @@ func startDirect(t *testing.T, dsn, pipeline string, maxInFlight int, mutate fun
 	t.Helper()
 	cfg := wal.DefaultConfig()
 	cfg.DSN = dsn
+	cfg.SlotMode = wal.SlotModeOwn // the shared tests set shared
 	cfg.StatusInterval = 100 * time.Millisecond
 	cfg.MetricsInterval = 100 * time.Millisecond
 	if mutate != nil {

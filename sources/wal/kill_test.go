@@ -63,7 +63,7 @@ func TestKillAfterAckBeforeConfirm(t *testing.T) {
 	e := setup(t, harness)
 	name := testenv.Name("acked")
 	slot := wal.DefaultName(name)
-	e.H.Extra = "status_interval: 30s" // no confirmation before the kill
+	e.H.Extra = ownSlot + "\nstatus_interval: 30s" // no confirmation before the kill
 	child := plugintest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
 	waitStreaming(t, e.Pool, slot)
 	written := writeEvents(t, e, 20)
@@ -77,7 +77,7 @@ func TestKillAfterAckBeforeConfirm(t *testing.T) {
 	}
 	child.Kill()
 
-	e.H.Extra = ""
+	e.H.Extra = ownSlot
 	child = plugintest.StartChild(t, writePipeline(t, e.YAML(name, 1000)))
 	e.Coll.WaitFor(t, 20*time.Second, "every event a second time", func(m []testenv.Received) bool { return len(m) >= 40 })
 	v := plugintest.Check(written, relaytest.Decode(t, e.Coll.All()), true)

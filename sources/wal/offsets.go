@@ -81,20 +81,22 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 	}
 	pos := map[string]any{"slot": slot, "active": s.active, "confirmed_flush_lsn": s.confirmed.String(),
 		"restart_lsn": s.restart.String(), "current_wal_lsn": s.current.String(),
-		"retained_wal_bytes": s.retained, "unconfirmed_wal_bytes": s.unflushed}
+		"retained_wal_bytes": s.retained, "unconfirmed_wal_bytes": s.unflushed, "slot_mode": c.mode()}
 	if c.shared() {
 		// The slot is every member's: the pipeline's own position is its row.
 		// split_at through to_jsonb: a members table from before the split
 		// policy gets the column only when a stream opens it.
-		var member, splitAt *string
-		err := conn.QueryRow(ctx, `SELECT confirmed_lsn::text, to_jsonb(m)->>'split_at' FROM `+MembersTable+` m
-			WHERE slot = $1 AND pipeline = $2`, slot, pipeline).Scan(&member, &splitAt)
+		var member, splitAt, snapshotAt *string
+		err := conn.QueryRow(ctx, `SELECT confirmed_lsn::text, to_jsonb(m)->>'split_at', to_jsonb(m)->>'snapshot_at' FROM `+MembersTable+` m
+			WHERE slot = $1 AND pipeline = $2`, slot, pipeline).Scan(&member, &splitAt, &snapshotAt)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return plugins.Offsets{}, fmt.Errorf("offsets: %s: %w", MembersTable, redact.Error(err))
 		}
-		pos["slot_mode"] = SlotModeShared
 		if member != nil {
 			pos["member_confirmed_lsn"] = *member
+			// Until its initial snapshot's rows were delivered, a restart
+			// reads the snapshot again (sharedsnapshot.go).
+			pos["initial_snapshot_pending"] = snapshotAt != nil
 		}
 		if splitAt != nil {
 			// Split off while stopped (sharedsplit.go): its own slot holds
@@ -121,9 +123,6 @@ func (c *Config) Offsets(ctx context.Context, pipeline string) (plugins.Offsets,
 // WAL between is skipped; its events are not counted (that would mean
 // decoding it), its size is in the note.
 func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.OffsetReset) (plugins.ResetResult, error) {
-	if c.shared() {
-		return plugins.ResetResult{}, errSharedReset
-	}
 	var target *pglogrepl.LSN
 	switch r.To {
 	case plugins.ResetToLatest:
@@ -145,6 +144,9 @@ func (c *Config) ResetOffsets(ctx context.Context, pipeline string, r plugins.Of
 		return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if c.shared() {
+		return c.resetMember(ctx, conn, pipeline, target, r.DryRun)
+	}
 	slot := c.slotName(pipeline)
 	s, err := readSlotOffsets(ctx, conn, slot)
 	if err != nil {

@@ -39,8 +39,9 @@ func schemaFor(table, publication string, shared bool) (string, error) {
 	var b strings.Builder
 	b.WriteString(`-- Ferry's wal source reads the outbox through logical replication. The server needs:
 --   wal_level = logical              (postgresql.conf or ALTER SYSTEM; restart required)
---   max_replication_slots >= 1 per wal pipeline, plus other consumers
---   max_wal_senders       >= 1 per wal pipeline, plus standbys and other consumers
+--   max_replication_slots >= 1 per database whose wal pipelines share a slot (slot_mode: shared, the
+--       default), plus 1 per pipeline with slot_mode: own, plus other consumers
+--   max_wal_senders       >= as many, plus standbys and other consumers
 --   max_slot_wal_keep_size = a bound the disk can hold (e.g. '20GB'). A stalled pipeline's slot
 --       retains WAL up to it; beyond it the server invalidates the slot and Ferry stops, saying
 --       events may have been missed. The default -1 retains WAL until the disk fills.
@@ -56,13 +57,25 @@ func schemaFor(table, publication string, shared bool) (string, error) {
 	}
 	if publication == "" {
 		stmt = PublicationSQL("ferry_PIPELINE", table)
-		b.WriteString("--   (its name is source.publication, default ferry_<pipeline name with - as _>)\n")
+		b.WriteString("--   (its name is source.publication: by default ferry_shared_<database>, the database's shared slot's\n")
+		b.WriteString("--   publication, to which Ferry adds each pipeline's table (ferry schema wal --shared-database DB);\n")
+		b.WriteString("--   with slot_mode: own, ferry_<pipeline name with - as _> (ferry schema wal --pipeline NAME))\n")
 		b.WriteString("-- " + stmt + "\n")
 	}
 	b.WriteString(outbox.DDL{Table: table}.SQL())
 	if publication != "" {
 		b.WriteString(stmt + "\n")
 	}
+	// The shared slot keeps each pipeline's position in a table: a role
+	// without CREATE on its schema needs it made once by one who has.
+	b.WriteString("-- Pipelines sharing a slot (the default) keep their positions in " + MembersTable + ", which Ferry\n" +
+		"-- creates in the role's current schema at the first start (CREATE on that schema), or create it once:\n")
+	members := membersDDL + ";\n"
+	if !shared {
+		members = "-- " + strings.ReplaceAll(membersDDL, "\n", "\n-- ") + ";\n"
+	}
+	b.WriteString(members)
+	fmt.Fprintf(&b, "-- GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO ferry;\n", MembersTable)
 	// The no-bloat option: every row is deleted in the transaction that
 	// inserted it; the WAL still carries the insert, so Ferry delivers it.
 	fn := pgx.Identifier{name + "_ferry_delete"}

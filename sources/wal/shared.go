@@ -212,10 +212,17 @@ func (h *sharedStream) join(ctx context.Context, m *member) error {
 	if err != nil {
 		return err
 	}
-	if snapshot {
+	switch {
+	case snapshot:
 		// Outside joinMu: a big table's snapshot must not hold up the
 		// other members' joins.
 		if at, err = s.sharedSnapshot(ctx, h); err != nil {
+			return err
+		}
+	case !s.joinedAt:
+		// A reset to a time (resetToTime): its rows go before the stream's,
+		// as on a slot of its own. A rejoin has sent them already.
+		if err := s.stream.sendReset(ctx); err != nil {
 			return err
 		}
 	}

@@ -3,14 +3,14 @@ package wal_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ferryhq/ferry/lab/testenv"
@@ -329,7 +329,7 @@ func TestSharedStreamStalledMember(t *testing.T) {
 
 // Deleting a shared pipeline (Purge) removes its row — it holds the slot
 // back no more — and its table from the publication; the slot and the
-// other members stay. Moving its position by hand is refused.
+// other members stay.
 func TestSharedStreamPurge(t *testing.T) {
 	const n, gone = 2, 1
 	f := newSharedFixture(t, n)
@@ -341,10 +341,6 @@ func TestSharedStreamPurge(t *testing.T) {
 	cfg := wal.DefaultConfig()
 	cfg.DSN, cfg.Table, cfg.SlotMode, cfg.InitialSnapshot = f.dsn, f.table(gone), wal.SlotModeShared, false
 	ctx := context.Background()
-	if _, err := cfg.ResetOffsets(ctx, f.names[gone], plugins.OffsetReset{To: plugins.ResetToLatest}); err == nil ||
-		!strings.Contains(err.Error(), "slot_mode: shared") {
-		t.Fatalf("reset of a shared member: %v", err)
-	}
 	dropped, err := cfg.Purge(ctx, f.names[gone])
 	if err != nil || len(dropped) != 2 {
 		t.Fatalf("purge: %v %v", dropped, err)
@@ -364,67 +360,16 @@ func TestSharedStreamPurge(t *testing.T) {
 }
 
 // The source conformance suite — out-of-order commits, many aggregates,
-// restart and kill mid-stream — with the pipeline as a shared-slot member.
-// A shared member delivers what commits once it joined (it has no initial
-// snapshot) and the suite writes as soon as it started the relay, so the
-// set-up joins the suite's pipelines first, as an operator would start
-// Ferry before the service writes; from then on each resumes from its row.
-func TestConformanceShared(t *testing.T) {
-	h := harness
-	h.Extra = "slot_mode: shared\ninitial_snapshot: false"
-	h.Settled = nil
-	h.Outbox = &plugintest.Outbox{
-		Create: func(ctx context.Context, pool *pgxpool.Pool) (string, error) {
-			ddl, err := wal.Schema("outbox")
-			if err != nil {
-				return "", err
-			}
-			if _, err := pool.Exec(ctx, ddl); err != nil {
-				return "", err
-			}
-			for _, name := range []string{"metadata", "race", "many", "restart", "kill"} {
-				joinOnce(t, pool, name)
-			}
-			return "table: outbox", nil
-		},
-		Insert: func(ctx context.Context, tx pgx.Tx, agg string, _ int, payload []byte) (int64, error) {
-			var id int64
-			err := tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
-				VALUES ('order', $1, 'OrderUpdated', $2) RETURNING id`, agg, payload).Scan(&id)
-			return id, err
-		},
-		IDsAfter: func(ctx context.Context, pool *pgxpool.Pool, after int64) ([]int64, error) {
-			rows, err := pool.Query(ctx, `SELECT id FROM outbox WHERE id > $1 ORDER BY id`, after)
-			if err != nil {
-				return nil, err
-			}
-			return pgx.CollectRows(rows, pgx.RowTo[int64])
-		},
-	}
-	plugintest.RunSource(t, h)
-}
-
-// joinOnce runs pipeline as a shared member of the table "outbox" until it
-// has its row, and stops it.
-func joinOnce(t *testing.T, pool *pgxpool.Pool, pipeline string) {
-	cfg := wal.DefaultConfig()
-	cfg.DSN, cfg.Table, cfg.SlotMode, cfg.InitialSnapshot = pool.Config().ConnString(), "outbox", wal.SlotModeShared, false
-	src := wal.New(cfg, plugins.Env{Pipeline: pipeline, Logger: newLogger(io.Discard)})
-	if _, err := src.Subscribe(context.Background(), ""); err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	testenv.Eventually(t, 30*time.Second, pipeline+" joined", func() bool {
-		var n int
-		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM `+wal.MembersTable+` WHERE pipeline = $1`, pipeline).Scan(&n)
-		return n == 1
-	})
-}
+// restart and kill mid-stream — with the default slot_mode, shared: each
+// pipeline joins its database's shared slot, reads its initial snapshot
+// and streams on.
+func TestConformanceShared(t *testing.T) { plugintest.RunSource(t, sharedHarness) }
 
 // startOwn starts member i with a slot of its own, as before slot_mode:
 // shared.
 func (f *sharedFixture) startOwn(i int) {
 	f.srcs[i] = startDirect(f.t, f.dsn, f.names[i], 100, func(c *wal.Config) {
+		c.SlotMode = wal.SlotModeOwn
 		c.InitialSnapshot = false
 		c.Table = f.table(i)
 	})
@@ -526,4 +471,84 @@ func TestMigrateOwnSlotToShared(t *testing.T) {
 	f.start(moving)
 	f.waitCount(moving, 4)
 	f.assertExactly(moving, from)
+}
+
+// A paused shared member's position moves by hand as a slot of its own
+// does: forward by its row alone — the events between are skipped, the
+// slot and the other member untouched — never back, and back in time by
+// reading the table's rows again when it joins. A dry run moves nothing.
+func TestSharedMemberReset(t *testing.T) {
+	const n, moved, other = 2, 0, 1
+	f := newSharedFixture(t, n)
+	for i := range n {
+		f.start(i)
+	}
+	f.waitJoined(n)
+	ctx := context.Background()
+	var before time.Time
+	if err := f.pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	f.srcs[moved].src.Close() // paused: its row keeps its position
+	f.writeRace(moved, 3)     // skipped by the reset below
+	f.writeRace(other, 2)
+	f.waitCount(other, 4)
+	cfg := wal.DefaultConfig()
+	cfg.DSN, cfg.Table, cfg.InitialSnapshot = f.dsn, f.table(moved), false // slot_mode: the default, shared
+	name := f.names[moved]
+	at := f.memberLSN(moved)
+
+	_, err := cfg.ResetOffsets(ctx, name, plugins.OffsetReset{To: plugins.ResetToPosition, Position: []byte(`{"lsn": "0/1"}`)})
+	var re *plugins.RequestError
+	if !errors.As(err, &re) || re.Field != "position.lsn" || !strings.Contains(re.Msg, "behind the pipeline's position") {
+		t.Fatalf("reset back: %v, want a request error on position.lsn", err)
+	}
+	res, err := cfg.ResetOffsets(ctx, name, plugins.OffsetReset{To: plugins.ResetToLatest, DryRun: true})
+	if err != nil || res.Applied || f.memberLSN(moved) != at {
+		t.Fatalf("dry run: %+v %v; member at %s, want it still at %s", res, err, f.memberLSN(moved), at)
+	}
+	res, err = cfg.ResetOffsets(ctx, name, plugins.OffsetReset{To: plugins.ResetToLatest})
+	if err != nil || !res.Applied || f.memberLSN(moved) <= at {
+		t.Fatalf("reset to latest: %+v %v; member at %s, was %s", res, err, f.memberLSN(moved), at)
+	}
+	skipped := f.snapshotSeq(moved)
+	f.start(moved)
+	f.waitJoined(n)
+	f.writeRace(moved, 3)
+	f.waitCount(moved, 6)
+	f.assertExactly(moved, skipped)
+	f.writeRace(other, 1)
+	f.waitCount(other, 6)
+	f.assertExactly(other, map[string]int{})
+
+	// Back in time: every row of its table written since before is sent
+	// again when it joins (in id order, as a slot of its own's reset), then
+	// the stream goes on from its row, each event once.
+	f.srcs[moved].src.Close()
+	res, err = cfg.ResetOffsets(ctx, name, plugins.OffsetReset{To: plugins.ResetToTime, Time: before})
+	if err != nil || !res.Applied || res.Resend != 12 {
+		t.Fatalf("reset to a time: %+v %v; want 12 rows to send again", res, err)
+	}
+	f.start(moved)
+	f.writeRace(moved, 3)
+	f.waitCount(moved, 18)
+	got := delivered(t, f.srcs[moved])
+	for agg, last := range f.seq[moved] {
+		var want []int
+		for s := 1; s <= last; s++ {
+			want = append(want, s)
+		}
+		seqs := slices.Clone(got[agg])
+		slices.Sort(seqs)
+		if fmt.Sprint(seqs) != fmt.Sprint(want) {
+			t.Errorf("after the reset to a time, aggregate %s: got seqs %v, want each of %v once", agg, got[agg], want)
+		}
+		if tail := got[agg][len(got[agg])-2:]; tail[0] != last-1 || tail[1] != last {
+			t.Errorf("aggregate %s: the stream's events after the re-sent rows: %v, want [%d %d]", agg, tail, last-1, last)
+		}
+	}
+	testenv.Eventually(t, 60*time.Second, "the reset's rows recorded as delivered", func() bool {
+		off, err := cfg.Offsets(ctx, name)
+		return err == nil && len(off.Backfills) == 0
+	})
 }

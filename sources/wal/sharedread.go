@@ -296,7 +296,9 @@ func (h *sharedStream) backfillSteps() {
 		if woken && s.backfill != nil {
 			s.backfill.Wake()
 		}
-		if !woken && (s.backfill == nil || !s.backfill.Busy()) {
+		// A reset to a time the member sent at its join records its
+		// progress here too (recordBackfillProgress).
+		if !woken && (s.backfill == nil || !s.backfill.Busy()) && (s.reset == nil || !s.reset.Busy()) {
 			continue
 		}
 		if err := m.st.backfillStep(m.ctx); err != nil && m.ctx.Err() == nil {

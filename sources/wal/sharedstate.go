@@ -12,7 +12,6 @@ import (
 
 	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
-	"github.com/ferryhq/ferry/plugins"
 	"github.com/ferryhq/ferry/sources/outbox"
 )
 
@@ -234,9 +233,3 @@ func (c *Config) purgeShared(ctx context.Context, pipeline string) ([]string, er
 	}
 	return dropped, nil
 }
-
-// errSharedReset refuses moving a shared member's position by hand: the
-// slot is every member's, and the member's row is what resumes it.
-var errSharedReset = &plugins.RequestError{Field: "to", Unsupported: true,
-	Msg: "a wal pipeline with slot_mode: shared shares its slot with other pipelines; its position cannot be moved by hand " +
-		"(backfill rows beside live traffic instead: POST /api/v1/pipelines/{name}/backfill)"}

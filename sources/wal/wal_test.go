@@ -138,7 +138,7 @@ func TestInitialSnapshot(t *testing.T) {
 // before are not delivered.
 func TestNoInitialSnapshot(t *testing.T) {
 	h := harness
-	h.Extra = "initial_snapshot: false"
+	h.Extra = ownSlot + "\ninitial_snapshot: false"
 	e := setup(t, h)
 	before := insertEvent(t, e.Pool, "agg-1", 1)
 	name := testenv.Name("nosnap")
@@ -473,15 +473,17 @@ func TestSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`CREATE PUBLICATION "ferry_shared_orders_db" FOR TABLE "outbox"`,
-		`ALTER PUBLICATION "ferry_shared_orders_db" ADD TABLE`, "slot_mode: shared"} {
+		`ALTER PUBLICATION "ferry_shared_orders_db" ADD TABLE`, "slot_mode: shared: one slot",
+		"\nCREATE TABLE IF NOT EXISTS " + wal.MembersTable} {
 		if !strings.Contains(ddl, want) {
 			t.Errorf("shared schema lacks %q:\n%s", want, ddl)
 		}
 	}
 	// A pipeline whose own publication merely starts like a shared one
 	// gets no shared-mode note.
-	if ddl, _ = wal.SchemaFor("outbox", wal.DefaultName("shared_orders")); strings.Contains(ddl, "slot_mode: shared") {
-		t.Errorf("own-slot schema speaks of slot_mode shared:\n%s", ddl)
+	if ddl, _ = wal.SchemaFor("outbox", wal.DefaultName("shared_orders")); strings.Contains(ddl, "slot_mode: shared: one slot") ||
+		!strings.Contains(ddl, "-- CREATE TABLE IF NOT EXISTS "+wal.MembersTable) {
+		t.Errorf("own-slot schema speaks of slot_mode shared, or creates the members table:\n%s", ddl)
 	}
 }
 
@@ -493,7 +495,7 @@ func TestHealthFlowAndLag(t *testing.T) {
 	name := testenv.Name("health")
 	slot := wal.DefaultName(name)
 	cfg := wal.DefaultConfig()
-	cfg.DSN = dsn
+	cfg.DSN, cfg.SlotMode = dsn, wal.SlotModeOwn
 	probe, err := wal.New(cfg, plugins.Env{Pipeline: name}).Probe(context.Background())
 	if err != nil || probe.Details["slot_exists"] != false {
 		t.Fatalf("probe before the first start: %+v, %v", probe, err)

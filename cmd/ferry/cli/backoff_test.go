@@ -54,7 +54,7 @@ func TestReconnectWithoutProgressIsNotRecovery(t *testing.T) {
 		aggregate_id text NOT NULL, type text NOT NULL, payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
-	y := fmt.Sprintf("name: undecodable\nsource: {type: wal, dsn: %q, table: outbox}\nsink: {type: nats, url: %q, subject: ferry.test.%s}\n",
+	y := fmt.Sprintf("name: undecodable\nsource: {type: wal, dsn: %q, table: outbox, slot_mode: own}\nsink: {type: nats, url: %q, subject: ferry.test.%s}\n",
 		dsn, testenv.NATS(t), testenv.Name("undecodable"))
 	specs, err := pipelines.Loader{}.LoadBytes("undecodable.yaml", []byte(y))
 	if err != nil {

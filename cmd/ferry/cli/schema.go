@@ -33,8 +33,8 @@ func schemaNames() string {
 func schemaCmd(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("schema", "SOURCE [--table NAME] [--aggregate-version]   (SOURCE: "+schemaNames()+")", stderr)
 	table := fs.String("table", "outbox", "outbox table name, optionally schema-qualified")
-	pipeline := fs.String("pipeline", "", "wal: the pipeline's name, so the publication statement uses its default name (ferry_<pipeline>)")
-	sharedDB := fs.String("shared-database", "", "wal, slot_mode shared: the database the pipelines share a stream on, so the publication statement uses the shared name (ferry_shared_<database>)")
+	pipeline := fs.String("pipeline", "", "wal, slot_mode own: the pipeline's name, so the publication statement uses its default name (ferry_<pipeline>)")
+	sharedDB := fs.String("shared-database", "", "wal, slot_mode shared (the default): the database the pipelines share a slot on, so the publication statement uses the shared name (ferry_shared_<database>)")
 	version := fs.Bool("aggregate-version", false, "also add the aggregate_version column and the trigger that fills it (map it with source.columns.aggregate_version)")
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
 		fs.Usage()
