@@ -430,6 +430,11 @@ func checkSlot(c Check, slot string, d map[string]any) Check {
 	case d["wal_status"] == "lost":
 		c.Status = Unhealthy
 		c.Action = "the slot was invalidated: events may have been missed; see the WAL source's 'slot lost' steps in the README"
+	case d["active"] == false && d["shared"] == true:
+		// Dropping it would lose every member's place, not this one's.
+		c.Status = Unhealthy
+		c.Action = fmt.Sprintf("no relay reads the shared slot %s and it retains WAL for every pipeline that shares it: start them; "+
+			"a pipeline that is gone leaves it with ferry pipelines delete (its row in ferry_wal_members goes)", slot)
 	case d["active"] == false:
 		c.Status = Unhealthy
 		c.Action = fmt.Sprintf("no relay reads slot %s and it retains WAL: start the pipeline, or drop the slot if the pipeline is gone (SELECT pg_drop_replication_slot('%s'))", slot, slot)

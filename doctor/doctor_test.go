@@ -128,26 +128,40 @@ func TestCannotCheck(t *testing.T) {
 	}
 }
 
-// A wal pipeline's slot of its own with no reader retains WAL: the relay
-// says it keeps failing (here: a ferry whose API reports backing_off) and
-// the doctor names the slot.
+// A wal pipeline's slot with no reader retains WAL: the relay says it
+// keeps failing (here: a ferry whose API reports backing_off) and the
+// doctor names the slot — and advises dropping a slot of its own, never
+// the shared one, which holds every member's place.
 func TestInactiveSlotRetainingWAL(t *testing.T) {
+	for _, mode := range []string{"own", "shared"} {
+		t.Run(mode, func(t *testing.T) { inactiveSlotRetainingWAL(t, mode) })
+	}
+}
+
+func inactiveSlotRetainingWAL(t *testing.T, mode string) {
 	e := relaytest.Setup(t, plugintest.SourceHarness{Type: wal.Name, Schema: wal.Schema})
 	ctx := context.Background()
 	name := strings.ToLower(testenv.Name("slotdoc"))
-	y := strings.Replace(e.YAML(name, 100), "type: wal", "type: wal\n  slot_mode: own\n  heartbeat_interval: 0s", 1)
+	y := strings.Replace(e.YAML(name, 100), "type: wal", "type: wal\n  slot_mode: "+mode+"\n  heartbeat_interval: 0s", 1)
 	stop := e.Start(t, y)
 	plugintest.Insert(ctx, e.Pool, "agg-1")
-	e.Coll.WaitFor(t, 20*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
-	// The first start streams a temporary slot until its snapshot rows are
-	// acked, then copies it to the permanent one: stop only after that.
-	testenv.Eventually(t, 20*time.Second, "the permanent slot", func() bool {
+	e.Coll.WaitFor(t, 60*time.Second, "the event", func(m []testenv.Received) bool { return len(m) == 1 })
+	// Until its initial snapshot's rows are acked, a restart reads the
+	// snapshot again (an own slot streams a temporary copy until then):
+	// stop only after that.
+	slot := wal.DefaultName(name)
+	settled := `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND NOT temporary`
+	if mode == "shared" {
+		slot = wal.SharedName(e.Pool.Config().ConnConfig.Database)
+		settled = `SELECT count(*) FROM ` + wal.MembersTable + ` WHERE slot = $1 AND snapshot_at IS NULL`
+	}
+	testenv.Eventually(t, 60*time.Second, "the first start settled", func() bool {
 		var n int
-		e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND NOT temporary`, wal.DefaultName(name)).Scan(&n)
+		e.Pool.QueryRow(ctx, settled, slot).Scan(&n)
 		return n == 1
 	})
 	stop() // the slot stays, with no reader
-	t.Cleanup(func() { e.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, wal.DefaultName(name)) })
+
 	for range 20 { // WAL the slot must retain
 		plugintest.Insert(ctx, e.Pool, "agg-2")
 	}
@@ -161,7 +175,9 @@ func TestInactiveSlotRetainingWAL(t *testing.T) {
 	o.URL = api.URL
 	d := diagnose(t, load(t, y), o, doctor.StageSource, 1)
 	src := d.Checks[len(d.Checks)-1]
-	if !strings.Contains(strings.Join(src.Evidence, " "), "active false") || !strings.Contains(src.Action, "pg_drop_replication_slot('"+wal.DefaultName(name)+"')") {
+	drop := "pg_drop_replication_slot('" + slot + "')"
+	if !strings.Contains(strings.Join(src.Evidence, " "), "slot "+slot+": active false") || strings.Contains(src.Action, drop) != (mode == "own") ||
+		mode == "shared" && !strings.Contains(src.Action, "shared slot "+slot) {
 		t.Fatalf("slot check: %+v", src)
 	}
 	// The relay's duplicates_total is evidence of the relay stage.

@@ -372,7 +372,7 @@ func TestFaultMatrix(t *testing.T) {
 		}
 		testenv.Eventually(t, 30*time.Second, "slot pipeline failed", func() bool { return state("slot") == engine.StateFailed })
 		s := m.look("slot")
-		expect(t, "slot lost", "last_error", s.api["slot"].LastError, "was lost", "max_slot_wal_keep_size")
+		expect(t, "slot lost", "last_error", s.api["slot"].LastError, "was lost", "max_slot_wal_keep_size", "DELETE FROM ferry_wal_members")
 		expect(t, "slot lost", "/readyz", s.readyz, `"pipelines.slot"`)
 		readyDespite(t, "slot lost", s)
 		expect(t, "slot lost", "ferry lag", s.lag, "slot", "failed", "was lost")

@@ -367,6 +367,15 @@ func TestConformanceShared(t *testing.T) { plugintest.RunSource(t, sharedHarness
 
 // startOwn starts member i with a slot of its own, as before slot_mode:
 // shared.
+// startDefault starts member i with the defaults: no slot_mode (shared)
+// and initial_snapshot on.
+func (f *sharedFixture) startDefault(i int) {
+	f.srcs[i] = startDirect(f.t, f.dsn, f.names[i], 100, func(c *wal.Config) {
+		c.SlotMode = ""
+		c.Table = f.table(i)
+	})
+}
+
 func (f *sharedFixture) startOwn(i int) {
 	f.srcs[i] = startDirect(f.t, f.dsn, f.names[i], 100, func(c *wal.Config) {
 		c.SlotMode = wal.SlotModeOwn
@@ -425,8 +434,10 @@ func TestMigrateOwnSlotToShared(t *testing.T) {
 	}
 
 	// The switch, stopped half-way: its row exists, its own slot is not
-	// confirmed past the events it holds.
-	f.start(moving)
+	// confirmed past the events it holds. It is the upgrade's: the
+	// pipeline sets no slot_mode, and initial_snapshot is on (a moving
+	// pipeline reads no snapshot: its own slot has what came before).
+	f.startDefault(moving)
 	f.srcs[moving].hold()
 	f.waitJoined(2)
 	if err := open.Commit(ctx); err != nil {
@@ -443,7 +454,7 @@ func TestMigrateOwnSlotToShared(t *testing.T) {
 		t.Fatal("the own slot was dropped before its events were acked")
 	}
 
-	f.start(moving)
+	f.startDefault(moving)
 	f.seq[moving]["agg-open"] = 1
 	f.writeRace(moving, 2)
 	f.waitCount(moving, 8+1+4)

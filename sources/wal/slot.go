@@ -272,6 +272,16 @@ func (m *slotManager) lost(ctx context.Context, st slotState, why string, confir
 		since = "LSN " + c.String()
 	}
 	msg := fmt.Sprintf("replication slot %s was lost: %s. Outbox events committed after %s may have been missed and will not be delivered by this slot", m.slot, why, since)
+	if m.cfg.shared() {
+		// Every member's: a new slot needs the members' rows gone too, or
+		// the next start takes it for the lost one again.
+		return fatalf("%s. It is the shared slot of every wal pipeline on this database that shares it. Ferry does not recreate it on its own. "+
+			"To recover: find the events committed since then (rows still in the outbox tables, or your services' own records) and re-publish "+
+			"what consumers missed; then, with those pipelines stopped, drop the slot and their rows "+
+			"(SELECT pg_drop_replication_slot('%s'); DELETE FROM %s WHERE slot = '%s') and start them: they join a new slot and, with "+
+			"initial_snapshot, re-send the rows still in their tables. To avoid a repeat, raise max_slot_wal_keep_size or lower split_after_bytes",
+			msg, m.slot, MembersTable, m.slot)
+	}
 	if m.cfg.OnSlotLost != OnSlotLostRecreate {
 		return fatalf("%s. Ferry does not recreate the slot on its own. To recover: find the events committed since then "+
 			"(rows still in the outbox table, or your service's own records) and re-publish what consumers missed; "+
