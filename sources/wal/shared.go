@@ -69,6 +69,8 @@ var sharedStreams = struct {
 // handed over through mu.
 type sharedStream struct {
 	key               string
+	slotKey           string // host, port, database and slot: the server's slot
+	user              string
 	slot, publication string
 	cfg               *Config // the first member's: dsn and intervals
 	log               *slog.Logger
@@ -135,17 +137,21 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 		return nil, fatalf("source.dsn: %w", err)
 	}
 	key := pgsource.DatabaseKey(pc) + "\x00" + slot + "\x00" + publication
+	slotKey := fmt.Sprintf("%s\x00%d\x00%s\x00%s", pc.Host, pc.Port, pc.Database, slot)
 	sharedStreams.Lock()
 	defer sharedStreams.Unlock()
 	h := sharedStreams.m[key]
 	if h == nil {
+		if err := slotTaken(slotKey, key, pc.User, slot); err != nil {
+			return nil, err
+		}
 		base := env.ProcessLogger
 		if base == nil {
 			base = env.Logger
 		}
 		// The stream's lines are every member's: no pipeline attribute.
 		log := base.With("source", Name, "shared_slot", slot)
-		h = &sharedStream{key: key, slot: slot, publication: publication, cfg: cfg, log: log,
+		h = &sharedStream{key: key, slotKey: slotKey, user: pc.User, slot: slot, publication: publication, cfg: cfg, log: log,
 			slots: newSlotManager(cfg, env, log, slot, publication), all: map[*member]struct{}{}, splitErrs: map[string]string{},
 			done: make(chan struct{}), failed: make(chan struct{}), members: map[*member]struct{}{}, wake: make(chan struct{}, 1)}
 		sharedStreams.m[key] = h
@@ -155,6 +161,28 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 	}
 	h.refs++
 	return h, nil
+}
+
+// slotTaken refuses a second stream of one slot in the process: pipelines
+// whose dsn differs (user, password, TLS or parameters) are separate
+// streams, since a stream connects with its first member's credentials,
+// yet by default they name the same slot, and a slot streams to one
+// connection at a time — the second would retry against "slot active"
+// for ever. Guarded by sharedStreams. The password is never named.
+func slotTaken(slotKey, key, user, slot string) error {
+	for _, o := range sharedStreams.m {
+		if o.slotKey != slotKey || o.key == key {
+			continue
+		}
+		differs := "its password, TLS or connection parameters"
+		if o.user != user {
+			differs = fmt.Sprintf("its user (%q, the stream's %q)", user, o.user)
+		}
+		return fatalf("the shared slot %s is streamed in this process by pipelines whose source.dsn differs from this one's in %s; "+
+			"a slot streams to one connection, so pipelines sharing it need the same dsn. Give this pipeline the same dsn, "+
+			"or a shared slot of its own (slot: <name>, with slot_mode: shared), or slot_mode: own", slot, differs)
+	}
+	return nil
 }
 
 // streamSettingsDiffer names the settings of the stream (the first

@@ -563,3 +563,28 @@ func TestSharedMemberReset(t *testing.T) {
 		return err == nil && len(off.Backfills) == 0
 	})
 }
+
+// Pipelines sharing a slot by default but whose dsn differs (here a
+// connection parameter) would be two streams of one slot, the second
+// retrying against "slot active" for ever: it fails at once, saying why
+// and what to do, and the first streams on.
+func TestSharedSlotNeedsOneDSN(t *testing.T) {
+	f := newSharedFixture(t, 2)
+	f.start(0)
+	f.waitJoined(1)
+	sep := "?"
+	if strings.Contains(f.dsn, "?") {
+		sep = "&"
+	}
+	other := startDirect(t, f.dsn+sep+"search_path=public", f.names[1], 100, func(c *wal.Config) {
+		c.SlotMode, c.InitialSnapshot, c.Table = "", false, f.table(1)
+	})
+	err := other.waitFailed(t, 60*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "the shared slot "+f.slot+" is streamed in this process by pipelines whose source.dsn differs") ||
+		!strings.Contains(err.Error(), "connection parameters") || !strings.Contains(err.Error(), "slot_mode: own") {
+		t.Fatalf("second dsn on one slot: %v", err)
+	}
+	f.writeRace(0, 2)
+	f.waitCount(0, 4)
+	f.assertExactly(0, map[string]int{})
+}
