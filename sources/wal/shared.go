@@ -168,15 +168,17 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 // streams, since a stream connects with its first member's credentials,
 // yet by default they name the same slot, and a slot streams to one
 // connection at a time — the second would retry against "slot active"
-// for ever. Guarded by sharedStreams. The password is never named.
+// for ever. Guarded by sharedStreams.
 func slotTaken(slotKey, key, user, slot string) error {
 	for _, o := range sharedStreams.m {
 		if o.slotKey != slotKey || o.key == key {
 			continue
 		}
+		// Neither the stream's user nor its password is named: the other
+		// pipelines may be another tenant's.
 		differs := "its password, TLS or connection parameters"
 		if o.user != user {
-			differs = fmt.Sprintf("its user (%q, the stream's %q)", user, o.user)
+			differs = "its user"
 		}
 		return fatalf("the shared slot %s is streamed in this process by pipelines whose source.dsn differs from this one's in %s; "+
 			"a slot streams to one connection, so pipelines sharing it need the same dsn. Give this pipeline the same dsn, "+
