@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -583,6 +584,21 @@ func TestSharedSlotNeedsOneDSN(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "the shared slot "+f.slot+" is streamed in this process by pipelines whose source.dsn differs") ||
 		!strings.Contains(err.Error(), "connection parameters") || !strings.Contains(err.Error(), "slot_mode: own") {
 		t.Fatalf("second dsn on one slot: %v", err)
+	}
+	// Another user (another tenant's role, say): said so, without naming
+	// the stream's user.
+	u, err := url.Parse(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamUser := u.User.Username()
+	u.User = url.User("tenant_b")
+	third := startDirect(t, u.String(), testenv.Name("shared_b"), 100, func(c *wal.Config) {
+		c.SlotMode, c.InitialSnapshot, c.Table = "", false, f.table(1)
+	})
+	err = third.waitFailed(t, 60*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "differs from this one's in its user") || strings.Contains(err.Error(), fmt.Sprintf("%q", streamUser)) {
+		t.Fatalf("second user on one slot (the stream's is %q): %v", streamUser, err)
 	}
 	f.writeRace(0, 2)
 	f.waitCount(0, 4)
