@@ -167,8 +167,10 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 // whose dsn differs (user, password, TLS or parameters) are separate
 // streams, since a stream connects with its first member's credentials,
 // yet by default they name the same slot, and a slot streams to one
-// connection at a time — the second would retry against "slot active"
-// for ever. Guarded by sharedStreams.
+// connection at a time. The pipeline waits (acquireLoop) rather than
+// fails: a password rotated by a reload restarts the members one by one,
+// and the first to move finds the others on the old dsn a moment longer.
+// Guarded by sharedStreams.
 func slotTaken(slotKey, key, user, slot string) error {
 	for _, o := range sharedStreams.m {
 		if o.slotKey != slotKey || o.key == key {
@@ -180,11 +182,41 @@ func slotTaken(slotKey, key, user, slot string) error {
 		if o.user != user {
 			differs = "its user"
 		}
-		return fatalf("the shared slot %s is streamed in this process by pipelines whose source.dsn differs from this one's in %s; "+
-			"a slot streams to one connection, so pipelines sharing it need the same dsn. Give this pipeline the same dsn, "+
-			"or a shared slot of its own (slot: <name>, with slot_mode: shared), or slot_mode: own", slot, differs)
+		return &slotTakenError{slot: slot, differs: differs}
 	}
 	return nil
+}
+
+// slotTakenError: the slot is streamed in this process with another dsn.
+type slotTakenError struct{ slot, differs string }
+
+func (e *slotTakenError) Error() string {
+	return fmt.Sprintf("the shared slot %s is streamed in this process by pipelines whose source.dsn differs from this one's in %s; "+
+		"a slot streams to one connection, so pipelines sharing it need the same dsn. Give this pipeline the same dsn, "+
+		"or a shared slot of its own (slot: <name>, with slot_mode: shared), or slot_mode: own; it waits until the others have gone",
+		e.slot, e.differs)
+}
+
+// acquireLoop acquires the pipeline's shared stream, waiting with backoff
+// while its slot is streamed with another dsn (slotTaken); nil when ctx
+// ended.
+func (s *Source) acquireLoop(ctx context.Context) (*sharedStream, error) {
+	bo := retry.Backoff()
+	for {
+		h, err := acquireShared(s.cfg, s.env, s.slots.slot, s.slots.publication)
+		var taken *slotTakenError
+		if !errors.As(err, &taken) {
+			return h, err
+		}
+		d := bo.NextBackOff()
+		s.env.Report.Failing(fmt.Errorf("wal source: %w", err), d)
+		s.log.Error("wal source cannot join the shared slot; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(d):
+		}
+	}
 }
 
 // streamSettingsDiffer names the settings of the stream (the first

@@ -21,10 +21,12 @@ import (
 // until runCtx ends or the stream fails for good.
 func (s *Source) runShared(runCtx context.Context) {
 	s.slots.metrics.register(s.env.Metrics, s.log)
-	h, err := acquireShared(s.cfg, s.env, s.slots.slot, s.slots.publication)
-	if err != nil {
+	h, err := s.acquireLoop(runCtx)
+	switch {
+	case err != nil:
 		s.fail(err)
-	} else {
+	case h == nil: // stopped while it waited
+	default:
 		m := &member{src: s, ctx: runCtx}
 		// Running while it moves off its own slot, too: the watcher must
 		// not call it stopped.
