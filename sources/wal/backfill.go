@@ -251,6 +251,9 @@ func (c *Config) resetToTime(ctx context.Context, pipeline string, r plugins.Off
 	if c.shared() && !r.DryRun {
 		// The reset says what to send again: an initial snapshot not
 		// delivered yet is not read as well (sharedsnapshot.go).
+		if err := addSplitColumns(ctx, conn); err != nil {
+			return plugins.ResetResult{}, fmt.Errorf("reset: %w", redact.Error(err))
+		}
 		if _, err := conn.Exec(ctx, `UPDATE `+MembersTable+` SET snapshot_at = NULL WHERE slot = $1 AND pipeline = $2`, slot, pipeline); err != nil {
 			return plugins.ResetResult{}, fmt.Errorf("reset: %s: %w", MembersTable, redact.Error(err))
 		}

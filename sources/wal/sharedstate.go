@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ferryhq/ferry/internal/pgddl"
 	"github.com/ferryhq/ferry/internal/redact"
@@ -183,7 +183,7 @@ func (h *sharedStream) readMemberLags(ctx context.Context) ([]memberLag, error) 
 
 // addSplitColumns adds held, split_at and snapshot_at to a members table made before
 // they existed.
-func addSplitColumns(ctx context.Context, pool *pgxpool.Pool) error {
+func addSplitColumns(ctx context.Context, pool querier) error {
 	var has int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attname IN ('held', 'split_at', 'snapshot_at') AND NOT attisdropped`, MembersTable).Scan(&has); err != nil {
@@ -197,6 +197,12 @@ func addSplitColumns(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("add held, split_at and snapshot_at to %s: %w", MembersTable, err)
 	}
 	return nil
+}
+
+// querier is a pool or a connection.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // purgeShared removes a deleted pipeline from its shared stream: its row
