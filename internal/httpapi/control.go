@@ -184,12 +184,13 @@ func (c *api) authenticate(r *http.Request) (principal, *problem) {
 	ctl := c.o.Control
 	snap := ctl.Converger.Snapshot()
 	toks, known := snap.Tokens, ctl.Store == nil || !snap.ReadAt.IsZero()
+	current := ctl.Store == nil // the tokens are the store's as of now
 	if ctl.Store != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 		fresh, err := ctl.Store.Tokens(ctx)
 		cancel()
 		if err == nil {
-			toks, known = fresh, true // else the store is unreachable: the tokens it last held still count
+			toks, known, current = fresh, true, true // else the store is unreachable: the tokens it last held still count
 		}
 	}
 	if !known {
@@ -219,6 +220,11 @@ func (c *api) authenticate(r *http.Request) (principal, *problem) {
 		return principal{actor: store.Actor{TokenID: t.ID, Scope: t.Scope}}, nil
 	case match == store.TokenExpired:
 		return principal{}, &problem{code: http.StatusUnauthorized, msg: "token expired"}
+	case !current:
+		// Not among the tokens last read, but one made since would not be
+		// either: "unknown" would be a guess.
+		return principal{}, &problem{code: http.StatusServiceUnavailable,
+			msg: "this token cannot be checked now: the control-plane store did not answer, and it is not among the tokens read before; retry"}
 	}
 	return principal{}, &problem{code: http.StatusUnauthorized, msg: "unknown or revoked token"}
 }
