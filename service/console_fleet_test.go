@@ -66,7 +66,21 @@ func TestConsoleFleetInBrowser(t *testing.T) {
 	}
 	inBrowser(t, tab, 30*time.Second, "sign out", chromedp.Click(`#logout`, chromedp.ByQuery), chromedp.WaitVisible(`#login`))
 	inBrowser(t, tab, 30*time.Second, "sign in as team-b", chromedp.SendKeys(`#token`, tok.Token), chromedp.Click(`#login button[type=submit]`, chromedp.ByQuery))
-	waitJS(t, tab, 20*time.Second, "team-b's rows only", fmt.Sprintf(`document.querySelector('#counts span').textContent === (%d).toLocaleString('en-US') + ' pipelines' &&
+	// A loaded store may not answer the token check at once (the console
+	// then says so and retries); it must never call the token unknown.
+	// Should the rows not come, say what the API answers the token now and
+	// what the page held: the sign-in form's error and the banner.
+	defer func() {
+		if !t.Failed() {
+			return
+		}
+		code, body := apiAs(in, tok.Token, "GET", "/api/v1/summary?limit=1")
+		var loginErr, banner string
+		_ = chromedp.Run(tab, chromedp.Evaluate(`document.querySelector('#login-error').textContent`, &loginErr),
+			chromedp.Evaluate(`document.querySelector('#banner').textContent`, &banner))
+		t.Logf("the team-b token now: %d %.300s; the sign-in error: %q; the banner: %q", code, body, loginErr, banner)
+	}()
+	waitJS(t, tab, time.Minute, "team-b's rows only", fmt.Sprintf(`document.querySelector('#counts span').textContent === (%d).toLocaleString('en-US') + ' pipelines' &&
 		document.querySelector('#f-tenant').dataset.values === '\nteam-b' &&
 		[...document.querySelectorAll('#fleet-table tbody tr')].every(tr => tr.querySelector('.c-tenant').textContent === 'team-b')`, n/len(fleetTenants)+1))
 
