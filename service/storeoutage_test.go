@@ -205,15 +205,18 @@ func TestReadyThroughBrokenPipelineAndStoreOutage(t *testing.T) {
 	}
 	// A token the instance cannot check (made since the store's last read,
 	// for all it knows) is not called unknown: the store did not answer.
-	req, _ := http.NewRequest("GET", "http://"+p.addr+"/api/v1/pipelines", nil)
-	req.Header.Set("Authorization", "Bearer ferry_made_during_the_outage")
-	if resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req); err != nil {
-		t.Errorf("a token during the outage: %v", err)
-	} else {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 503 || !strings.Contains(string(b), "cannot be checked now") {
-			t.Errorf("a token the instance cannot check during the outage: %d %s; want 503 saying so", resp.StatusCode, b)
+	// The API's routes and /readyz, which details its answer for a token.
+	for _, path := range []string{"/api/v1/pipelines", "/readyz"} {
+		req, _ := http.NewRequest("GET", "http://"+p.addr+path, nil)
+		req.Header.Set("Authorization", "Bearer ferry_made_during_the_outage")
+		if resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req); err != nil {
+			t.Errorf("%s with a token during the outage: %v", path, err)
+		} else {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 503 || !strings.Contains(string(b), "cannot be checked now") {
+				t.Errorf("%s with a token the instance cannot check during the outage: %d %s; want 503 saying so", path, resp.StatusCode, b)
+			}
 		}
 	}
 	w, err := plugintest.Insert(ctx, e.Pool, "during-outage")

@@ -122,8 +122,15 @@ func (a *api) caller(w http.ResponseWriter, r *http.Request) (store.Scope, bool)
 	if a.o.MetricsToken != "" && constantTimeEqual(got, a.o.MetricsToken) {
 		return scopeMetrics, true
 	}
-	if p, prob := a.authenticate(r); prob == nil && !p.anonymous {
+	p, prob := a.authenticate(r)
+	if prob == nil && !p.anonymous {
 		return p.actor.Scope, true
+	}
+	if prob != nil && prob.code == http.StatusServiceUnavailable {
+		// The store cannot check the token now: saying "unknown" would be
+		// a guess, and it is not the caller's failure to count.
+		writeProblem(w, prob)
+		return "", false
 	}
 	a.throttle.failed(addr)
 	w.Header().Set("WWW-Authenticate", `Bearer realm="ferry"`)
