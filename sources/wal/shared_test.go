@@ -192,7 +192,9 @@ func TestSharedStream(t *testing.T) {
 		if slots == 1 && senders == 1 {
 			break
 		}
-		if slots > 1 || senders > 1 || time.Now().After(deadline) {
+		// A second slot is never a passing moment; a second walsender
+		// can be, while the old session's backend exits.
+		if slots > 1 || time.Now().After(deadline) {
 			t.Fatalf("%d pipelines use %d slots and %d walsenders, want 1 and 1", n, slots, senders)
 		}
 	}

@@ -89,9 +89,9 @@ func (c *Config) resetMember(ctx context.Context, conn *pgx.Conn, pipeline strin
 	}
 	// Only from the position read, and not split off meanwhile (the
 	// watcher splits stopped members). An initial snapshot not delivered
-	// yet is skipped too. split_at through to_jsonb, as in readMemberRow.
-	tag, err := conn.Exec(ctx, `UPDATE `+MembersTable+` m SET confirmed_lsn = $3::text::pg_lsn, snapshot_at = NULL, updated_at = now()
-		WHERE slot = $1 AND pipeline = $2 AND confirmed_lsn = $4::text::pg_lsn AND to_jsonb(m)->>'split_at' IS NULL`,
+	// yet is skipped too.
+	tag, err := conn.Exec(ctx, `UPDATE `+MembersTable+` SET confirmed_lsn = $3::text::pg_lsn, snapshot_at = NULL, updated_at = now()
+		WHERE slot = $1 AND pipeline = $2 AND confirmed_lsn = $4::text::pg_lsn AND split_at IS NULL`,
 		slot, pipeline, to.String(), row.at.String())
 	if err != nil {
 		return plugins.ResetResult{}, fmt.Errorf("reset: %s: %w", MembersTable, redact.Error(err))
