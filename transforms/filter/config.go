@@ -4,9 +4,9 @@ import (
 	"fmt"
 
 	"github.com/expr-lang/expr"
-	"github.com/expr-lang/expr/vm"
 
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/transforms/internal/expression"
 )
 
 // Config is a `filter` transform.
@@ -14,13 +14,17 @@ type Config struct {
 	// Expr is a boolean expression over the event (expr-lang syntax), e.g.
 	// `type != "Internal"` or `payload.total > 100`. Fields: aggregate_type,
 	// aggregate_id, type, topic, headers (a map), payload (the JSON payload,
-	// decoded only when the expression uses it). Required.
+	// decoded only when the expression uses it). Required. It runs with
+	// bounded cost (expression.DefaultLimits: at most 4 KiB of text, 1 MiB
+	// of payload read, 1 MiB per value built, 100,000 elements iterated,
+	// 100 ms per event); an event whose evaluation reaches a limit fails
+	// with reason expression_limit and goes to the dead-letter topic.
 	Expr string `yaml:"expr"`
 	// Action is keep (events for which Expr is true go on) or drop (they are
 	// dropped). Default keep.
 	Action string `yaml:"action"`
 
-	program *vm.Program
+	program *expression.Program
 }
 
 // DefaultConfig returns the defaults.
@@ -43,8 +47,8 @@ func (c *Config) Validate() error {
 	return p.Err()
 }
 
-func compile(src string) (*vm.Program, error) {
-	prog, err := expr.Compile(src, expr.Env(Event{}), expr.AsBool())
+func compile(src string) (*expression.Program, error) {
+	prog, err := expression.Compile(src, Event{}, expression.DefaultLimits, expr.AsBool())
 	if err != nil {
 		return nil, fmt.Errorf("does not compile: %w", err)
 	}

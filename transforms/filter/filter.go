@@ -1,21 +1,23 @@
 // Package filter keeps or drops events by an expression over the event,
 // written in expr-lang (github.com/expr-lang/expr) and compiled once at
-// start. A dropped event is acked: the source moves past it.
+// start. A dropped event is acked: the source moves past it. The
+// expression is a tenant's: it runs metered (transforms/internal/expression),
+// so no expression can make the process allocate or compute without bound.
 //
-// A transform imports plugins only, never pipelines, a source, a sink, another
-// transform or a lab package.
+// A transform imports plugins only (and the transforms' expression meter),
+// never pipelines, a source, a sink, another transform or a lab package.
 package filter
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/expr-lang/expr"
-	"github.com/expr-lang/expr/vm"
 
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/transforms/internal/expression"
 )
 
 // Name is the transform's registered type.
@@ -42,7 +44,7 @@ type Event struct {
 
 // Filter is the filter transform.
 type Filter struct {
-	program     *vm.Program
+	program     *expression.Program
 	keep        bool
 	usesPayload bool
 }
@@ -70,15 +72,27 @@ func (f *Filter) Process(msg *message.Message) ([]*message.Message, error) {
 		Headers:       msg.Metadata,
 	}
 	if f.usesPayload && len(msg.Payload) > 0 {
+		if max := expression.DefaultLimits.MaxInput; len(msg.Payload) > max {
+			return nil, plugins.Permanent(expression.ReasonLimit,
+				fmt.Errorf("filter reads the payload, which is %d bytes; an expression reads at most %d", len(msg.Payload), max))
+		}
 		if err := json.Unmarshal(msg.Payload, &ev.Payload); err != nil {
 			return nil, plugins.Permanent("undecodable_payload", fmt.Errorf("filter reads the payload, which is not JSON: %w", err))
 		}
 	}
-	out, err := expr.Run(f.program, ev)
-	if err != nil {
+	out, err := f.program.Run(ev)
+	var limit *expression.LimitError
+	switch {
+	case errors.As(err, &limit):
+		return nil, plugins.Permanent(expression.ReasonLimit, fmt.Errorf("filter expression stopped: %w", err))
+	case err != nil:
 		return nil, fmt.Errorf("filter expression: %w", err)
 	}
-	if out.(bool) == f.keep {
+	matched, ok := out.(bool)
+	if !ok {
+		return nil, fmt.Errorf("filter expression gave %T, not a boolean", out)
+	}
+	if matched == f.keep {
 		return []*message.Message{msg}, nil
 	}
 	return nil, nil

@@ -54,12 +54,41 @@ func TestFilter(t *testing.T) {
 	}
 }
 
+// TestBoundedCost: the expressions that took the whole process down
+// (runtime: out of memory, a fatal error no recover catches) fail their
+// event with reason expression_limit, as does a payload too large to read.
+func TestBoundedCost(t *testing.T) {
+	for _, c := range []struct{ expr, payload string }{
+		{`len(repeat(repeat("x", 999999), 999999)) > 0`, `{}`},
+		{`len(reduce(1..45, #acc + #acc, type)) > 0`, `{}`},
+		{`len(reduce(1..45, #acc + #acc, payload.s)) > 0`, `{"s": "ab"}`},
+		{`payload.total > 1`, `{"s": "` + strings.Repeat("x", 2<<20) + `"}`},
+	} {
+		cfg := filter.DefaultConfig()
+		cfg.Expr = c.expr
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		f, err := filter.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := message.NewMessage("ev", []byte(c.payload))
+		m.Metadata.Set(plugins.MetaEventType, "OrderPlaced")
+		out, err := f.Process(m)
+		if r, ok := plugins.IsPermanent(err); !ok || r != "expression_limit" || out != nil {
+			t.Errorf("%s: %v, %v; want a permanent failure expression_limit", c.expr, out, err)
+		}
+	}
+}
+
 func TestValidate(t *testing.T) {
 	for _, c := range []struct{ expr, action, want string }{
 		{`type ==`, "keep", "expr: does not compile"},
 		{`type + 1`, "keep", "expr: does not compile"},
 		{`true`, "toss", "action: must be keep or drop"},
 		{``, "keep", "expr: must not be empty"},
+		{strings.Repeat("type == type && ", 300) + "true", "keep", "expr: does not compile: the expression is"},
 	} {
 		cfg := filter.DefaultConfig()
 		cfg.Expr, cfg.Action = c.expr, c.action

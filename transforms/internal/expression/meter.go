@@ -1,0 +1,332 @@
+package expression
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/ast"
+	"github.com/expr-lang/expr/builtin"
+	"github.com/expr-lang/expr/conf"
+	"github.com/expr-lang/expr/vm/runtime"
+)
+
+// meterFunc is the function the rewrite wraps metered values in.
+const meterFunc = reserved + "v"
+
+// meter is one instance's account of the evaluation under way. Its
+// functions run on the evaluating goroutine only (one instance, one
+// evaluation at a time), so it needs no lock.
+type meter struct {
+	limits   *Limits
+	left     int
+	calls    int
+	deadline time.Time
+}
+
+func (m *meter) start() {
+	m.left, m.calls, m.deadline = m.limits.Work, 0, time.Now().Add(m.limits.Timeout)
+}
+
+// charge spends n units; past the budget, or past the deadline (looked at
+// every 16 charges: a charge is one metered value, so a loop is looked at
+// every 16 iterations at most), it stops the evaluation. It panics: the
+// virtual machine recovers what its functions panic with and returns it
+// as the evaluation's error.
+func (m *meter) charge(n int) {
+	m.left -= max(n, 1)
+	if m.left < 0 {
+		panic(&LimitError{Limit: "work", Msg: fmt.Sprintf("the expression did more than %d units of work (bytes of the strings and collections it used)", m.limits.Work)})
+	}
+	m.calls++
+	if m.calls&15 == 0 && time.Now().After(m.deadline) {
+		panic(&LimitError{Limit: "timeout", Msg: fmt.Sprintf("the expression ran longer than %s", m.limits.Timeout)})
+	}
+}
+
+// value charges v's size and refuses a value past MaxValue; it returns v.
+func (m *meter) value(args ...any) (any, error) {
+	v := args[0]
+	n := sizeOf(v, m.limits.MaxValue+1)
+	if n > m.limits.MaxValue {
+		return nil, tooLarge("a value", n, m.limits.MaxValue)
+	}
+	m.charge(n)
+	return v, nil
+}
+
+// reserve charges the size a builtin is about to build, refusing it past
+// MaxValue before anything is allocated.
+func (m *meter) reserve(name string, n int) error {
+	if n > m.limits.MaxValue || n < 0 {
+		return tooLarge(name+"'s result", n, m.limits.MaxValue)
+	}
+	m.charge(n)
+	return nil
+}
+
+func tooLarge(what string, n, limit int) *LimitError {
+	size := fmt.Sprintf("%d bytes", n)
+	if n < 0 || n > limit {
+		size = fmt.Sprintf("more than %d bytes", limit)
+	}
+	return &LimitError{Limit: "max_value", Msg: fmt.Sprintf("%s would be %s; at most %d are allowed", what, size, limit)}
+}
+
+// options registers the meter's function and the bounded builtins.
+func (m *meter) options() []expr.Option {
+	return []expr.Option{func(c *conf.Config) {
+		c.Functions[meterFunc] = &builtin.Function{Name: meterFunc, Func: m.value}
+		for name, size := range growing {
+			orig, ok := c.Builtins[name]
+			if !ok {
+				continue // disabled by the caller
+			}
+			bounded := *orig
+			call := orig.Func
+			if call == nil {
+				safe := orig.Safe
+				call = func(args ...any) (any, error) { out, _, err := safe(args...); return out, err }
+			}
+			bounded.Fast, bounded.Safe = nil, nil
+			bounded.Func = func(args ...any) (any, error) {
+				n, err := size(args)
+				if err != nil {
+					return nil, err
+				}
+				if err := m.reserve(name, n); err != nil {
+					return nil, err
+				}
+				return call(args...)
+			}
+			delete(c.Builtins, name)
+			c.Functions[name] = &bounded
+		}
+	}}
+}
+
+// growing are the builtins whose result may outgrow their arguments
+// without a bound, each with the size of its result computed from the
+// arguments before it is built (the argument types are the checked ones).
+var growing = map[string]func(args []any) (int, error){
+	"repeat": func(args []any) (int, error) {
+		s, _ := args[0].(string)
+		n := runtime.ToInt(args[1])
+		if n < 0 {
+			return 0, fmt.Errorf("invalid argument for repeat (expected positive integer, got %d)", n)
+		}
+		if len(s) > 0 && n > (1<<31)/len(s) {
+			return -1, nil
+		}
+		return len(s) * n, nil
+	},
+	"join": func(args []any) (int, error) {
+		glue := 0
+		if len(args) == 2 {
+			s, _ := args[1].(string)
+			glue = len(s)
+		}
+		n := runtime.Len(args[0])
+		if glue > 0 && n > (1<<31)/glue {
+			return -1, nil
+		}
+		return sizeOf(args[0], 1<<31) + n*glue, nil
+	},
+	"replace": func(args []any) (int, error) {
+		s, _ := args[0].(string)
+		old, _ := args[1].(string)
+		repl, _ := args[2].(string)
+		count := len(s) + 1 // an empty old matches between every rune
+		if old != "" {
+			count = strings.Count(s, old)
+		}
+		if len(args) == 4 {
+			if limit := runtime.ToInt(args[3]); limit >= 0 {
+				count = min(count, limit)
+			}
+		}
+		grow := len(repl) - len(old)
+		if grow > 0 && count > (1<<31)/grow {
+			return -1, nil
+		}
+		return len(s) + max(grow, 0)*count, nil
+	},
+}
+
+// meterer rewrites a checked tree so every value whose cost depends on its
+// size passes through the meter (meterFunc). It visits children first
+// (ast.Walk), so a wrapper it adds is never visited again.
+type meterer struct{}
+
+func (meterer) Visit(node *ast.Node) {
+	switch n := (*node).(type) {
+	case *ast.BinaryNode:
+		switch n.Operator {
+		case "and", "or", "&&", "||", "??", "..", "not":
+			return // cheap whatever their operands; a range is the VM's to count
+		}
+		n.Left, n.Right = meterIfCostly(n.Left), meterIfCostly(n.Right)
+	case *ast.MemberNode:
+		if _, constant := n.Property.(*ast.StringNode); !constant {
+			n.Property = meterIfCostly(n.Property) // a map key is hashed
+		}
+	case *ast.BuiltinNode:
+		predicate := false
+		for i, arg := range n.Arguments {
+			if p, ok := arg.(*ast.PredicateNode); ok {
+				// Every call of a predicate is charged (at least 1), which
+				// also looks at the deadline inside loops.
+				p.Node, predicate = metered(p.Node), true
+			} else if i > 0 || !isLoop(n.Name) {
+				n.Arguments[i] = meterIfCostly(arg)
+			}
+		}
+		if !predicate {
+			*node = meterIfCostly(n)
+		}
+	case *ast.CallNode:
+		if id, ok := n.Callee.(*ast.IdentifierNode); ok && growing[id.Value] != nil {
+			for i, arg := range n.Arguments {
+				n.Arguments[i] = meterIfCostly(arg)
+			}
+			*node = meterIfCostly(n)
+		}
+	}
+}
+
+// isLoop reports whether a builtin iterates its first argument: the
+// collection is the VM's to count (its scope), element by element.
+func isLoop(name string) bool {
+	switch name {
+	case "all", "none", "any", "one", "filter", "map", "count", "sum", "find", "findIndex",
+		"findLast", "findLastIndex", "groupBy", "sortBy", "reduce":
+		return true
+	}
+	return false
+}
+
+// meterIfCostly wraps n when its value may be a string or a collection;
+// numbers and booleans cost nothing to pass around.
+func meterIfCostly(n ast.Node) ast.Node {
+	if t := n.Type(); t != nil {
+		switch t.Kind() {
+		case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+			reflect.Float32, reflect.Float64:
+			return n
+		}
+	}
+	if _, ok := n.(*ast.CallNode); ok && isMeter(n) {
+		return n
+	}
+	return metered(n)
+}
+
+func metered(n ast.Node) ast.Node {
+	c := &ast.CallNode{Callee: &ast.IdentifierNode{Value: meterFunc}, Arguments: []ast.Node{n}}
+	c.SetLocation(n.Location())
+	return c
+}
+
+func isMeter(n ast.Node) bool {
+	c, ok := n.(*ast.CallNode)
+	if !ok {
+		return false
+	}
+	id, ok := c.Callee.(*ast.IdentifierNode)
+	return ok && id.Value == meterFunc
+}
+
+// sizeOf is what v costs to hold or scan: a string's bytes, 8 per number,
+// 16 per element of a collection plus its elements' own, a map's keys too.
+// It stops counting once past limit (and returns a value past it), so
+// measuring a huge value costs no more than a small one.
+func sizeOf(v any, limit int) int {
+	switch v := v.(type) {
+	case nil:
+		return 0
+	case string:
+		return len(v)
+	case []byte:
+		return len(v)
+	case bool, int, int64, float64, int32, float32, uint, uint64, time.Time, time.Duration:
+		return 8
+	case []any:
+		n := 16 * len(v)
+		for _, e := range v {
+			if n > limit {
+				return n
+			}
+			n += sizeOf(e, limit-n)
+		}
+		return n
+	case []int:
+		return 8 * len(v)
+	case []string:
+		n := 16 * len(v)
+		for _, e := range v {
+			if n > limit {
+				return n
+			}
+			n += len(e)
+		}
+		return n
+	case map[string]any:
+		n := 16 * len(v)
+		for k, e := range v {
+			if n > limit {
+				return n
+			}
+			n += len(k) + sizeOf(e, limit-n)
+		}
+		return n
+	case map[string]string:
+		n := 16 * len(v)
+		for k, e := range v {
+			if n > limit {
+				return n
+			}
+			n += len(k) + len(e)
+		}
+		return n
+	}
+	return reflectSize(reflect.ValueOf(v), limit)
+}
+
+// reflectSize is sizeOf for the types expr-lang passes around less often
+// (typed slices and maps, structs of the environment).
+func reflectSize(v reflect.Value, limit int) int {
+	switch v.Kind() {
+	case reflect.String:
+		return v.Len()
+	case reflect.Slice, reflect.Array:
+		n := 16 * v.Len()
+		for i := 0; i < v.Len() && n <= limit; i++ {
+			n += reflectSize(v.Index(i), limit-n)
+		}
+		return n
+	case reflect.Map:
+		n := 16 * v.Len()
+		it := v.MapRange()
+		for n <= limit && it.Next() {
+			n += reflectSize(it.Key(), limit-n) + reflectSize(it.Value(), limit-n)
+		}
+		return n
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return 0
+		}
+		return reflectSize(v.Elem(), limit)
+	case reflect.Struct:
+		n := 0
+		for i := 0; i < v.NumField() && n <= limit; i++ {
+			if v.Type().Field(i).IsExported() {
+				n += reflectSize(v.Field(i), limit-n)
+			}
+		}
+		return n
+	}
+	return 8
+}
