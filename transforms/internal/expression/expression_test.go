@@ -78,7 +78,9 @@ func equal(a, b any) bool {
 	return strings.TrimSpace(strings.ReplaceAll(fmtv(a), " ", "")) == strings.TrimSpace(strings.ReplaceAll(fmtv(b), " ", ""))
 }
 
-func fmtv(v any) string { return strings.ReplaceAll(strings.Trim(strings.TrimSpace(sprint(v)), "\n"), "\n", "") }
+func fmtv(v any) string {
+	return strings.ReplaceAll(strings.Trim(strings.TrimSpace(sprint(v)), "\n"), "\n", "")
+}
 
 // TestBombs: expressions that would take the process down each fail with
 // a LimitError, quickly, without allocating what they ask for.
