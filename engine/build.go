@@ -49,6 +49,8 @@ type Pipeline struct {
 	headersWarned atomic.Int64
 	// reservedWarned is when a row's reserved headers were last logged.
 	reservedWarned atomic.Int64
+	// crash parks the pipeline after panics in a row (crashguard.go).
+	crash *crashGuard
 }
 
 // warnHeaders logs that an event goes without its row's headers, at most
@@ -127,7 +129,7 @@ func Build(spec *pipelines.Spec, env plugins.Env) (*Pipeline, error) {
 	if outbox != nil {
 		env.Origin = originOf(*outbox)
 	}
-	p := &Pipeline{Spec: spec, Log: env.Logger, report: env.Report}
+	p := &Pipeline{Spec: spec, Log: env.Logger, report: env.Report, crash: newCrashGuard()}
 
 	snk, err := spec.Sink.Factory.BuildSink(spec.Sink.Config, env)
 	if err != nil {

@@ -201,6 +201,9 @@ func (p *Pipeline) transform(d *delivery, i int, now time.Time) {
 		times[s] = time.Since(start)
 		switch {
 		case err != nil:
+			if tp := (*transformPanic)(nil); errors.As(err, &tp) {
+				p.crash.panicked(p, stage.Name, tp.v)
+			}
 			topic := out.Metadata.Get(plugins.MetaTopic)
 			if fan != nil {
 				topic = fan[0].Metadata.Get(plugins.MetaTopic)
@@ -365,6 +368,7 @@ func (d *delivery) interrupted(err error) {
 	var rp middleware.RecoveredPanicError
 	if errors.As(err, &rp) {
 		d.p.Log.Error("panic while delivering a batch; its unsettled events are retried", "events", d.hi-d.lo, "panic", rp.V, "stack", rp.Stacktrace)
+		d.p.crash.panicked(d.p, "the delivery", rp.V)
 		err = fmt.Errorf("delivery panicked: %v", rp.V)
 	}
 	for i := d.lo; i < d.hi; i++ {
@@ -396,6 +400,9 @@ func (d *delivery) settle(i int, f fate) {
 		return
 	}
 	st.settled, st.fate, st.busy = true, f, false
+	if f == confirmed || f == dropped {
+		d.p.crash.progressed()
+	}
 	d.observe(i)
 	if f == failed {
 		d.events[i].Nack()
@@ -455,15 +462,21 @@ func runStage(st Stage, msgs []*message.Message) (out []*message.Message, err er
 }
 
 // process applies one transform to one message. A panicking transform
-// fails the event, not the process.
+// fails the event (a *transformPanic), not the process.
 func process(st Stage, m *message.Message) (out []*message.Message, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			out, err = nil, fmt.Errorf("transform panicked: %v", r)
+			out, err = nil, &transformPanic{v: r}
 		}
 	}()
 	return st.Transform.Process(m)
 }
+
+// transformPanic is a transform's panic as the event's error; the
+// pipeline counts it (crashGuard).
+type transformPanic struct{ v any }
+
+func (e *transformPanic) Error() string { return fmt.Sprintf("transform panicked: %v", e.v) }
 
 // copyEvent is Watermill's CopyWithContext with the metadata cloned in one
 // allocation (Copy sets each key into a map that grows as it goes), and

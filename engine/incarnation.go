@@ -191,6 +191,7 @@ func (l *lifecycle) run(ctx context.Context, e *entry, inc *incarnation) {
 	select {
 	case <-ctx.Done():
 	case <-h.Stopped(): // the source ended on its own (a fatal error)
+	case <-p.crash.Parked(): // its code panicked again and again: failed
 	}
 	// Stopping the handler cancels the source's subscription: it stops
 	// reading, drains in-flight events and records progress.

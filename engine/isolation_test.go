@@ -274,7 +274,8 @@ func TestPanickingTransformIsContained(t *testing.T) {
 	natssink.Register(r)
 	plugins.RegisterTransform(r, "boom", func() *slowConfig { return &slowConfig{} }, func(*slowConfig, plugins.Env) (plugins.Transform, error) {
 		return plugins.TransformFunc(func(m *message.Message) ([]*message.Message, error) {
-			if strings.Contains(string(m.Payload), "boom") && panics.Add(1) <= 8 {
+			// Fewer panics in a row than park a pipeline (TestPanicLoopIsParked).
+			if strings.Contains(string(m.Payload), "boom") && panics.Add(1) <= 3 {
 				panic("the custom transform has a bug")
 			}
 			return []*message.Message{m}, nil
@@ -330,5 +331,94 @@ sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
 	}
 	if st, _ := sup.Status("fine"); st.State != engine.StateRunning || st.Starts != 1 {
 		t.Errorf("the other pipeline was touched: %+v", st)
+	}
+}
+
+// A custom transform that panics on every attempt of an event parks its
+// pipeline after five panics in a row: failed, with the panic, instead of
+// a redelivery loop for ever; the other pipeline delivers throughout, and
+// a restart once the code is fixed delivers the event, nothing skipped.
+func TestPanicLoopIsParked(t *testing.T) {
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	ctx := context.Background()
+	var panics atomic.Int32
+	var fixed atomic.Bool
+	r := plugins.NewRegistry()
+	xid8.Register(r)
+	natssink.Register(r)
+	plugins.RegisterTransform(r, "boom", func() *slowConfig { return &slowConfig{} }, func(*slowConfig, plugins.Env) (plugins.Transform, error) {
+		return plugins.TransformFunc(func(m *message.Message) ([]*message.Message, error) {
+			if strings.Contains(string(m.Payload), "boom") && !fixed.Load() {
+				panics.Add(1)
+				panic("the custom transform has a bug")
+			}
+			return []*message.Message{m}, nil
+		}), nil
+	})
+	ddl, _ := xid8.Schema("outbox_b")
+	if _, err := e.Pool.Exec(ctx, ddl); err != nil {
+		t.Fatal(err)
+	}
+	specs, err := pipelines.Loader{Registry: r}.LoadBytes("boom.yaml", []byte(fmt.Sprintf(`name: buggy
+source: {type: xid8, dsn: %[1]q, poll_interval: 20ms}
+transforms: [{type: boom}]
+sink: {type: nats, url: %[2]q, subject: %[3]s.buggy}
+---
+name: fine
+source: {type: xid8, dsn: %[1]q, table: outbox_b, poll_interval: 20ms}
+sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
+`, e.DSN, e.NATS, e.Subject)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_PARK", 0, e.Subject+".>")
+	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 1}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(runCtx, specs) }()
+	defer func() { cancel(); <-done }()
+
+	if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('o', 'x', 'T', '{"what": "boom"}'), ('o', 'x', 'T', '{"what": "after"}')`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, "the buggy pipeline parked: failed with the panic", func() bool {
+		st, _ := sup.Status("buggy")
+		return st.State == engine.StateFailed && strings.Contains(st.LastError, "parked after 5 panics in a row") &&
+			strings.Contains(st.LastError, "the custom transform has a bug")
+	})
+	for i := range 50 {
+		if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox_b (aggregate_type, aggregate_id, type, payload) VALUES ('o', 'y', 'T', jsonb_build_object('n', $1::int))`, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coll.WaitFor(t, 60*time.Second, "the other pipeline's 50 events", func(m []testenv.Received) bool { return len(m) >= 50 })
+	// Parked means no more attempts: the count stays where parking left it.
+	stopped := panics.Load()
+	if stopped < 5 {
+		t.Fatalf("%d panics before parking, want at least 5", stopped)
+	}
+	if st, _ := sup.Status("buggy"); st.State != engine.StateFailed {
+		t.Fatalf("buggy pipeline %s after parking, want failed", st.State)
+	}
+	if n := panics.Load(); n != stopped {
+		t.Fatalf("the parked pipeline went on: %d panics, %d when it was parked", n, stopped)
+	}
+
+	fixed.Store(true)
+	if err := sup.Restart("buggy"); err != nil {
+		t.Fatal(err)
+	}
+	coll.WaitFor(t, 60*time.Second, "the parked events after the restart", func(m []testenv.Received) bool { return len(m) >= 52 })
+	var buggy []string
+	for _, m := range coll.All() {
+		if strings.HasSuffix(m.Subject, ".buggy") {
+			buggy = append(buggy, string(m.Data))
+		}
+	}
+	if strings.Join(buggy, " ") != `{"what": "boom"} {"what": "after"}` {
+		t.Fatalf("buggy pipeline delivered %v after its restart; want the event it was parked on, then the one behind it", buggy)
 	}
 }

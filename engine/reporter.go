@@ -95,6 +95,9 @@ func (r *reporter) Failing(err error, retryIn time.Duration) {
 	msg := r.errorText(err)
 	var first, changed bool
 	r.entries.update(r.name, func(e *entry) {
+		if e.status.State == StateFailed {
+			return // failed says why it stopped (Fatal); a late failure does not replace that
+		}
 		first = !r.failing.Swap(true)
 		changed = !first && msg != r.episode.lastErr
 		r.episode.lastErr, r.episode.pending = msg, false
