@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -48,7 +49,11 @@ const (
 	teamBPW = "team-b-pw-Wq44"
 )
 
-func startHostile(t *testing.T) *hostile {
+func startHostile(t *testing.T) *hostile { return startHostileWith(t, child) }
+
+// startHostileWith is startHostile with the instance started by launch
+// (child, or boundedFerry for a memory bound).
+func startHostileWith(t *testing.T, launch func(args []string, env ...string) *exec.Cmd) *hostile {
 	t.Helper()
 	h := &hostile{a: relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema}), logs: &safeBuffer{},
 		tokens: map[string]string{"admin": cpAdmin, "none": "", "bad": "ferry_" + strings.Repeat("1", 64)}}
@@ -75,7 +80,7 @@ func startHostile(t *testing.T) *hostile {
 		"--secrets-key-file", keyFile, "--secrets-dir", secretsDir, "--metrics-token-file", metricsFile, "--shutdown-timeout", "3s"}
 	// What a careless server's environment holds: the admin token, the
 	// store's DSN, another tenant's database.
-	h.in.cmd = child(args, "FERRY_ADMIN_TOKEN="+cpAdmin,
+	h.in.cmd = launch(args, "FERRY_ADMIN_TOKEN="+cpAdmin,
 		"FERRY_STORE_DSN="+h.store, "TEAM_A_DB_URL="+withPassword(h.a.DSN, teamAPW), "PGPASSWORD="+storePW)
 	h.in.cmd.Stdout, h.in.cmd.Stderr = h.logs, h.logs
 	must(t, h.in.cmd.Start())

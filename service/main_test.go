@@ -53,6 +53,25 @@ var (
 // runs them.
 func ferry(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
+	var o, e bytes.Buffer
+	cmd := exec.Command(ferryBinary(t), args...)
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	default:
+		t.Fatalf("ferry %s: %v", strings.Join(args, " "), err)
+	}
+	return code, o.String(), e.String()
+}
+
+// ferryBinary is the ferry command, built once per test binary (without
+// the race detector, whatever the tests run with).
+func ferryBinary(t *testing.T) string {
+	t.Helper()
 	ferryOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "ferry-service-test-")
 		if err != nil {
@@ -68,19 +87,7 @@ func ferry(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	if ferryErr != nil {
 		t.Fatal(ferryErr)
 	}
-	var o, e bytes.Buffer
-	cmd := exec.Command(ferryBin, args...)
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	default:
-		t.Fatalf("ferry %s: %v", strings.Join(args, " "), err)
-	}
-	return code, o.String(), e.String()
+	return ferryBin
 }
 
 // syncBuffer collects a child's output while the test reads it.
@@ -170,6 +177,21 @@ func (in *instance) kill() {
 		in.cmd.Process.Signal(syscall.SIGKILL)
 		in.cmd.Wait()
 	}
+}
+
+// alive reports whether the instance's process still runs: not exited,
+// whether or not anyone waited for it yet (a zombie is dead).
+func (in *instance) alive() bool {
+	if in.cmd.ProcessState != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", in.cmd.Process.Pid))
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S …": the state follows the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' && stat[i+2] != 'X'
 }
 
 // owned lists the pipelines this instance runs (nil if it does not answer).
