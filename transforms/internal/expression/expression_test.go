@@ -54,6 +54,7 @@ func TestMeaning(t *testing.T) {
 		{`count(1..10, # % 2 == 0)`, 5},
 		{`let x = type; x + x`, "OrderPlacedOrderPlaced"},
 		{`payload.customer?.email ?? "none"`, "x@y"},
+		{`{(type): 1}[type]`, 1},
 		{`toJSON(payload.items)`, "[\n  \"a\",\n  \"b\"\n]"},
 		{`split("a,b", ",")`, []string{"a", "b"}},
 		{`sortBy(["bb", "a"], len(#))`, []any{"a", "bb"}},
@@ -100,6 +101,7 @@ func TestBombs(t *testing.T) {
 		{`let s = repeat("x", 1000000); len(groupBy(map(1..30000, s), #)) > 0`, "work"},
 		{`let s = repeat("x", 1000000); all(1..49999, headers[s] == "")`, "work"},
 		{`len(toJSON(map(1..40000, repeat("x", 1000)))) > 0`, "work"},
+		{`let s = repeat("x", 1000000); all(1..49999, len({(s): 1}) > 0)`, "work"},
 	} {
 		p, err := expression.Compile(c.src, event{}, expression.DefaultLimits, expr.AsBool())
 		if err != nil {

@@ -168,6 +168,8 @@ func (meterer) Visit(node *ast.Node) {
 			return // cheap whatever their operands; a range is the VM's to count
 		}
 		n.Left, n.Right = meterIfCostly(n.Left), meterIfCostly(n.Right)
+	case *ast.PairNode:
+		n.Key = meterIfCostly(n.Key) // a map literal's key is hashed
 	case *ast.MemberNode:
 		if _, constant := n.Property.(*ast.StringNode); !constant {
 			n.Property = meterIfCostly(n.Property) // a map key is hashed
