@@ -17,7 +17,7 @@ type Config struct {
 	// decoded only when the expression uses it). Required. It runs with
 	// bounded cost (expression.DefaultLimits: at most 4 KiB of text, 1 MiB
 	// of payload read, 1 MiB per value built, 100,000 elements iterated,
-	// 100 ms per event); an event whose evaluation reaches a limit fails
+	// 4 Mi units of work per event); an event whose evaluation reaches a limit fails
 	// with reason expression_limit and goes to the dead-letter topic.
 	Expr string `yaml:"expr"`
 	// Action is keep (events for which Expr is true go on) or drop (they are

@@ -2,9 +2,10 @@
 // writes (a filter's condition, and any expression-based transform) at a
 // bounded cost: whatever an expression asks for, one evaluation builds no
 // value larger than Limits.MaxValue, does no more than Limits.Work units of
-// size-dependent work, iterates no more than Limits.Iterations elements and
-// ends within Limits.Timeout. A breach is a *LimitError for that call —
-// the event fails — never a process that runs out of memory.
+// work, iterates no more than Limits.Iterations elements and ends within
+// Limits.Timeout (a backstop: the budgets end it sooner). A breach is a
+// *LimitError for that call — the event fails — never a process that runs
+// out of memory or a core held for good.
 //
 // expr-lang bounds only what its virtual machine allocates itself (ranges,
 // arrays, loop scopes) and checks that budget after a builtin returned, so
@@ -52,13 +53,18 @@ type Limits struct {
 	// plus 16 per element) an evaluation may build or use, and the
 	// largest result.
 	MaxValue int
-	// Work is how many units of size-dependent work one evaluation may do:
-	// each metered value costs its size, each predicate call at least 1.
+	// Work is how many units of work one evaluation may do: each metered
+	// value costs its size, each call of a predicate (a loop's body) also
+	// its size in syntax nodes. It bounds the evaluation's CPU as well as
+	// what it scans.
 	Work int
 	// Iterations bounds the elements of the ranges, arrays, maps and loops
 	// one evaluation makes (expr-lang's memory budget).
 	Iterations uint
-	// Timeout is how long one evaluation may run.
+	// Timeout is how long one evaluation may run, by the wall clock: a
+	// backstop, set far above what Work and Iterations allow, so that a
+	// process starved of CPU does not fail expressions that are within
+	// their budgets.
 	Timeout time.Duration
 }
 
@@ -70,9 +76,9 @@ var DefaultLimits = Limits{
 	MaxNodes:   1000,
 	MaxInput:   1 << 20,
 	MaxValue:   1 << 20,
-	Work:       16 << 20,
+	Work:       4 << 20,
 	Iterations: 100_000,
-	Timeout:    100 * time.Millisecond,
+	Timeout:    2 * time.Second,
 }
 
 // LimitError is an evaluation stopped at one of its limits. The event it

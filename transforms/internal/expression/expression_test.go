@@ -3,6 +3,7 @@ package expression_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -84,13 +85,17 @@ func fmtv(v any) string {
 }
 
 // TestBombs: expressions that would take the process down each fail with
-// a LimitError, quickly, without allocating what they ask for.
+// a LimitError (one of the limits named), quickly, without allocating what
+// they ask for.
 func TestBombs(t *testing.T) {
 	for _, c := range []struct{ src, limit string }{
+		// Under the race detector the VM is slow enough that the wall-clock
+		// backstop may come first.
+		{`all(1..99999, ` + strings.Repeat("1 + ", 300) + `1 > 0)`, "work timeout"},
 		{`len(repeat(repeat("x", 999999), 999999)) > 0`, "max_value"},
-		{`len(reduce(1..45, #acc + #acc, type)) > 0`, "max_value"},
-		{`len(reduce(1..45, join([#acc, #acc]), type)) > 0`, "max_value"},
-		{`len(reduce(1..45, replace(#acc, "e", "ee"), type)) > 0`, "max_value"},
+		{`len(reduce(1..45, #acc + #acc, type)) > 0`, "max_value work"},
+		{`len(reduce(1..45, join([#acc, #acc]), type)) > 0`, "max_value work"},
+		{`len(reduce(1..45, replace(#acc, "e", "ee"), type)) > 0`, "max_value work"},
 		{`len(reduce(1..40, #acc + #acc, [type])) > 0`, ""}, // arrays do not add: a runtime error
 		{`len(join(map(1..40000, ""), repeat("x", 1000000))) > 0`, "max_value"},
 		{`len(replace(repeat("x", 1000000), "", repeat("y", 1000000))) > 0`, "max_value"},
@@ -119,7 +124,7 @@ func TestBombs(t *testing.T) {
 			// Any error will do.
 		case !errors.As(err, &le):
 			t.Errorf("%s: %v, want a LimitError (%s)", c.src, err, c.limit)
-		case le.Limit != c.limit && !(le.Limit == "timeout" && c.limit == "work"):
+		case !slices.Contains(strings.Fields(c.limit), le.Limit):
 			t.Errorf("%s: limit %s (%v), want %s", c.src, le.Limit, err, c.limit)
 		}
 		t.Logf("%s: %v in %s", c.src, err, took.Round(time.Millisecond))

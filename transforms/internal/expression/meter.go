@@ -13,8 +13,12 @@ import (
 	"github.com/expr-lang/expr/vm/runtime"
 )
 
-// meterFunc is the function the rewrite wraps metered values in.
-const meterFunc = reserved + "v"
+// meterFunc is the function the rewrite wraps metered values in;
+// predicateFunc wraps a predicate's body, with the body's size.
+const (
+	meterFunc     = reserved + "v"
+	predicateFunc = reserved + "p"
+)
 
 // meter is one instance's account of the evaluation under way. Its
 // functions run on the evaluating goroutine only (one instance, one
@@ -38,7 +42,7 @@ func (m *meter) start() {
 func (m *meter) charge(n int) {
 	m.left -= max(n, 1)
 	if m.left < 0 {
-		panic(&LimitError{Limit: "work", Msg: fmt.Sprintf("the expression did more than %d units of work (bytes of the strings and collections it used)", m.limits.Work)})
+		panic(&LimitError{Limit: "work", Msg: fmt.Sprintf("the expression did more than %d units of work (bytes of the values it used, nodes of the loop bodies it ran)", m.limits.Work)})
 	}
 	m.calls++
 	if m.calls&15 == 0 && time.Now().After(m.deadline) {
@@ -54,6 +58,19 @@ func (m *meter) value(args ...any) (any, error) {
 		return nil, tooLarge("a value", n, m.limits.MaxValue)
 	}
 	m.charge(n)
+	return v, nil
+}
+
+// predicate charges one call of a predicate: its result's size plus its
+// body's size in syntax nodes (args[1]), so a loop's work is counted even
+// when its body builds nothing; it returns the result.
+func (m *meter) predicate(args ...any) (any, error) {
+	v := args[0]
+	n := sizeOf(v, m.limits.MaxValue+1)
+	if n > m.limits.MaxValue {
+		return nil, tooLarge("a value", n, m.limits.MaxValue)
+	}
+	m.charge(n + runtime.ToInt(args[1]))
 	return v, nil
 }
 
@@ -79,6 +96,7 @@ func tooLarge(what string, n, limit int) *LimitError {
 func (m *meter) options() []expr.Option {
 	return []expr.Option{func(c *conf.Config) {
 		c.Functions[meterFunc] = &builtin.Function{Name: meterFunc, Func: m.value}
+		c.Functions[predicateFunc] = &builtin.Function{Name: predicateFunc, Func: m.predicate}
 		for name, size := range growing {
 			orig, ok := c.Builtins[name]
 			if !ok {
@@ -178,9 +196,13 @@ func (meterer) Visit(node *ast.Node) {
 		predicate := false
 		for i, arg := range n.Arguments {
 			if p, ok := arg.(*ast.PredicateNode); ok {
-				// Every call of a predicate is charged (at least 1), which
-				// also looks at the deadline inside loops.
-				p.Node, predicate = metered(p.Node), true
+				// Every call of a predicate is charged (its body's size at
+				// least), which also looks at the deadline inside loops.
+				var size nodeCount
+				ast.Walk(&p.Node, &size)
+				c := &ast.CallNode{Callee: &ast.IdentifierNode{Value: predicateFunc}, Arguments: []ast.Node{p.Node, &ast.IntegerNode{Value: int(size)}}}
+				c.SetLocation(p.Node.Location())
+				p.Node, predicate = c, true
 			} else if i > 0 || !isLoop(n.Name) {
 				n.Arguments[i] = meterIfCostly(arg)
 			}
@@ -197,6 +219,11 @@ func (meterer) Visit(node *ast.Node) {
 		}
 	}
 }
+
+// nodeCount counts the nodes of a tree.
+type nodeCount int
+
+func (n *nodeCount) Visit(*ast.Node) { *n++ }
 
 // isLoop reports whether a builtin iterates its first argument: the
 // collection is the VM's to count (its scope), element by element.
