@@ -415,9 +415,9 @@ func (c *api) auditValidate(ctx context.Context, p principal, verdicts []validat
 		outcome := "valid"
 		switch n := end - v.before; {
 		case v.policy:
-			outcome = fmt.Sprintf("refused by the tenant's policy (%d problems)", n)
+			outcome = fmt.Sprintf("refused by the tenant's policy (problems: %d)", n)
 		case n > 0:
-			outcome = fmt.Sprintf("invalid (%d problems)", n)
+			outcome = fmt.Sprintf("invalid (problems: %d)", n)
 		}
 		if connect {
 			outcome = "with connect check: " + outcome
