@@ -15,8 +15,9 @@ import (
 // created or changed (`ferry validate --connect`, the API's
 // ?connect=true): the source database (reachable, the table and its
 // columns, the role's privileges on it, what a replication slot needs) and
-// the broker (reachable, answers). It creates nothing: no slot, no
-// publication, no stream. Both stages are checked, so one answer names
+// the broker (reachable, answers, the stream, exchange or topic the sink
+// would create or use). It creates and changes nothing: no slot, no
+// publication, no stream (plugins.DryStarter). Both stages are checked, so one answer names
 // everything that would fail; Healthy is false when either is unhealthy.
 func Preflight(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	o.defaults()
@@ -28,7 +29,7 @@ func Preflight(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 		return d
 	}
 	defer p.Close()
-	d.Checks = []Check{checkSourceLive(ctx, spec, p, o), checkBroker(ctx, p, o)}
+	d.Checks = []Check{checkSourceLive(ctx, spec, p, o), checkBrokerDry(ctx, spec, p, o)}
 	for _, c := range d.Checks {
 		if c.Status == Unhealthy && d.Stage == "" {
 			d.Stage = c.Stage
@@ -91,4 +92,39 @@ func checkGrants(ctx context.Context, spec *pipelines.Spec, o Options) *Check {
 		Evidence: []string{fmt.Sprintf("role %s lacks %s, which the %s source needs (it would be refused with SQLSTATE 42501 at its first use)",
 			role, strings.Join(what, " and "), spec.Source.Type)},
 		Action: "as the owner (of the table, of its schema): " + strings.Join(grants, " ")}
+}
+
+// checkBrokerDry connects the sink without creating or changing anything
+// on the broker (DryStart, not Start) and checks it answers; what a start
+// would create is evidence ("would create stream ORDERS …"). A sink that
+// cannot connect that way is not started: its Start may create objects.
+func checkBrokerDry(ctx context.Context, spec *pipelines.Spec, p *engine.Pipeline, o Options) Check {
+	c := Check{Stage: StageBroker}
+	ds, ok := p.Sink.(plugins.DryStarter)
+	if !ok {
+		c.Status = Skipped
+		c.Evidence = []string{fmt.Sprintf("the %s sink has no read-only connect check (its start may create what it publishes to): not connected", spec.Sink.Type)}
+		return c
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	notes, err := ds.DryStart(ctx)
+	if err != nil {
+		c.Status, c.Evidence = Unhealthy, []string{"cannot start: " + redact.String(err.Error())}
+		c.Action = "check the broker is up and reachable with the sink's settings, and what it says of the sink's stream, exchange or topic; nothing was created"
+		return c
+	}
+	c.Status, c.Evidence = OK, []string{"connected"}
+	if pg, ok := p.Sink.(plugins.Pinger); ok {
+		if err := pg.Ping(ctx); err != nil {
+			c.Status, c.Evidence = Unhealthy, []string{"the broker does not answer: " + redact.String(err.Error())}
+			c.Action = "check the broker is up and reachable with the sink's settings"
+			return c
+		}
+		c.Evidence = []string{"the broker answers"}
+	}
+	for _, n := range notes {
+		c.Evidence = append(c.Evidence, redact.String(n))
+	}
+	return c
 }

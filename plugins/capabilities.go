@@ -82,6 +82,14 @@ import (
 //     use the sink, and a transform's destinations are known only per
 //     event (each is checked at publish).
 //
+// On a sink config (endpoints.go):
+//
+//   - BrokerObjectLister: the tenant policy checks the names of the
+//     streams, exchanges, queues and topics the sink creates against the
+//     tenant's allowed prefixes, and refuses creating an object per event
+//     when a destination is computed per event. Without it the sink must
+//     create nothing.
+//
 // On any config struct, a string field tagged `ferry:"template"` keeps its
 // ${…} for the component: the loader does not read it as an environment
 // variable; one tagged `ferry:"file"` names a file on the server, which a
@@ -106,6 +114,11 @@ import (
 //   - tracing.Destinations (package tracing, which imports this one): the
 //     publish span names where a message without a topic goes, the sink's
 //     default destination. Without it such a span names no destination.
+//   - DryStarter: `ferry validate --connect` and the API's ?connect=true
+//     connect the sink with DryStart instead of Start, so the check
+//     creates and changes nothing on the broker. Without it the connect
+//     check does not start the sink (a Start may create streams,
+//     exchanges or topics) and says so.
 //   - Pinger: `ferry doctor` checks the broker answers. Without it doctor
 //     only checks that Start connects.
 //   - ConsumerLagger: `ferry doctor` reports the lag of the consumers named
@@ -274,6 +287,16 @@ type LastStage interface {
 // or it fails. It is called after Start.
 type Reader interface {
 	Read(ctx context.Context, topic string, handle func(*message.Message)) error
+}
+
+// DryStarter is implemented by sinks whose Start creates or declares
+// broker objects (a stream, an exchange, a topic). DryStart connects as
+// Start does and looks those objects up, creating and changing nothing
+// anywhere: an object Start would create is a note ("would create stream
+// ORDERS"), one Start would refuse is the error. It is called instead of
+// Start on a sink built for a connect check; Ping and Close may follow.
+type DryStarter interface {
+	DryStart(ctx context.Context) (notes []string, err error)
 }
 
 // Pinger is implemented by sinks that can check the broker is reachable

@@ -113,6 +113,62 @@ type DestinationLister interface {
 	Destinations() []Destination
 }
 
+// ObjectKind is the kind of a BrokerObject.
+type ObjectKind string
+
+// Broker object kinds.
+const (
+	// ObjectStream is a NATS JetStream stream. Its name cannot hold ".",
+	// "*", ">" or spaces, so a policy compares it with each allowed
+	// destination prefix written with "_" for every character a stream
+	// name cannot hold (StreamPrefix).
+	ObjectStream ObjectKind = "stream"
+	// ObjectExchange is a RabbitMQ exchange.
+	ObjectExchange ObjectKind = "exchange"
+	// ObjectQueue is a RabbitMQ queue.
+	ObjectQueue ObjectKind = "queue"
+	// ObjectTopic is a Kafka topic.
+	ObjectTopic ObjectKind = "topic"
+)
+
+// BrokerObject is a stream, exchange, queue or topic a sink creates or
+// declares on its broker, named by its config.
+type BrokerObject struct {
+	// Path is the key that names it, relative to the component:
+	// "create_stream.name".
+	Path string
+	// Kind is what it is.
+	Kind ObjectKind
+	// Name is the object's name as written.
+	Name string
+	// PerEvent, when set, is the key ("create_topics") that makes the
+	// sink also create an object of this kind for every destination an
+	// event is routed to: a destination computed per event (a template)
+	// would make it create objects without bound.
+	PerEvent string
+}
+
+// BrokerObjectLister is implemented by sink configs that create or
+// declare broker objects: the tenant policy checks that a tenant's
+// pipeline creates objects only under its allowed destination prefixes.
+type BrokerObjectLister interface {
+	BrokerObjects() []BrokerObject
+}
+
+// StreamPrefix is prefix as a NATS stream name can start with it: every
+// character a stream name cannot hold (anything but letters, digits, "_"
+// and "-") written as "_". An allowed prefix "orders." allows the stream
+// "orders_events".
+func StreamPrefix(prefix string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
+			return r
+		}
+		return '_'
+	}, prefix)
+}
+
 // ReasonDestinationNotAllowed is the dead-letter reason of an event whose
 // topic is outside the destinations its tenant may publish to: it is never
 // published there.

@@ -88,7 +88,15 @@ const (
 //   - every destination the configs name, dead_letter.topic and the
 //     canary's topic must start with an allowed prefix
 //     (Policy.Destinations); a template by its fixed text before the
-//     first "${".
+//     first "${";
+//   - every broker object the sink creates (plugins.BrokerObjectLister: a
+//     stream, exchange, queue or topic) must be named under an allowed
+//     prefix too — a NATS stream under the prefix as a stream name can
+//     spell it (plugins.StreamPrefix: "orders." allows "orders_events") —
+//     and a sink that creates an object per routed destination (Kafka's
+//     create_topics) may not be combined with a destination computed per
+//     event (a transform's template), which would create objects
+//     without bound.
 //
 // Check is for tenant pipelines only: a spec without a tenant is one
 // error (the admin's pipelines are not checked: do not call Check for
@@ -113,6 +121,7 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 		c.component(t, roleTransform)
 	}
 	c.component(spec.Sink, roleSink)
+	c.objects(spec)
 	if spec.DeadLetter != nil {
 		c.destination("dead_letter.topic", plugins.Destination{Path: "topic", Name: spec.DeadLetter.Topic})
 	}
@@ -330,6 +339,68 @@ func (c *checker) destination(path string, d plugins.Destination) {
 		c.fail(path, "destination pattern %q is not allowed for tenant %s: its fixed part %q must start with an allowed prefix "+
 			"(an admin allows one: ferry tenants set %s %s PREFIX)", d.Name, tenant, fixed, tenant, flagAllowDestination)
 	}
+}
+
+// objects checks the names of the broker objects the sink creates, and
+// that it creates none per event when events are routed by a template.
+func (c *checker) objects(spec *pipelines.Spec) {
+	ol, ok := spec.Sink.Config.(plugins.BrokerObjectLister)
+	if !ok {
+		return
+	}
+	tenant := spec.Tenant
+	// An object that is also a destination (a RabbitMQ exchange) was
+	// judged as one, by the same rule: one message for it is enough.
+	judged := map[plugins.Destination]bool{}
+	if d, ok := spec.Sink.Config.(plugins.DestinationLister); ok {
+		for _, dest := range d.Destinations() {
+			judged[plugins.Destination{Path: dest.Path, Name: dest.Name}] = !dest.Template
+		}
+	}
+	for _, o := range ol.BrokerObjects() {
+		path := join(spec.Sink.Path, o.Path)
+		if judged[plugins.Destination{Path: o.Path, Name: o.Name}] && o.Kind != plugins.ObjectStream {
+			// Checked by destination.
+		} else if !c.pol.AllowsObject(o.Kind, o.Name) {
+			how := ""
+			if o.Kind == plugins.ObjectStream {
+				how = `; a stream name cannot hold ".", so a prefix matches it with "_" for each such character ("orders." allows "orders_events")`
+			}
+			c.fail(path, "%s %q is not under a destination prefix allowed for tenant %s, so its pipelines may not create it%s "+
+				"(an admin allows a prefix of it: ferry tenants set %s %s PREFIX)", o.Kind, o.Name, tenant, how, tenant, flagAllowDestination)
+		}
+		if o.PerEvent == "" {
+			continue
+		}
+		for _, t := range spec.Transforms {
+			d, ok := t.Config.(plugins.DestinationLister)
+			if !ok {
+				continue
+			}
+			for _, dest := range d.Destinations() {
+				if dest.Template && dest.Fixed() != dest.Name {
+					c.fail(join(spec.Sink.Path, o.PerEvent), "creates a %s for every destination an event is routed to, and %s is computed per event (%q): "+
+						"a tenant's pipeline may not create %ss without bound (route to fixed %ss, or have an admin create them and drop %s)",
+						o.Kind, join(t.Path, dest.Path), dest.Name, o.Kind, o.Kind, o.PerEvent)
+				}
+			}
+		}
+	}
+}
+
+// AllowsObject reports whether a broker object of kind may be named name:
+// it starts with an allowed destination prefix, for a NATS stream with the
+// prefix as a stream name spells it (plugins.StreamPrefix).
+func (p Policy) AllowsObject(kind plugins.ObjectKind, name string) bool {
+	if kind != plugins.ObjectStream {
+		return p.AllowsDestination(name)
+	}
+	for _, prefix := range p.Destinations {
+		if strings.HasPrefix(name, plugins.StreamPrefix(prefix)) {
+			return true
+		}
+	}
+	return false
 }
 
 // otherDatabase is a database (and table) a pipeline of another tenant

@@ -242,6 +242,7 @@ func TestCheck(t *testing.T) {
 				`transforms[1].event_type_topics.Paid: destination pattern "${aggregate_type}.paid" starts with a placeholder, so its events could go anywhere`,
 				`sink.subject: destination "payments.default" is not allowed`,
 				`sink.create_stream.subjects[1]: destination ">" is not allowed`,
+				`sink.create_stream.name: stream "B" is not under a destination prefix allowed for tenant team-b`,
 			}},
 		{name: "dead_letter.topic", pol: allowed, yaml: pipeline("p", "team-b", "", "", "", "dead_letter: {topic: team-a.dlq}\n"),
 			want: []string{`dead_letter.topic: destination "team-a.dlq" is not allowed for tenant team-b`}},

@@ -46,6 +46,11 @@ const (
 	// passwords moved into its tenant's secrets (see
 	// Converger.MigrateLiteralSecrets).
 	ActionMigrateSecret = "migrate_secret"
+	// ActionValidate is a pipeline checked without being stored
+	// (POST /api/v1/validate): who, which pipeline, and the outcome in
+	// the detail. A connect check reaches the pipeline's database and
+	// broker, so it is accounted for as a write is.
+	ActionValidate = "validate"
 	// ActionDenied is a minute of refused requests (401, 403, 429) of one
 	// caller from one address on one route with one status.
 	ActionDenied = "denied"
@@ -60,6 +65,16 @@ func audit(ctx context.Context, tx pgx.Tx, actor Actor, action, pipeline, tenant
 		return err
 	}
 	_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, action+" "+pipeline)
+	return err
+}
+
+// AuditValidate records a validate request's verdict on one pipeline
+// (ActionValidate). It changes nothing, so it announces nothing. detail is
+// clipped: it comes from a request.
+func (s *Store) AuditValidate(ctx context.Context, actor Actor, pipeline, tenant, detail string) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO ferry_audit (token_id, scope, action, pipeline, tenant, detail)
+		VALUES ($1, $2, $3, $4, $5, $6)`, actor.TokenID, string(actor.Scope), ActionValidate,
+		clip(pipeline, 200), clip(tenant, 200), clip(detail, maxDeniedReason))
 	return err
 }
 

@@ -354,14 +354,17 @@ func (c *api) validate(w http.ResponseWriter, r *http.Request, p principal) {
 	}
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
+	verdicts := make([]validateVerdict, 0, len(specs))
 	for _, s := range specs {
 		names = append(names, s.Name)
 		if st := p.actor.Scope.Tenant(); st != "" && p.actor.Scope.CanWrite() && s.Tenant != st {
 			writeProblem(w, &problem{code: http.StatusForbidden, msg: fmt.Sprintf("pipeline %s loads as tenant %q: scope %s may only validate tenant %q's pipelines", s.Name, s.Tenant, p.actor.Scope, st)})
 			return
 		}
+		verdicts = append(verdicts, validateVerdict{spec: s, before: len(errs)})
 		if prob := c.checkPolicy(ctx, s); prob != nil {
 			errs = append(errs, prob.details...)
+			verdicts[len(verdicts)-1].policy = true
 			continue // never connect where the policy forbids
 		}
 		if connect {
@@ -377,11 +380,54 @@ func (c *api) validate(w http.ResponseWriter, r *http.Request, p principal) {
 			}
 		}
 	}
+	if prob := c.auditValidate(ctx, p, verdicts, len(errs), connect); prob != nil {
+		writeProblem(w, prob)
+		return
+	}
 	out := map[string]any{"valid": len(errs) == 0, "pipelines": names, "errors": errs}
 	if connect {
 		out["checks"] = checks
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// validateVerdict is what a validate request found of one pipeline: its
+// problems are the request's errors from before up to the next one's.
+type validateVerdict struct {
+	spec   *pipelines.Spec
+	before int
+	policy bool // refused by its tenant's policy (so not connected)
+}
+
+// auditValidate writes an audit row per pipeline validated: a validate
+// stores nothing, but with ?connect=true it reaches the pipeline's
+// database and broker, and a probe of what a tenant may reach is worth a
+// trace as much as a write is. Without a store there is no audit log.
+func (c *api) auditValidate(ctx context.Context, p principal, verdicts []validateVerdict, total int, connect bool) *problem {
+	if c.o.Control.Store == nil {
+		return nil
+	}
+	for i, v := range verdicts {
+		end := total
+		if i+1 < len(verdicts) {
+			end = verdicts[i+1].before
+		}
+		outcome := "valid"
+		switch n := end - v.before; {
+		case v.policy:
+			outcome = fmt.Sprintf("refused by the tenant's policy (problems: %d)", n)
+		case n > 0:
+			outcome = fmt.Sprintf("invalid (problems: %d)", n)
+		}
+		if connect {
+			outcome = "with connect check: " + outcome
+		}
+		if err := c.o.Control.Store.AuditValidate(ctx, p.actor, v.spec.Name, v.spec.Tenant, outcome); err != nil {
+			c.log().Error("audit validate", "pipeline", v.spec.Name, "tenant", v.spec.Tenant, "err", err)
+			return &problem{code: http.StatusServiceUnavailable, msg: "the store cannot record the validation in the audit log; retry"}
+		}
+	}
+	return nil
 }
 
 // checkPolicy judges a tenant's pipeline against its tenant's policy, as

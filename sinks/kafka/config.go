@@ -50,8 +50,11 @@ type Config struct {
 	// SASL authenticates Ferry. Default off.
 	SASL SASLConfig `yaml:"sasl"`
 	// CreateTopics, when set, creates the default topic at start and any
-	// routed topic before its first publish, if missing. Default: topics
-	// must exist (or the brokers auto-create them).
+	// routed topic before its first publish, if missing; a topic that
+	// exists is used as it is, never altered. A tenant's pipeline creates
+	// its default topic only (routed topics must exist), and its policy
+	// refuses create_topics with topics computed per event. Default:
+	// topics must exist (or the brokers auto-create them).
 	CreateTopics *TopicSpec `yaml:"create_topics"`
 	// ConsumerGroups are the consumer groups that read Ferry's topics;
 	// `ferry doctor` reports how far behind they are. Default none.

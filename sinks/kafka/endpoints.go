@@ -37,7 +37,17 @@ func (c *Config) Destinations() []plugins.Destination {
 	return []plugins.Destination{{Path: "topic", Name: c.Topic}}
 }
 
+// BrokerObjects is the default topic create_topics creates, and every
+// topic an event is routed to (plugins.BrokerObjectLister).
+func (c *Config) BrokerObjects() []plugins.BrokerObject {
+	if c.CreateTopics == nil {
+		return nil
+	}
+	return []plugins.BrokerObject{{Path: "topic", Kind: plugins.ObjectTopic, Name: c.Topic, PerEvent: "create_topics"}}
+}
+
 var (
-	_ plugins.Endpointer        = (*Config)(nil)
-	_ plugins.DestinationLister = (*Config)(nil)
+	_ plugins.Endpointer         = (*Config)(nil)
+	_ plugins.DestinationLister  = (*Config)(nil)
+	_ plugins.BrokerObjectLister = (*Config)(nil)
 )

@@ -84,6 +84,10 @@ type Sink struct {
 
 	topicsMu sync.RWMutex
 	topics   map[string]bool // created or known to exist (create_topics only)
+	// dry is set by DryStart: topics are looked up, never created, and
+	// the ones Start would create are noted (objects.go).
+	dry   bool
+	notes []string
 }
 
 // New returns a sink; it does no I/O until Start.
@@ -272,7 +276,9 @@ func oversize(err error) bool {
 		(errors.As(err, &ce) && strings.Contains(string(ce), "larger than"))
 }
 
-// ensureTopic creates topic once, when create_topics is set.
+// ensureTopic creates topic once, when create_topics is set. CreateTopic
+// never alters a topic that exists (TOPIC_ALREADY_EXISTS): another
+// tenant's topic of the same name is used as it is, never changed.
 func (s *Sink) ensureTopic(topic string) error {
 	if s.admin == nil {
 		return nil
@@ -286,6 +292,16 @@ func (s *Sink) ensureTopic(topic string) error {
 	s.topicsMu.Lock()
 	defer s.topicsMu.Unlock()
 	if s.topics[topic] {
+		return nil
+	}
+	if s.dry {
+		return s.lookUpTopic(topic)
+	}
+	if s.env.Tenant != "" && topic != s.cfg.Topic {
+		// A tenant's pipeline creates its default topic only: a routed
+		// topic may be computed from the rows, and creating one per value
+		// would let a tenant fill the cluster with topics.
+		s.topics[topic] = true
 		return nil
 	}
 	spec := s.cfg.CreateTopics

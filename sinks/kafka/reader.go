@@ -109,9 +109,15 @@ func (s *Sink) Ping(ctx context.Context) error {
 	}
 	done := make(chan error, 1)
 	go func() {
+		// A connect check asks for no topic by name: brokers that
+		// auto-create topics would create the one asked for.
+		var topics []string
+		if !s.isDry() {
+			topics = []string{s.cfg.Topic}
+		}
 		client, err := sarama.NewClient(s.cfg.brokers(), sc)
 		if err == nil {
-			err = client.RefreshMetadata(s.cfg.Topic)
+			err = client.RefreshMetadata(topics...)
 			client.Close()
 		}
 		done <- err

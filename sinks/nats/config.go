@@ -26,7 +26,13 @@ type Config struct {
 	// died without an error (a network partition, a NAT that forgot it)
 	// is noticed within about three intervals. Default 5s.
 	PingInterval time.Duration `yaml:"ping_interval"`
-	// CreateStream, when set, creates (or updates) a stream at start.
+	// CreateStream, when set, makes the stream ready at start: creates it
+	// if absent (marked in its metadata as created by Ferry for the
+	// pipeline's tenant and by the pipeline), updates it to these settings
+	// if it is marked as the tenant's (for a pipeline without a tenant:
+	// also if it is unmarked), and otherwise uses it as it is when it
+	// captures the pipeline's subjects, or fails saying it is not the
+	// tenant's. Ferry never changes another tenant's stream. Default none.
 	CreateStream *StreamConfig `yaml:"create_stream"`
 	// User and Password authenticate with a user name and password; the URL
 	// may carry them instead (nats://user:password@host). Default none.
@@ -50,7 +56,10 @@ type Config struct {
 
 // StreamConfig describes the stream Ferry creates for its subjects.
 type StreamConfig struct {
-	// Name of the stream. Required.
+	// Name of the stream (letters, digits, _ and -). For a tenant's
+	// pipeline it must start with one of the tenant's destination
+	// prefixes, written with _ for each character a stream name cannot
+	// hold: the prefix orders. allows orders_events. Required.
 	Name string `yaml:"name"`
 	// Subjects the stream captures. Default: the sink's subject.
 	Subjects []string `yaml:"subjects"`

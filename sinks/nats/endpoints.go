@@ -37,7 +37,17 @@ func (c *Config) Destinations() []plugins.Destination {
 	return ds
 }
 
+// BrokerObjects is the stream create_stream names
+// (plugins.BrokerObjectLister).
+func (c *Config) BrokerObjects() []plugins.BrokerObject {
+	if c.CreateStream == nil {
+		return nil
+	}
+	return []plugins.BrokerObject{{Path: "create_stream.name", Kind: plugins.ObjectStream, Name: c.CreateStream.Name}}
+}
+
 var (
-	_ plugins.Endpointer        = (*Config)(nil)
-	_ plugins.DestinationLister = (*Config)(nil)
+	_ plugins.Endpointer         = (*Config)(nil)
+	_ plugins.DestinationLister  = (*Config)(nil)
+	_ plugins.BrokerObjectLister = (*Config)(nil)
 )

@@ -86,6 +86,10 @@ type Sink struct {
 	conn   *nats.Conn          // shared.conn, for reading back and Ping
 	js     jetstream.JetStream // the sink's own: its pending acks and timeout
 	closed bool
+	// dry is set by DryStart: the stream is looked up, never created or
+	// changed, and what Start would do is noted (streams.go).
+	dry   bool
+	notes []string
 
 	dups duplicates
 }
@@ -138,50 +142,6 @@ func (s *Sink) Start(ctx context.Context) error {
 // maxPendingAcks is how many publishes of one sink may await their PubAck:
 // far above any max_in_flight, so only the pipeline's window limits it.
 const maxPendingAcks = 1 << 20
-
-func (s *Sink) ensureStream(ctx context.Context) error {
-	js := s.js
-	sc := s.cfg.CreateStream
-	cfg := jetstream.StreamConfig{
-		Name:       sc.Name,
-		Subjects:   sc.Subjects,
-		Replicas:   max(sc.Replicas, 1),
-		MaxAge:     sc.MaxAge,
-		Duplicates: sc.DuplicateWindow,
-		Storage:    jetstream.FileStorage,
-	}
-	if len(cfg.Subjects) == 0 {
-		cfg.Subjects = []string{s.cfg.Subject}
-	}
-	if sc.Storage == "memory" {
-		cfg.Storage = jetstream.MemoryStorage
-	}
-	switch sc.Retention {
-	case "interest":
-		cfg.Retention = jetstream.InterestPolicy
-	case "workqueue":
-		cfg.Retention = jetstream.WorkQueuePolicy
-	}
-	if sc.Discard == "new" {
-		cfg.Discard = jetstream.DiscardNew
-	}
-	cfg.MaxMsgs, cfg.MaxBytes, cfg.MaxMsgSize = -1, -1, -1
-	if sc.MaxMsgs > 0 {
-		cfg.MaxMsgs = sc.MaxMsgs
-	}
-	if sc.MaxBytes > 0 {
-		cfg.MaxBytes = sc.MaxBytes
-	}
-	if sc.MaxMsgSize > 0 {
-		cfg.MaxMsgSize = sc.MaxMsgSize
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("create stream %s: %w", sc.Name, s.rootCause(s.conn, err))
-	}
-	return nil
-}
 
 // Publish sends messages to topic (the sink's subject when empty) and returns
 // after JetStream acknowledged each. Safe for concurrent use: concurrent

@@ -22,8 +22,9 @@ type Config struct {
 	// ExchangeType is the kind of exchange declare creates: topic, direct,
 	// fanout or headers. Default topic.
 	ExchangeType string `yaml:"exchange_type"`
-	// Declare creates the exchange (durable) at start if missing; otherwise
-	// start fails when it does not exist. Default false.
+	// Declare creates the exchange (durable) at start if missing; an
+	// exchange that exists is never changed (one of another type fails the
+	// start). Without it, start fails when it does not exist. Default false.
 	Declare bool `yaml:"declare"`
 	// RoutingKey is the routing key of a message no transform chose a topic
 	// for: text with ${metadata_key} placeholders filled per message, e.g.

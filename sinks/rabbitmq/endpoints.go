@@ -53,7 +53,17 @@ func (c *Config) Destinations() []plugins.Destination {
 	return []plugins.Destination{{Path: "exchange", Name: c.Exchange}, key}
 }
 
+// BrokerObjects is the exchange declare creates
+// (plugins.BrokerObjectLister). The sink declares no queue.
+func (c *Config) BrokerObjects() []plugins.BrokerObject {
+	if !c.Declare {
+		return nil
+	}
+	return []plugins.BrokerObject{{Path: "exchange", Kind: plugins.ObjectExchange, Name: c.Exchange}}
+}
+
 var (
-	_ plugins.Endpointer        = (*Config)(nil)
-	_ plugins.DestinationLister = (*Config)(nil)
+	_ plugins.Endpointer         = (*Config)(nil)
+	_ plugins.DestinationLister  = (*Config)(nil)
+	_ plugins.BrokerObjectLister = (*Config)(nil)
 )

@@ -85,6 +85,10 @@ type Sink struct {
 	sess        *session // the sink's channels on it
 	lastAttempt time.Time
 	lastErr     error
+	// dry is set by DryStart: the exchange is looked up, never declared,
+	// and one Start would create is noted (objects.go).
+	dry   bool
+	notes []string
 }
 
 // New returns a sink; it does no I/O until Start.

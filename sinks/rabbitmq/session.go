@@ -58,13 +58,18 @@ func (sess *session) close() {
 }
 
 // declare creates the exchange, or checks that it exists, on a throwaway
-// channel: a failed check closes the channel it ran on.
+// channel: a failed check closes the channel it ran on. A declare never
+// changes an exchange that exists: one of another type or durability
+// fails (PRECONDITION_FAILED) and is left as it is. Called with s.mu held.
 func (s *Sink) declare(conn *amqp.Connection) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open rabbitmq channel: %w", err)
 	}
 	defer ch.Close()
+	if s.dry {
+		return s.lookUpExchange(ch)
+	}
 	if s.cfg.Declare {
 		if err := ch.ExchangeDeclare(s.cfg.Exchange, s.cfg.ExchangeType, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare exchange %s: %w", s.cfg.Exchange, err)
