@@ -263,3 +263,23 @@ func DefaultName(pipeline string) string {
 	}
 	return n
 }
+
+// ReplicationObjects are the slot and publication names the pipeline may
+// create, stream, advance, alter or drop (the tenant policy checks that no
+// other tenant's pipeline uses one): its slot and publication, and, for a
+// shared member, the slot and publication of its own it moves off (a
+// former slot_mode: own) or is split onto (DefaultName).
+func (c *Config) ReplicationObjects(pipeline string) (slots, publications []string) {
+	slot, publication := c.names(pipeline)
+	slots, publications = []string{slot}, []string{publication}
+	if own := DefaultName(pipeline); c.shared() && own != slot {
+		slots, publications = append(slots, own), append(publications, own)
+	}
+	return slots, publications
+}
+
+// NamedReplicationObjects are the slot and publication names the YAML sets,
+// by key: a tenant's must fall under its prefix (policy.TenantPrefix).
+func (c *Config) NamedReplicationObjects() map[string]string {
+	return map[string]string{"slot": c.Slot, "publication": c.Publication}
+}
