@@ -337,7 +337,7 @@ func TestSharedStreamStalledMember(t *testing.T) {
 
 // Deleting a shared pipeline (Purge) removes its row — it holds the slot
 // back no more — and its table from the publication; the slot and the
-// other members stay.
+// other members stay, until the last member goes.
 func TestSharedStreamPurge(t *testing.T) {
 	const n, gone = 2, 1
 	f := newSharedFixture(t, n)
@@ -365,6 +365,20 @@ func TestSharedStreamPurge(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "shared slot advances without the purged member", func() bool {
 		return readSlot(t, f.pool, f.slot).confirmed >= high
 	})
+
+	// The last member takes the slot and the publication along: nobody
+	// would confirm the slot again, and it would retain WAL for the whole
+	// server.
+	f.srcs[0].src.Close()
+	cfg.Table = f.table(0)
+	if dropped, err = cfg.Purge(ctx, f.names[0]); err != nil || len(dropped) != 3 {
+		t.Fatalf("purge of the last member: %v %v", dropped, err)
+	}
+	var pubs int
+	_ = f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, f.slot).Scan(&pubs)
+	if readSlot(t, f.pool, f.slot).exists || pubs != 0 {
+		t.Fatalf("after the last member's purge: slot exists %v, %d publications; want neither", readSlot(t, f.pool, f.slot).exists, pubs)
+	}
 }
 
 // The source conformance suite — out-of-order commits, many aggregates,
