@@ -57,12 +57,15 @@ type Config struct {
 	// (inserts only) when missing. Default "ferry_shared_<database>" (slot_mode
 	// shared, which adds each member's table to it), or "ferry_<pipeline>"
 	// ("-" becomes "_") with slot_mode own. Setting it, without slot_mode,
-	// gives the pipeline a slot of its own.
+	// gives the pipeline a slot of its own. A tenant's pipeline names only
+	// publications under its prefix, ferry_<tenant>_ ("-" becomes "_").
 	Publication string `yaml:"publication"`
 	// Slot is the logical replication slot (plugin pgoutput); created when
 	// missing. Default "ferry_shared_<database>" (slot_mode shared), or
 	// "ferry_<pipeline>" ("-" becomes "_") with slot_mode own. Setting it,
-	// without slot_mode, gives the pipeline a slot of its own.
+	// without slot_mode, gives the pipeline a slot of its own. A tenant's
+	// pipeline names only slots under its prefix, ferry_<tenant>_, and
+	// never shares a slot with another tenant's.
 	Slot string `yaml:"slot"`
 	// SlotMode is "own" (a slot, publication and walsender per pipeline) or
 	// "shared" (the pipelines of a process on one database, with the same
