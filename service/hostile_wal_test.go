@@ -160,6 +160,33 @@ func TestHostileTenantWal(t *testing.T) {
 		}
 	}
 
+	// Its policy narrowed (the database no longer allowed), team-b's
+	// pipeline does not run, and neither its offsets nor a reset nor a
+	// purge reach the database.
+	if code, body := h.call("POST", "/api/v1/pipelines/b-wal/pause", "tenant:team-b", ""); code >= 300 {
+		t.Fatalf("pause b-wal: %d %s", code, body)
+	}
+	testenv.Eventually(t, 60*time.Second, "b-wal paused and out of its shared slot", func() bool {
+		return slotConfirmed(t, pool, "ferry_team_b_shared") != "" && !slotActive(t, pool, "ferry_team_b_shared")
+	})
+	insertWal(t, pool, "b_wal", "b-held", 1)
+	h.policy(t, "team-b", h.bDSN, nil)
+	before := memberLSN(t, pool, "ferry_team_b_shared", "b-wal")
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/api/v1/pipelines/b-wal/offsets", ""},
+		{"PATCH", "/api/v1/pipelines/b-wal/offsets", `{"to": "latest"}`},
+		{"DELETE", "/api/v1/pipelines/b-wal?purge=true", ""},
+	} {
+		code, body := h.call(c.method, c.path, "tenant:team-b", c.body)
+		if code != 422 || !strings.Contains(body, "not allowed by tenant team-b's policy") {
+			t.Errorf("%s %s with the database no longer allowed: %d %s", c.method, c.path, code, body)
+		}
+	}
+	if after := memberLSN(t, pool, "ferry_team_b_shared", "b-wal"); after != before {
+		t.Errorf("team-b's position moved from %s to %s though its policy refuses the database", before, after)
+	}
+	h.policy(t, "team-b", h.a.DSN, map[string]any{"shared_databases": true})
+
 	// Deleted with purge: team-b's shared slot goes with its last member;
 	// team-a's slots and publication stay.
 	if code, body := h.call("DELETE", "/api/v1/pipelines/b-wal?purge=true", "tenant:team-b", ""); code >= 300 {
@@ -207,4 +234,21 @@ func slotConfirmed(t *testing.T, pool *pgxpool.Pool, slot string) string {
 		t.Fatal(err)
 	}
 	return lsn
+}
+
+// memberLSN is a shared member's position in ferry_wal_members.
+func memberLSN(t *testing.T, pool *pgxpool.Pool, slot, pipeline string) string {
+	t.Helper()
+	var lsn string
+	must(t, pool.QueryRow(context.Background(), `SELECT confirmed_lsn::text FROM `+wal.MembersTable+` WHERE slot = $1 AND pipeline = $2`,
+		slot, pipeline).Scan(&lsn))
+	return lsn
+}
+
+// slotActive reports whether a walsender streams slot.
+func slotActive(t *testing.T, pool *pgxpool.Pool, slot string) bool {
+	t.Helper()
+	var active bool
+	must(t, pool.QueryRow(context.Background(), `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active))
+	return active
 }
