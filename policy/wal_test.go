@@ -68,6 +68,12 @@ func TestCheckReplicationObjects(t *testing.T) {
 				"source.slot: replication slot ferry_orders_outbox on db.internal:5432 is used by a pipeline of another tenant",
 				"source.publication: publication ferry_orders_outbox on db.internal:5432 is used by a pipeline of another tenant",
 			}},
+		// The initial snapshot's temporary slot is <slot>_init: taken,
+		// team-a's first start could not create it.
+		{name: "a pipeline name that derives another's snapshot slot", pname: "orders_outbox_init", source: src(", slot_mode: own"),
+			others: []*pipelines.Spec{teamAOwn}, want: []string{
+				"source.slot: replication slot ferry_orders_outbox_init on db.internal:5432 is used by a pipeline of another tenant",
+			}},
 		// A shared member moves off (or is split onto) ferry_<pipeline>:
 		// it would drain and drop team-a's own slot.
 		{name: "a shared member whose own slot is another's", pname: "orders_outbox", source: src(", slot: ferry_team_b_s, publication: ferry_team_b_s, slot_mode: shared"),

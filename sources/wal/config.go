@@ -269,13 +269,17 @@ func DefaultName(pipeline string) string {
 
 // ReplicationObjects are the slot and publication names the pipeline may
 // create, stream, advance, alter or drop (the tenant policy checks that no
-// other tenant's pipeline uses one): its slot and publication, and, for a
+// other tenant's pipeline uses one): its slot and publication; with a slot
+// of its own, the initial snapshot's temporary slot (bootSlotName); for a
 // shared member, the slot and publication of its own it moves off (a
 // former slot_mode: own) or is split onto (DefaultName).
 func (c *Config) ReplicationObjects(pipeline string) (slots, publications []string) {
 	slot, publication := c.names(pipeline)
 	slots, publications = []string{slot}, []string{publication}
-	if own := DefaultName(pipeline); c.shared() && own != slot {
+	if !c.shared() {
+		return append(slots, bootSlotName(slot)), publications
+	}
+	if own := DefaultName(pipeline); own != slot {
 		slots, publications = append(slots, own), append(publications, own)
 	}
 	return slots, publications
