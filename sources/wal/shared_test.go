@@ -637,3 +637,30 @@ func TestSharedSlotNeedsOneDSN(t *testing.T) {
 	f.waitCount(1, 4)
 	f.assertExactly(1, map[string]int{})
 }
+
+// A shared slot never carries two tenants' pipelines, whatever their
+// names: a pipeline of another tenant naming a slot a stream of this
+// process runs waits, saying so without naming the others, and reads
+// nothing, while the first streams on.
+func TestSharedSlotIsOneTenants(t *testing.T) {
+	f := newSharedFixture(t, 2)
+	f.start(0)
+	f.waitJoined(1)
+	d := startTenant(t, f.dsn, testenv.Name("other"), "team-b", 100, func(cfg *wal.Config) {
+		cfg.SlotMode, cfg.InitialSnapshot, cfg.Table = "", false, f.table(1)
+	})
+	testenv.Eventually(t, 60*time.Second, "another tenant's pipeline waiting, saying why", func() bool {
+		return strings.Contains(d.logs.String(), "the shared slot "+f.slot+" is streamed in this process by another tenant's pipelines")
+	})
+	f.writeRace(1, 2) // the other tenant's table
+	f.waitCount(0, f.writeRace(0, 2))
+	f.assertExactly(0, map[string]int{})
+	if got := len(d.messages()); got != 0 {
+		t.Fatalf("another tenant's pipeline on the shared slot read %d events", got)
+	}
+	var rows int
+	_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+wal.MembersTable+` WHERE slot = $1`, f.slot).Scan(&rows)
+	if rows != 1 {
+		t.Fatalf("%d rows in %s for the shared slot; want the first tenant's only", rows, wal.MembersTable)
+	}
+}
