@@ -230,6 +230,11 @@ func diagnose(ctx context.Context, spec *pipelines.Spec, o Options) Diagnosis {
 	d.Checks = append(d.Checks, backlog, relay)
 	if relay.Status == Unhealthy {
 		d.Stage = StageRelay
+		if health != nil && health.Details["slot"] != nil {
+			// A paused or stopped wal pipeline's slot still retains WAL for
+			// the whole server: say how much, whatever stopped the relay.
+			d.Checks = append(d.Checks, checkSource(health, o))
+		}
 		return d
 	}
 	checks := []func() Check{
@@ -426,6 +431,10 @@ func checkSlot(c Check, slot string, d map[string]any) Check {
 	}
 	c.Evidence = append(c.Evidence, fmt.Sprintf("slot %s: active %v, wal_status %v, retained %v bytes of WAL, confirmed up to %v, safe_wal_size %v",
 		slot, d["active"], d["wal_status"], d["retained_wal_bytes"], d["confirmed_lsn"], safe))
+	if behind, ok := d["member_behind_bytes"]; ok {
+		// A shared slot is held back to its furthest-behind member.
+		c.Evidence = append(c.Evidence, fmt.Sprintf("this pipeline's position in the shared slot is %v bytes of WAL behind, which the slot retains for it", behind))
+	}
 	switch {
 	case d["wal_status"] == "lost":
 		c.Status = Unhealthy

@@ -111,6 +111,7 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 	}
 	c.others = othersDatabases(spec, env.Others)
 	c.component(spec.Source, roleSource)
+	c.replication(spec.Source) // wal.go: a slot or publication is its tenant's own
 	if spec.Canary != nil {
 		// Where the older form sits: among the transforms, usually first.
 		for _, dest := range spec.Canary.Destinations() {

@@ -47,6 +47,13 @@ func (c *api) sourceOf(v PipelineView) (*pipelines.Spec, *problem) {
 	if err != nil || len(specs) != 1 {
 		return nil, &problem{code: http.StatusUnprocessableEntity, msg: "the stored configuration of " + v.Name + " does not load here: " + redact.String(errString(err))}
 	}
+	// A tenant's pipeline its policy refuses (a policy narrowed since, a
+	// pipeline stored before a rule) does not run, and its offsets, resets,
+	// dead letters and backfills reach nothing either: they would dial
+	// what the policy forbids, or move a slot that is another tenant's.
+	if prob := c.checkPolicy(ctx, specs[0]); prob != nil {
+		return nil, prob
+	}
 	return specs[0], nil
 }
 

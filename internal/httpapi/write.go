@@ -249,6 +249,15 @@ func (c *api) deletePipeline(w http.ResponseWriter, r *http.Request, p principal
 			return
 		}
 		config = row.Config
+		// A purge connects where the pipeline does and drops what it
+		// names: not for a tenant's pipeline its policy refuses.
+		if specs, err := c.o.Control.loader().LoadBytes("store:"+v.Name, []byte(config)); err == nil && len(specs) == 1 {
+			if prob := c.checkPolicy(ctx, specs[0]); prob != nil {
+				prob.msg += " (delete it without purge)"
+				writeProblem(w, prob)
+				return
+			}
+		}
 	}
 	old, err := c.o.Control.Store.DeletePipeline(ctx, p.actor, v.Name, version)
 	if err != nil {

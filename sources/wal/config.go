@@ -57,12 +57,15 @@ type Config struct {
 	// (inserts only) when missing. Default "ferry_shared_<database>" (slot_mode
 	// shared, which adds each member's table to it), or "ferry_<pipeline>"
 	// ("-" becomes "_") with slot_mode own. Setting it, without slot_mode,
-	// gives the pipeline a slot of its own.
+	// gives the pipeline a slot of its own. A tenant's pipeline names only
+	// publications under its prefix, ferry_<tenant>_ ("-" becomes "_").
 	Publication string `yaml:"publication"`
 	// Slot is the logical replication slot (plugin pgoutput); created when
 	// missing. Default "ferry_shared_<database>" (slot_mode shared), or
 	// "ferry_<pipeline>" ("-" becomes "_") with slot_mode own. Setting it,
-	// without slot_mode, gives the pipeline a slot of its own.
+	// without slot_mode, gives the pipeline a slot of its own. A tenant's
+	// pipeline names only slots under its prefix, ferry_<tenant>_, and
+	// never shares a slot with another tenant's.
 	Slot string `yaml:"slot"`
 	// SlotMode is "own" (a slot, publication and walsender per pipeline) or
 	// "shared" (the pipelines of a process on one database, with the same
@@ -262,4 +265,28 @@ func DefaultName(pipeline string) string {
 		n = n[:63]
 	}
 	return n
+}
+
+// ReplicationObjects are the slot and publication names the pipeline may
+// create, stream, advance, alter or drop (the tenant policy checks that no
+// other tenant's pipeline uses one): its slot and publication; with a slot
+// of its own, the initial snapshot's temporary slot (bootSlotName); for a
+// shared member, the slot and publication of its own it moves off (a
+// former slot_mode: own) or is split onto (DefaultName).
+func (c *Config) ReplicationObjects(pipeline string) (slots, publications []string) {
+	slot, publication := c.names(pipeline)
+	slots, publications = []string{slot}, []string{publication}
+	if !c.shared() {
+		return append(slots, bootSlotName(slot)), publications
+	}
+	if own := DefaultName(pipeline); own != slot {
+		slots, publications = append(slots, own), append(publications, own)
+	}
+	return slots, publications
+}
+
+// NamedReplicationObjects are the slot and publication names the YAML sets,
+// by key: a tenant's must fall under its prefix (policy.TenantPrefix).
+func (c *Config) NamedReplicationObjects() map[string]string {
+	return map[string]string{"slot": c.Slot, "publication": c.Publication}
 }

@@ -125,6 +125,12 @@ type direct struct {
 
 func startDirect(t *testing.T, dsn, pipeline string, maxInFlight int, mutate func(*wal.Config)) *direct {
 	t.Helper()
+	return startTenant(t, dsn, pipeline, "", maxInFlight, mutate)
+}
+
+// startTenant is startDirect for a pipeline of tenant.
+func startTenant(t *testing.T, dsn, pipeline, tenant string, maxInFlight int, mutate func(*wal.Config)) *direct {
+	t.Helper()
 	cfg := wal.DefaultConfig()
 	cfg.DSN = dsn
 	cfg.SlotMode = wal.SlotModeOwn // the shared tests set shared
@@ -137,7 +143,7 @@ func startDirect(t *testing.T, dsn, pipeline string, maxInFlight int, mutate fun
 		t.Fatal(err)
 	}
 	d := &direct{logs: &logBuffer{}, reg: prometheus.NewRegistry(), rep: &reporter{}}
-	d.src = wal.New(cfg, plugins.Env{Pipeline: pipeline, MaxInFlight: maxInFlight, DrainTimeout: 2 * time.Second,
+	d.src = wal.New(cfg, plugins.Env{Pipeline: pipeline, Tenant: tenant, MaxInFlight: maxInFlight, DrainTimeout: 2 * time.Second,
 		Logger: newLogger(d.logs).With("pipeline", pipeline), ProcessLogger: newLogger(d.logs), Metrics: d.reg, Report: d.rep})
 	ch, err := d.src.Subscribe(context.Background(), "")
 	if err != nil {

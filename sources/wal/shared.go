@@ -71,6 +71,7 @@ type sharedStream struct {
 	key               string
 	slotKey           string // host, port, database and slot: the server's slot
 	user              string
+	tenant            string // every member's: a shared slot is one tenant's
 	slot, publication string
 	cfg               *Config // the first member's: dsn and intervals
 	log               *slog.Logger
@@ -136,13 +137,17 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 	if err != nil {
 		return nil, fatalf("source.dsn: %w", err)
 	}
-	key := pgsource.DatabaseKey(pc) + "\x00" + slot + "\x00" + publication
+	// The tenant is part of the key: a stream connects with its first
+	// member's dsn and runs with its settings, so it never carries two
+	// tenants' pipelines (the tenant policy keeps their slot names apart
+	// too; this holds for an admin's pipeline naming a tenant's slot).
+	key := pgsource.DatabaseKey(pc) + "\x00" + slot + "\x00" + publication + "\x00" + env.Tenant
 	slotKey := fmt.Sprintf("%s\x00%d\x00%s\x00%s", pc.Host, pc.Port, pc.Database, slot)
 	sharedStreams.Lock()
 	defer sharedStreams.Unlock()
 	h := sharedStreams.m[key]
 	if h == nil {
-		if err := slotTaken(slotKey, key, pc.User, slot); err != nil {
+		if err := slotTaken(slotKey, key, pc.User, env.Tenant, slot); err != nil {
 			return nil, err
 		}
 		base := env.ProcessLogger
@@ -151,7 +156,7 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 		}
 		// The stream's lines are every member's: no pipeline attribute.
 		log := base.With("source", Name, "shared_slot", slot)
-		h = &sharedStream{key: key, slotKey: slotKey, user: pc.User, slot: slot, publication: publication, cfg: cfg, log: log,
+		h = &sharedStream{key: key, slotKey: slotKey, user: pc.User, tenant: env.Tenant, slot: slot, publication: publication, cfg: cfg, log: log,
 			slots: newSlotManager(cfg, env, log, slot, publication), all: map[*member]struct{}{}, splitErrs: map[string]string{},
 			done: make(chan struct{}), failed: make(chan struct{}), members: map[*member]struct{}{}, wake: make(chan struct{}, 1)}
 		sharedStreams.m[key] = h
@@ -171,10 +176,13 @@ func acquireShared(cfg *Config, env plugins.Env, slot, publication string) (*sha
 // fails: a password rotated by a reload restarts the members one by one,
 // and the first to move finds the others on the old dsn a moment longer.
 // Guarded by sharedStreams.
-func slotTaken(slotKey, key, user, slot string) error {
+func slotTaken(slotKey, key, user, tenant, slot string) error {
 	for _, o := range sharedStreams.m {
 		if o.slotKey != slotKey || o.key == key {
 			continue
+		}
+		if o.tenant != tenant {
+			return &slotTakenError{slot: slot, otherTenant: true}
 		}
 		// Neither the stream's user nor its password is named: the other
 		// pipelines may be another tenant's.
@@ -187,10 +195,19 @@ func slotTaken(slotKey, key, user, slot string) error {
 	return nil
 }
 
-// slotTakenError: the slot is streamed in this process with another dsn.
-type slotTakenError struct{ slot, differs string }
+// slotTakenError: the slot is streamed in this process with another dsn,
+// or by another tenant's pipelines (named neither).
+type slotTakenError struct {
+	slot, differs string
+	otherTenant   bool
+}
 
 func (e *slotTakenError) Error() string {
+	if e.otherTenant {
+		return fmt.Sprintf("the shared slot %s is streamed in this process by another tenant's pipelines, and a shared slot is never "+
+			"shared between tenants. Give this pipeline a shared slot of its own (slot: <name> and publication: <name>, with "+
+			"slot_mode: shared), or slot_mode: own; it waits until the others have gone", e.slot)
+	}
 	return fmt.Sprintf("the shared slot %s is streamed in this process by pipelines whose source.dsn differs from this one's in %s; "+
 		"a slot streams to one connection, so pipelines sharing it need the same dsn. Give this pipeline the same dsn, "+
 		"or a shared slot of its own (slot: <name>, with slot_mode: shared), or slot_mode: own; it waits until the others have gone",

@@ -337,7 +337,7 @@ func TestSharedStreamStalledMember(t *testing.T) {
 
 // Deleting a shared pipeline (Purge) removes its row — it holds the slot
 // back no more — and its table from the publication; the slot and the
-// other members stay.
+// other members stay, until the last member goes.
 func TestSharedStreamPurge(t *testing.T) {
 	const n, gone = 2, 1
 	f := newSharedFixture(t, n)
@@ -365,6 +365,20 @@ func TestSharedStreamPurge(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "shared slot advances without the purged member", func() bool {
 		return readSlot(t, f.pool, f.slot).confirmed >= high
 	})
+
+	// The last member takes the slot and the publication along: nobody
+	// would confirm the slot again, and it would retain WAL for the whole
+	// server.
+	f.srcs[0].src.Close()
+	cfg.Table = f.table(0)
+	if dropped, err = cfg.Purge(ctx, f.names[0]); err != nil || len(dropped) != 3 {
+		t.Fatalf("purge of the last member: %v %v", dropped, err)
+	}
+	var pubs int
+	_ = f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, f.slot).Scan(&pubs)
+	if readSlot(t, f.pool, f.slot).exists || pubs != 0 {
+		t.Fatalf("after the last member's purge: slot exists %v, %d publications; want neither", readSlot(t, f.pool, f.slot).exists, pubs)
+	}
 }
 
 // The source conformance suite — out-of-order commits, many aggregates,
@@ -622,4 +636,31 @@ func TestSharedSlotNeedsOneDSN(t *testing.T) {
 	f.writeRace(1, 2)
 	f.waitCount(1, 4)
 	f.assertExactly(1, map[string]int{})
+}
+
+// A shared slot never carries two tenants' pipelines, whatever their
+// names: a pipeline of another tenant naming a slot a stream of this
+// process runs waits, saying so without naming the others, and reads
+// nothing, while the first streams on.
+func TestSharedSlotIsOneTenants(t *testing.T) {
+	f := newSharedFixture(t, 2)
+	f.start(0)
+	f.waitJoined(1)
+	d := startTenant(t, f.dsn, testenv.Name("other"), "team-b", 100, func(cfg *wal.Config) {
+		cfg.SlotMode, cfg.InitialSnapshot, cfg.Table = "", false, f.table(1)
+	})
+	testenv.Eventually(t, 60*time.Second, "another tenant's pipeline waiting, saying why", func() bool {
+		return strings.Contains(d.logs.String(), "the shared slot "+f.slot+" is streamed in this process by another tenant's pipelines")
+	})
+	f.writeRace(1, 2) // the other tenant's table
+	f.waitCount(0, f.writeRace(0, 2))
+	f.assertExactly(0, map[string]int{})
+	if got := len(d.messages()); got != 0 {
+		t.Fatalf("another tenant's pipeline on the shared slot read %d events", got)
+	}
+	var rows int
+	_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+wal.MembersTable+` WHERE slot = $1`, f.slot).Scan(&rows)
+	if rows != 1 {
+		t.Fatalf("%d rows in %s for the shared slot; want the first tenant's only", rows, wal.MembersTable)
+	}
 }

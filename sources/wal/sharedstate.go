@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ferryhq/ferry/internal/pgddl"
-	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/sources/outbox"
 )
 
@@ -203,39 +202,4 @@ func addSplitColumns(ctx context.Context, pool querier) error {
 type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// purgeShared removes a deleted pipeline from its shared stream: its row
-// (so it holds the slot back no more) and, when no other member reads it,
-// its table from the publication. The slot and the publication stay: other
-// pipelines stream them.
-func (c *Config) purgeShared(ctx context.Context, pipeline string) ([]string, error) {
-	slot, publication := c.names(pipeline)
-	conn, err := pgx.Connect(ctx, c.DSN)
-	if err != nil {
-		return nil, fmt.Errorf("purge: %w", redact.Error(err))
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var table *string
-	err = conn.QueryRow(ctx, `DELETE FROM `+MembersTable+` WHERE slot = $1 AND pipeline = $2 RETURNING outbox_table`, slot, pipeline).Scan(&table)
-	var pgErr interface{ SQLState() string }
-	switch {
-	case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pgErr) && pgErr.SQLState() == "42P01":
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("purge: %s: %w", MembersTable, redact.Error(err))
-	}
-	dropped := []string{"shared slot " + slot + " member " + pipeline}
-	var used bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+MembersTable+` WHERE slot = $1 AND outbox_table = $2)`, slot, *table).Scan(&used); err != nil {
-		return dropped, fmt.Errorf("purge: %s: %w", MembersTable, redact.Error(err))
-	}
-	if !used {
-		_, err := conn.Exec(ctx, `ALTER PUBLICATION `+pgx.Identifier{publication}.Sanitize()+` DROP TABLE `+outbox.Quote(*table))
-		if err != nil {
-			return dropped, fmt.Errorf("purge: drop %s from publication %s: %w", *table, publication, redact.Error(err))
-		}
-		dropped = append(dropped, "table "+*table+" of publication "+publication)
-	}
-	return dropped, nil
 }
