@@ -88,7 +88,10 @@ const (
 //   - every destination the configs name, dead_letter.topic and the
 //     canary's topic must start with an allowed prefix
 //     (Policy.Destinations); a template by its fixed text before the
-//     first "${".
+//     first "${". Queues and consumer groups the doctor asks the broker
+//     about are destinations too;
+//   - no destination is a broker's own name or holds a control character,
+//     and a sink's client id (ClientIdentifier) is its tenant's (names.go).
 //
 // Check is for tenant pipelines only: a spec without a tenant is one
 // error (the admin's pipelines are not checked: do not call Check for
@@ -113,6 +116,7 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 		c.component(t, roleTransform)
 	}
 	c.component(spec.Sink, roleSink)
+	c.clientID(spec.Sink.Path, spec.Sink.Config)
 	if spec.DeadLetter != nil {
 		c.destination("dead_letter.topic", plugins.Destination{Path: "topic", Name: spec.DeadLetter.Topic})
 	}
@@ -123,6 +127,9 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 // destination prefixes. It allocates nothing: the pipeline calls it for
 // every event it publishes (engine.Pipeline.RestrictDestinations).
 func (p Policy) AllowsDestination(topic string) bool {
+	if !tenantMayName(topic) {
+		return false // a broker's own name (names.go)
+	}
 	for _, prefix := range p.Destinations {
 		if strings.HasPrefix(topic, prefix) {
 			return true
@@ -314,6 +321,9 @@ func sameTable(a, b string) bool {
 }
 
 func (c *checker) destination(path string, d plugins.Destination) {
+	if c.reservedName(path, d) {
+		return
+	}
 	tenant := c.spec.Tenant
 	fixed := d.Fixed()
 	if c.pol.AllowsDestination(fixed) {
