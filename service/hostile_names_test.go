@@ -61,6 +61,9 @@ func TestHostileNames(t *testing.T) {
 	} {
 		for route, want := range map[string]int{"/api/v1/pipelines": 422, "/api/v1/validate": 200} {
 			code, body := h.call("POST", route, "tenant:team-b", c.body)
+			if code == 201 {
+				h.admin(t, "DELETE", "/api/v1/pipelines/b-new", "") // so that the next attempt is judged on its own
+			}
 			if code != want || !strings.Contains(problemsAt(body)[c.path], c.says) {
 				t.Errorf("%s, %s: %d %s\nwant %d at %s saying %s", c.name, route, code, body, want, c.path, c.says)
 			}
