@@ -58,14 +58,16 @@ func (c *api) diagnose(w http.ResponseWriter, r *http.Request, p principal) {
 	// only while its tenant's policy allows it, which may have changed
 	// since it was stored (and its answer would say whose queue is how
 	// deep, or missing).
-	if v.ManagedBy != managedByFile {
+	o := doctor.Options{Timeout: 5 * time.Second, Sample: time.Second, Local: c.o.Supervisor.Status}
+	if v.ManagedBy != managedByFile && spec.Tenant != "" {
 		if prob := c.checkPolicy(ctx, spec); prob != nil {
 			prob.msg = fmt.Sprintf("pipeline %s: not allowed by tenant %s's policy, so it is not diagnosed", spec.Name, spec.Tenant)
 			writeProblem(w, prob)
 			return
 		}
+		o.Destinations = c.o.Control.Converger.TenantPolicy(spec.Tenant).AllowsDestination
 	}
-	rep := doctor.Run(ctx, []*pipelines.Spec{spec}, doctor.Options{Timeout: 5 * time.Second, Sample: time.Second, Local: c.o.Supervisor.Status})
+	rep := doctor.Run(ctx, []*pipelines.Spec{spec}, o)
 	writeJSON(w, http.StatusOK, rep.Pipelines[0])
 }
 
