@@ -21,7 +21,6 @@ import (
 // plugins.ReasonDestinationNotAllowed, so the event goes to the dead-letter
 // topic with that reason (or, without one, fails and is redelivered,
 // visibly), and is never published there.
-
 //
 // Every pipeline, the admin's included, refuses at publish a topic no
 // broker should be sent (policy.ForbiddenName): one with a control
