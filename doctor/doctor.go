@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,6 +84,11 @@ type Options struct {
 	Sample time.Duration
 	// Timeout bounds each check. Default 10s.
 	Timeout time.Duration
+	// Destinations, when set, are the topics the consumer stage may report
+	// lag on (a tenant's policy's AllowsDestination): a Kafka group of the
+	// tenant's may have committed offsets on another tenant's topics, whose
+	// end offsets are that tenant's to know. Nil reports every topic.
+	Destinations func(topic string) bool
 	// Registry builds the components; nil means plugins.Default.
 	Registry *plugins.Registry
 	// Logger is what the components the doctor builds log to; nil
@@ -493,6 +499,9 @@ func checkConsumers(ctx context.Context, p *engine.Pipeline, o Options) Check {
 	if err != nil {
 		c.Status, c.Evidence = Unknown, []string{"cannot read consumer lag: " + redact.String(err.Error())}
 		return c
+	}
+	if o.Destinations != nil {
+		lags = slices.DeleteFunc(lags, func(l plugins.GroupLag) bool { return !o.Destinations(l.Topic) })
 	}
 	if len(lags) == 0 {
 		c.Status = Skipped

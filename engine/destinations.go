@@ -6,6 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/policy"
 )
 
 // Destinations a tenant's pipeline may publish to.
@@ -20,9 +21,22 @@ import (
 // plugins.ReasonDestinationNotAllowed, so the event goes to the dead-letter
 // topic with that reason (or, without one, fails and is redelivered,
 // visibly), and is never published there.
+//
+// Every pipeline, the admin's included, refuses at publish a topic no
+// broker should be sent (policy.ForbiddenName): one with a control
+// character — a CR or LF in a NATS subject ends the protocol line and
+// starts another command, and only the client library would stop it —
+// or a broker's own namespace ($JS., $SYS., __consumer_offsets). It is a
+// permanent error of reason ReasonInvalidDestination: the event goes to
+// the dead-letter topic with it.
 
-// destinationGuard is a pipeline's destination check; nil lets everything
-// through, at the cost of a nil test per publish.
+// ReasonInvalidDestination is the dead-letter reason of an event whose
+// topic no pipeline may publish to: it holds a control character or is a
+// broker's own (policy.ForbiddenName).
+const ReasonInvalidDestination = "invalid_destination"
+
+// destinationGuard is a pipeline's destination check; nil lets every
+// topic through that no pipeline is refused (ReasonInvalidDestination).
 type destinationGuard struct {
 	allowed func(topic string) bool
 	tenant  string
@@ -57,6 +71,9 @@ func (p *Pipeline) RestrictDestinations(allowed func(topic string) bool) {
 // refuse is the permanent error for a publish to topic, nil when it is
 // allowed (or nothing is restricted).
 func (g *destinationGuard) refuse(topic string) error {
+	if why := policy.ForbiddenName(topic); why != "" {
+		return plugins.Permanent(ReasonInvalidDestination, fmt.Errorf("destination %q %s", topic, why))
+	}
 	switch {
 	case g == nil:
 		return nil
@@ -74,9 +91,6 @@ func (g *destinationGuard) refuse(topic string) error {
 // the pipeline may not publish to, and why; an event fanned out publishes
 // all of its messages or none.
 func (p *Pipeline) refusedDestination(msgs []*message.Message) (string, error) {
-	if p.destinations == nil {
-		return "", nil
-	}
 	for _, m := range msgs {
 		topic := m.Metadata.Get(plugins.MetaTopic)
 		if err := p.destinations.refuse(topic); err != nil {

@@ -83,3 +83,26 @@ func TestRefusedDestinationAllocations(t *testing.T) {
 		}
 	}
 }
+
+// Whatever a pipeline's restriction — none, as for the admin's — a topic
+// with a control character or in a broker's command namespace is refused
+// with reason invalid_destination, the first such message of a fan-out
+// refusing the event.
+func TestInvalidDestinationRefusedEverywhere(t *testing.T) {
+	for _, allowed := range []func(string) bool{nil, func(string) bool { return true }} {
+		p := &Pipeline{Spec: &pipelines.Spec{Sink: pipelines.Component{Config: &destConfig{}}}}
+		p.RestrictDestinations(allowed)
+		for _, bad := range []string{"orders.b\r\nPUB x 1", "orders.\x00", "$JS.API.STREAM.DELETE.X", "__consumer_offsets"} {
+			var msgs []*message.Message
+			for _, topic := range []string{"orders.a", bad, "orders.c"} {
+				m := message.NewMessage("e", nil)
+				m.Metadata.Set(plugins.MetaTopic, topic)
+				msgs = append(msgs, m)
+			}
+			topic, err := p.refusedDestination(msgs)
+			if reason, ok := plugins.IsPermanent(err); !ok || reason != ReasonInvalidDestination || topic != bad {
+				t.Errorf("restricted=%v: refused %q (%v), want %q with reason %s", allowed != nil, topic, err, bad, ReasonInvalidDestination)
+			}
+		}
+	}
+}

@@ -88,7 +88,8 @@ const (
 //   - every destination the configs name, dead_letter.topic and the
 //     canary's topic must start with an allowed prefix
 //     (Policy.Destinations); a template by its fixed text before the
-//     first "${";
+//     first "${". Queues and consumer groups the doctor asks the broker
+//     about are destinations too;
 //   - every broker object the sink creates (plugins.BrokerObjectLister: a
 //     stream, exchange, queue or topic) must be named under an allowed
 //     prefix too — a NATS stream under the prefix as a stream name can
@@ -96,7 +97,9 @@ const (
 //     and a sink that creates an object per routed destination (Kafka's
 //     create_topics) may not be combined with a destination computed per
 //     event (a transform's template), which would create objects
-//     without bound.
+//     without bound;
+//   - no destination is a broker's own name or holds a control character,
+//     and a sink's client id (ClientIdentifier) is its tenant's (names.go).
 //
 // Check is for tenant pipelines only: a spec without a tenant is one
 // error (the admin's pipelines are not checked: do not call Check for
@@ -123,6 +126,7 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 	}
 	c.component(spec.Sink, roleSink)
 	c.objects(spec)
+	c.clientID(spec.Sink.Path, spec.Sink.Config)
 	if spec.DeadLetter != nil {
 		c.destination("dead_letter.topic", plugins.Destination{Path: "topic", Name: spec.DeadLetter.Topic})
 	}
@@ -133,6 +137,9 @@ func Check(spec *pipelines.Spec, pol Policy, env CheckEnv) []*pipelines.Error {
 // destination prefixes. It allocates nothing: the pipeline calls it for
 // every event it publishes (engine.Pipeline.RestrictDestinations).
 func (p Policy) AllowsDestination(topic string) bool {
+	if !tenantMayName(topic) {
+		return false // a broker's own name (names.go)
+	}
 	for _, prefix := range p.Destinations {
 		if strings.HasPrefix(topic, prefix) {
 			return true
@@ -324,6 +331,9 @@ func sameTable(a, b string) bool {
 }
 
 func (c *checker) destination(path string, d plugins.Destination) {
+	if c.reservedName(path, d) {
+		return
+	}
 	tenant := c.spec.Tenant
 	fixed := d.Fixed()
 	if c.pol.AllowsDestination(fixed) {

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -52,7 +53,21 @@ func (c *api) diagnose(w http.ResponseWriter, r *http.Request, p principal) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	rep := doctor.Run(ctx, []*pipelines.Spec{spec}, doctor.Options{Timeout: 5 * time.Second, Sample: time.Second, Local: c.o.Supervisor.Status})
+	// The walk asks the broker about every queue and group the pipeline
+	// names, and connects where it says: a tenant's pipeline is walked
+	// only while its tenant's policy allows it, which may have changed
+	// since it was stored (and its answer would say whose queue is how
+	// deep, or missing).
+	o := doctor.Options{Timeout: 5 * time.Second, Sample: time.Second, Local: c.o.Supervisor.Status}
+	if v.ManagedBy != managedByFile && spec.Tenant != "" {
+		if prob := c.checkPolicy(ctx, spec); prob != nil {
+			prob.msg = fmt.Sprintf("pipeline %s: not allowed by tenant %s's policy, so it is not diagnosed", spec.Name, spec.Tenant)
+			writeProblem(w, prob)
+			return
+		}
+		o.Destinations = c.o.Control.Converger.TenantPolicy(spec.Tenant).AllowsDestination
+	}
+	rep := doctor.Run(ctx, []*pipelines.Spec{spec}, o)
 	writeJSON(w, http.StatusOK, rep.Pipelines[0])
 }
 

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"fmt"
 	"net"
 	"regexp"
 	"strings"
@@ -19,7 +20,12 @@ type Config struct {
 	Brokers []string `yaml:"brokers"`
 	// Topic is where a message goes when no transform chose a topic. Required.
 	Topic string `yaml:"topic"`
-	// ClientID names Ferry in broker logs, metrics and quotas. Default "ferry".
+	// ClientID names Ferry in broker logs, metrics and quotas. Brokers
+	// apply quotas per client id, so pipelines of two tenants never share
+	// one by default, and a tenant's pipeline may set only its tenant's
+	// name or a name starting with it and a dot (the tenant policy).
+	// Default "<tenant>.ferry" for a tenant's pipeline, "ferry" for one
+	// without a tenant.
 	ClientID string `yaml:"client_id"`
 	// Version is the Kafka protocol version Ferry speaks, at least 0.11.0
 	// (record headers, idempotence). Default "2.8.0".
@@ -87,7 +93,6 @@ type TopicSpec struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() *Config {
 	return &Config{
-		ClientID:        "ferry",
 		Version:         "2.8.0",
 		Acks:            "all",
 		Idempotent:      true,
@@ -126,9 +131,11 @@ func (c *Config) Validate() error {
 		p.Add("topic", "must not be empty")
 	} else if !ValidTopic(c.Topic) {
 		p.Add("topic", "%q is not a Kafka topic name (1-249 letters, digits, '.', '_', '-')", c.Topic)
+	} else if why := internalTopic(c.Topic); why != "" {
+		p.Add("topic", "%q is %s: no pipeline may publish to it", c.Topic, why)
 	}
-	if c.ClientID == "" {
-		p.Add("client_id", "must not be empty")
+	if i := controlCharacter(c.ClientID); i >= 0 {
+		p.Add("client_id", "has a control character (byte 0x%02x at %d)", c.ClientID[i], i)
 	}
 	v, err := parseVersion(c.Version)
 	switch {
@@ -171,8 +178,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	for i, g := range c.ConsumerGroups {
+		path := fmt.Sprintf("consumer_groups[%d]", i)
 		if g == "" {
-			p.Add("consumer_groups", "item %d: must not be empty", i)
+			p.Add(path, "must not be empty")
+		} else if j := controlCharacter(g); j >= 0 {
+			p.Add(path, "has a control character (byte 0x%02x at %d)", g[j], j)
 		}
 	}
 	p = append(p, plugins.Flatten(c.Encoding.Validate())...)
@@ -209,6 +219,36 @@ func parseVersion(s string) (sarama.KafkaVersion, error) {
 	return sarama.ParseKafkaVersion(s)
 }
 
+// internalTopic says whose topic s is when it is one of the brokers' own
+// or the schema registry's, whose records are the cluster's state:
+// committed offsets, transactions, schemas. A record Ferry wrote there
+// would corrupt it for every user of the cluster, so no pipeline may, the
+// admin's included (the tenant policy refuses every "__" topic for a
+// tenant).
+func internalTopic(s string) string {
+	switch s {
+	case "__consumer_offsets":
+		return "Kafka's consumer group offsets"
+	case "__transaction_state":
+		return "Kafka's transaction coordinator state"
+	case "_schemas":
+		return "the schema registry's own topic"
+	}
+	return ""
+}
+
+// controlCharacter is the index of the first control character (below
+// 0x20, or 0x7f) in s, -1 when there is none: no name Ferry sends a
+// broker needs one.
+func controlCharacter(s string) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return i
+		}
+	}
+	return -1
+}
+
 // ValidTopic reports whether s is a legal Kafka topic name.
 func ValidTopic(s string) bool { return topicName.MatchString(s) && s != "." && s != ".." }
 
@@ -222,6 +262,9 @@ func (c *Config) SaramaConfig() (*sarama.Config, error) { return c.sarama() }
 func (c *Config) sarama() (*sarama.Config, error) {
 	sc := sarama.NewConfig()
 	sc.ClientID = c.ClientID
+	if sc.ClientID == "" {
+		sc.ClientID = "ferry" // a sink not made by New (ferry bench); New derives it
+	}
 	sc.Version, _ = parseVersion(c.Version) // checked by Validate
 
 	sc.Producer.Return.Successes = true // a SyncProducer waits for these

@@ -31,10 +31,16 @@ func (c *Config) Endpoints() ([]plugins.Endpoint, error) {
 	return eps, probs.Err()
 }
 
-// Destinations is the default topic (plugins.DestinationLister); topics a
-// transform chooses are the transform's.
+// Destinations are the default topic and the consumer groups `ferry
+// doctor` asks the brokers about (plugins.DestinationLister): a group's
+// lag is a fact about whoever owns the group. Topics a transform chooses
+// are the transform's.
 func (c *Config) Destinations() []plugins.Destination {
-	return []plugins.Destination{{Path: "topic", Name: c.Topic}}
+	ds := []plugins.Destination{{Path: "topic", Name: c.Topic}}
+	for i, g := range c.ConsumerGroups {
+		ds = append(ds, plugins.Destination{Path: fmt.Sprintf("consumer_groups[%d]", i), Name: g})
+	}
+	return ds
 }
 
 // BrokerObjects is the default topic create_topics creates, and every
@@ -45,6 +51,10 @@ func (c *Config) BrokerObjects() []plugins.BrokerObject {
 	}
 	return []plugins.BrokerObject{{Path: "topic", Kind: plugins.ObjectTopic, Name: c.Topic, PerEvent: "create_topics"}}
 }
+
+// ClientIdentity is client_id as configured, "" for the default that New
+// derives from the tenant (policy.ClientIdentifier).
+func (c *Config) ClientIdentity() (path, id string) { return "client_id", c.ClientID }
 
 var (
 	_ plugins.Endpointer         = (*Config)(nil)

@@ -64,6 +64,15 @@ func Register(r *plugins.Registry) {
 
 func init() { Register(plugins.Default) }
 
+// DefaultClientID is the client id of a pipeline of tenant that sets
+// none: "<tenant>.ferry", or "ferry" without a tenant.
+func DefaultClientID(tenant string) string {
+	if tenant == "" {
+		return "ferry"
+	}
+	return tenant + ".ferry"
+}
+
 // Sink publishes to Kafka. Create with New.
 type Sink struct {
 	cfg *Config
@@ -94,6 +103,13 @@ type Sink struct {
 func New(cfg *Config, env plugins.Env) *Sink {
 	if env.Logger == nil {
 		env.Logger = slog.Default()
+	}
+	if cfg.ClientID == "" {
+		// Per tenant, not per pipeline: a tenant's pipelines still share
+		// one producer (shared.go), and its quota.
+		c := *cfg
+		c.ClientID = DefaultClientID(env.Tenant)
+		cfg = &c
 	}
 	s := &Sink{cfg: cfg, env: env, log: env.Logger.With("sink", Name), topics: map[string]bool{},
 		enc: format.New(cfg.Encoding, format.Kafka, env)}

@@ -2,6 +2,7 @@ package nats
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"regexp"
@@ -117,8 +118,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Subject == "" {
 		p.Add("subject", "must not be empty")
+	} else if i := controlCharacter(c.Subject); i >= 0 {
+		p.Add("subject", "has a control character (byte 0x%02x at %d): a CR or LF would end the protocol line it is sent on", c.Subject[i], i)
 	} else if !validSubject(c.Subject, false) {
 		p.Add("subject", "%q is not a NATS subject (dot-separated tokens, no spaces or wildcards)", c.Subject)
+	} else if why := serverSubject(c.Subject); why != "" {
+		p.Add("subject", "%q is %s: no pipeline may publish to it", c.Subject, why)
 	}
 	if c.PublishTimeout <= 0 {
 		p.Add("publish_timeout", "must be positive")
@@ -156,8 +161,14 @@ func (s *StreamConfig) validate() error {
 		p.Add("name", "%q is not a stream name (letters, digits, _ and -)", s.Name)
 	}
 	for i, subj := range s.Subjects {
-		if !validSubject(subj, true) {
-			p.Add("subjects", "item %d: %q is not a subject", i, subj)
+		path := fmt.Sprintf("subjects[%d]", i)
+		switch {
+		case controlCharacter(subj) >= 0:
+			p.Add(path, "has a control character")
+		case !validSubject(subj, true):
+			p.Add(path, "%q is not a subject", subj)
+		case serverSubject(subj) != "":
+			p.Add(path, "%q is %s: no stream may capture it", subj, serverSubject(subj))
 		}
 	}
 	if s.Storage != "" && s.Storage != "file" && s.Storage != "memory" {
@@ -189,6 +200,34 @@ func (s *StreamConfig) validate() error {
 		p.Add("max_msg_size", "must not be negative")
 	}
 	return p.Err()
+}
+
+// serverSubject says whose subject s is when it is the server's own: a
+// message to $JS.API.STREAM.DELETE.<name> deletes the stream, one to
+// $SYS. speaks to the system account; an outbox row must never be a
+// command to the server, so no pipeline may publish there, the admin's
+// included. ($KV. and $O. are left to the admin: publishing to
+// $KV.<bucket>.<key> is how a key-value bucket is written; the tenant
+// policy refuses every $ subject to a tenant.)
+func serverSubject(s string) string {
+	switch {
+	case s == "$JS" || strings.HasPrefix(s, "$JS."):
+		return "JetStream's API"
+	case s == "$SYS" || strings.HasPrefix(s, "$SYS."):
+		return "the system account's"
+	}
+	return ""
+}
+
+// controlCharacter is the index of the first control character (below
+// 0x20, or 0x7f) in s, -1 when there is none.
+func controlCharacter(s string) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return i
+		}
+	}
+	return -1
 }
 
 // validSubject checks NATS subject syntax; wildcards only where allowed.

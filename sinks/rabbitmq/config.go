@@ -81,6 +81,8 @@ func (c *Config) Validate() error {
 		p.Add("exchange", "must not be empty")
 	} else if len(c.Exchange) > 255 {
 		p.Add("exchange", "must be at most 255 bytes")
+	} else if i := controlCharacter(c.Exchange); i >= 0 {
+		p.Add("exchange", "has a control character (byte 0x%02x at %d)", c.Exchange[i], i)
 	}
 	switch c.ExchangeType {
 	case amqp.ExchangeTopic, amqp.ExchangeDirect, amqp.ExchangeFanout, amqp.ExchangeHeaders:
@@ -91,6 +93,8 @@ func (c *Config) Validate() error {
 		p.Add("routing_key", "must not be empty")
 	} else if _, err := parseTemplate(c.RoutingKey); err != nil {
 		p.Add("routing_key", "%v", err)
+	} else if i := controlCharacter(c.RoutingKey); i >= 0 {
+		p.Add("routing_key", "has a control character (byte 0x%02x at %d)", c.RoutingKey[i], i)
 	}
 	if c.Channels < 1 || c.Channels > 1000 {
 		p.Add("channels", "must be between 1 and 1000, got %d", c.Channels)
@@ -104,11 +108,33 @@ func (c *Config) Validate() error {
 	p.Nest("tls", c.TLS.Validate())
 	p = append(p, plugins.Flatten(c.Encoding.Validate())...)
 	for i, q := range c.ConsumerQueues {
-		if q == "" {
-			p.Add("consumer_queues", "item %d: must not be empty", i)
+		path := fmt.Sprintf("consumer_queues[%d]", i)
+		switch {
+		case q == "":
+			p.Add(path, "must not be empty")
+		case len(q) > 255:
+			p.Add(path, "must be at most 255 bytes")
+		default:
+			if j := controlCharacter(q); j >= 0 {
+				p.Add(path, "has a control character (byte 0x%02x at %d)", q[j], j)
+			}
 		}
 	}
 	return p.Err()
+}
+
+// controlCharacter is the index of the first control character (below
+// 0x20, or 0x7f) in s, -1 when there is none. AMQP carries names as
+// length-prefixed strings, so the broker would accept a CR or LF; but a
+// name with one shows in its logs, the management UI and every tool as
+// something else, and no name needs one.
+func controlCharacter(s string) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return i
+		}
+	}
+	return -1
 }
 
 // template is a routing key with ${metadata_key} placeholders; $$ is a
@@ -160,7 +186,8 @@ func parseTemplate(s string) (template, error) {
 }
 
 // render fills the placeholders from md. A missing or empty value is an
-// error: a routing key with a hole would send the event somewhere else.
+// error: a routing key with a hole would send the event somewhere else;
+// so is a value with a control character.
 func (t template) render(md map[string]string) (string, error) {
 	if len(t.parts) == 1 && !t.parts[0].key {
 		return t.parts[0].text, nil
@@ -174,6 +201,11 @@ func (t template) render(md map[string]string) (string, error) {
 		v := md[p.text]
 		if v == "" {
 			return "", fmt.Errorf("routing_key: the message has no %q metadata", p.text)
+		}
+		// The engine checks the topics it is given; a key rendered here
+		// from the row is seen by no one else.
+		if controlCharacter(v) >= 0 {
+			return "", fmt.Errorf("routing_key: the message's %q metadata has a control character", p.text)
 		}
 		b.WriteString(v)
 	}

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"fmt"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -31,8 +32,8 @@ func (c *Config) Endpoints() ([]plugins.Endpoint, error) {
 	return []plugins.Endpoint{e}, nil
 }
 
-// Destinations are the exchange and the default routing key
-// (plugins.DestinationLister). A routing key with ${…} placeholders is a
+// Destinations are the exchange, the default routing key and the
+// consumer queues (plugins.DestinationLister). A routing key with ${…} placeholders is a
 // template; its Name is written with $$ read as $, so that its fixed part
 // is the text the broker will see before the first placeholder.
 func (c *Config) Destinations() []plugins.Destination {
@@ -50,7 +51,13 @@ func (c *Config) Destinations() []plugins.Destination {
 		}
 		key.Name = b.String()
 	}
-	return []plugins.Destination{{Path: "exchange", Name: c.Exchange}, key}
+	ds := []plugins.Destination{{Path: "exchange", Name: c.Exchange}, key}
+	// The queues `ferry doctor` asks the depth of: a depth, or "no such
+	// queue", is a fact about whoever owns the queue.
+	for i, q := range c.ConsumerQueues {
+		ds = append(ds, plugins.Destination{Path: fmt.Sprintf("consumer_queues[%d]", i), Name: q})
+	}
+	return ds
 }
 
 // BrokerObjects is the exchange declare creates
