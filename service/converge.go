@@ -58,10 +58,11 @@ type Converger struct {
 	Reserved []policy.ReservedDatabase
 	Logger   *slog.Logger
 
-	convergeMu     sync.Mutex // one convergence at a time; guards files, secretProblems, sharedWarned and migrated
+	convergeMu     sync.Mutex // one convergence at a time; guards files, secretProblems, secrets, sharedWarned and migrated
 	files          []*pipelines.Spec
 	sharedWarned   map[string]bool // the shared-deduplication warnings logged, so each is logged once
 	secretProblems string          // what the last read could not open, to log changes only
+	secrets        secretCache     // the referenced secrets as the last read opened them
 	migrated       bool            // the literal passwords were moved into secrets (once, at the first read)
 
 	mu     sync.Mutex // guards snap, loaded and wake
@@ -175,7 +176,8 @@ type storeRead struct {
 	tenants  []store.Tenant
 	tokens   []store.Token
 	secrets  map[string]map[string]string
-	unopened []error // secrets that did not open
+	cache    secretCache // secrets, with the versions they were opened at
+	unopened []error     // secrets that did not open
 }
 
 func (c *Converger) read(ctx context.Context) (r storeRead, err error) {
@@ -197,9 +199,10 @@ func (c *Converger) read(ctx context.Context) (r storeRead, err error) {
 	if r.tenants, err = c.Store.Tenants(ctx); err != nil {
 		return r, err
 	}
-	if r.secrets, r.unopened, err = c.Store.AllSecrets(ctx); err != nil {
+	if r.cache, r.unopened, err = c.readSecrets(ctx, r.rows); err != nil {
 		return r, err
 	}
+	r.secrets = r.cache.values()
 	r.tokens, err = c.Store.Tokens(ctx)
 	return r, err
 }
@@ -228,6 +231,7 @@ func (c *Converger) converge(ctx context.Context, mustRead bool) (engine.ReloadR
 		r = storeRead{rows: snap.Pipelines, tenants: snap.Tenants, tokens: snap.Tokens, secrets: snap.Secrets}
 	} else {
 		c.reportSecretProblems(r.unopened)
+		c.secrets = r.cache
 	}
 	snap.Pipelines, snap.Tenants, snap.Tokens, snap.Secrets = r.rows, r.tenants, r.tokens, r.secrets
 	// The loader resolves tenant pipelines through SecretLookup: it must

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferryhq/ferry/pipelines"
+	"github.com/ferryhq/ferry/store"
 )
 
 // TenantLoader is Loader in control-plane mode: what the store's
@@ -20,34 +21,40 @@ func (c *Converger) TenantLoader() pipelines.Loader {
 }
 
 // RequestLoader is TenantLoader for what the API is sent: it reads each
-// tenant's secrets from the store once, so a secret set a moment ago
-// resolves (the snapshot is up to a convergence old), and falls back to
-// the snapshot while the store does not answer. Without a Store it is the
-// files' Loader: what POST /validate is sent then is judged as `ferry
-// validate` judges a file (only the bootstrap admin token may send it).
+// secret the document refers to from the store once, so a secret set a
+// moment ago resolves (the snapshot is up to a convergence old), and falls
+// back to the snapshot while the store does not answer or the secret does
+// not open. It opens only the secrets looked up: a tenant's other secrets,
+// however many or large, or one that does not open, cost a request
+// nothing. Without a Store it is the files' Loader: what POST /validate is
+// sent then is judged as `ferry validate` judges a file (only the
+// bootstrap admin token may send it).
 func (c *Converger) RequestLoader() pipelines.Loader {
 	if c.Store == nil {
 		return c.Loader
 	}
 	snapshot := c.SecretLookup()
+	type read struct {
+		value string
+		ok    bool
+	}
 	var mu sync.Mutex
-	read := map[string]map[string]string{}
+	done := map[[2]string]read{}
 	return c.tenantLoader(func(tenant, name string) (string, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		secrets, ok := read[tenant]
-		if !ok && c.Store != nil {
+		r, seen := done[[2]string{tenant, name}]
+		if !seen {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			var err error
-			secrets, err = c.Store.TenantSecrets(ctx, tenant)
+			opened, _, err := c.Store.OpenSecrets(ctx, []store.SecretRef{{Tenant: tenant, Name: name}})
 			cancel()
-			if err != nil {
-				secrets = nil // unreachable or no key: the snapshot answers
+			if err == nil && len(opened) == 1 {
+				r = read{value: opened[0].Value, ok: true}
 			}
-			read[tenant] = secrets
+			done[[2]string{tenant, name}] = r
 		}
-		if v, ok := secrets[name]; ok {
-			return v, true
+		if r.ok {
+			return r.value, true
 		}
 		return snapshot(tenant, name)
 	})

@@ -34,7 +34,7 @@ func (e *MigrationNeedsKeyError) Unwrap() error { return store.ErrNoKey }
 // MigrateLiteralSecrets moves the literal passwords of the store's tenant
 // pipelines into their tenants' secrets, and returns the names of the
 // pipelines it rewrote. For each pipeline with a tenant whose text
-// TenantLoader refuses for a literal password, it runs
+// RequestLoader refuses for a literal password, it runs
 // pipelines.Loader.ExtractLiteralSecrets and then, in one transaction,
 // stores each secret for the pipeline's tenant (never overwriting a
 // secret that holds another value), writes the new text as the next
@@ -55,17 +55,10 @@ func (c *Converger) MigrateLiteralSecrets(ctx context.Context) (migrated []strin
 	if err != nil {
 		return nil, fmt.Errorf("read the store's pipelines: %w", redact.Error(err))
 	}
-	secrets, _, err := c.Store.AllSecrets(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("read the tenants' secrets: %w", redact.Error(err))
-	}
-	// TenantLoader resolves through the snapshot: it must see the
-	// tenants' secrets, to choose names no other secret holds, before the
-	// first convergence has read them.
-	c.mu.Lock()
-	c.snap.Secrets = secrets
-	c.mu.Unlock()
-	l := c.TenantLoader()
+	// The loader reads each secret it looks up from the store (to load a
+	// pipeline, and to choose names no other secret holds), not every
+	// tenant's every secret: the first convergence has read none yet.
+	l := c.RequestLoader()
 
 	var needKey []string
 	var errs []error

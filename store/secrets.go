@@ -83,6 +83,9 @@ func (s *Store) PutSecret(ctx context.Context, actor Actor, tenant, name string,
 	}
 	var info SecretInfo
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := checkSecretQuota(ctx, tx, actor, tenant, name, len(value)); err != nil {
+			return err
+		}
 		put, err := s.putSecretTx(ctx, tx, tenant, name, value, actor.String(), true)
 		info = put.info
 		if err != nil || !put.changed {
@@ -92,6 +95,44 @@ func (s *Store) PutSecret(ctx context.Context, actor Actor, tenant, name string,
 			fmt.Sprintf("secret %s/%s version %d (key %s)", tenant, name, info.Version, info.KeyID))
 	})
 	return info, err
+}
+
+// sealOverhead is what secretbox.Seal adds to a value: AES-GCM's 12-byte
+// nonce and 16-byte tag. A secret's size is its value's, its ciphertext
+// less this (TestSecretRoundTrip checks the framing).
+const sealOverhead = 12 + 16
+
+// checkSecretQuota refuses (ErrLimit) to set tenant's secret name to a
+// value of size bytes when that would take the tenant past its
+// max_secrets or max_secret_bytes. It locks the tenant's record first,
+// so concurrent puts take turns and none counts before another commits:
+// a race cannot go past the quota. Replacing a secret counts its new size
+// in place of its old one; a put that does not grow the total (the same
+// value, a shorter one) is never refused, even over a lowered quota.
+func checkSecretQuota(ctx context.Context, tx pgx.Tx, actor Actor, tenant, name string, size int) error {
+	limits, err := lockTenantLimits(ctx, tx, tenant, actor)
+	if err != nil {
+		return err
+	}
+	maxSecrets, maxBytes := limits.SecretQuota()
+	var count, exists int
+	var used, old int64
+	err = tx.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE name = $2),
+		  coalesce(sum(greatest(octet_length(ciphertext) - $3, 0)), 0),
+		  coalesce(sum(greatest(octet_length(ciphertext) - $3, 0)) FILTER (WHERE name = $2), 0)
+		FROM ferry_secrets WHERE tenant = $1`, tenant, name, sealOverhead).Scan(&count, &exists, &used, &old)
+	if err != nil {
+		return err
+	}
+	if exists == 0 && count >= maxSecrets {
+		return fmt.Errorf("%w: tenant %s has %d secrets of its max_secrets %d; delete one or ask an admin to raise the limit",
+			ErrLimit, tenant, count, maxSecrets)
+	}
+	if total := used - old + int64(size); total > int64(maxBytes) && int64(size) > old {
+		return fmt.Errorf("%w: tenant %s's secrets hold %d bytes of its max_secret_bytes %d; this value of %d bytes would make %d",
+			ErrLimit, tenant, used, maxBytes, size, total)
+	}
+	return nil
 }
 
 // secretPut is what putSecretTx did.
@@ -201,13 +242,90 @@ func (s *Store) TenantSecrets(ctx context.Context, tenant string) (map[string]st
 	return all[tenant], nil
 }
 
-// AllSecrets opens every tenant's secrets, by tenant and name: what the
-// converger resolves tenant pipelines with. A secret that does not open is
+// AllSecrets opens every tenant's secrets, by tenant and name. The
+// converger reads with OpenSecrets instead: only what its pipelines
+// reference. A secret that does not open is
 // left out and reported in problems, so one bad row does not stop the
 // others from resolving. No value it returns may reach a response, a log
 // or an error.
 func (s *Store) AllSecrets(ctx context.Context) (secrets map[string]map[string]string, problems []error, err error) {
 	return s.openSecrets(ctx, "")
+}
+
+// SecretRef names a tenant's secret and, when the caller already holds
+// its value opened, the version and key of that value (0 and "" when
+// not).
+type SecretRef struct {
+	Tenant, Name string
+	Version      int64
+	KeyID        string
+}
+
+// OpenedSecret is one secret as OpenSecrets found it.
+type OpenedSecret struct {
+	// SecretRef is the secret's version and key as stored now.
+	SecretRef
+	// Value is the secret's value; empty when Unchanged.
+	Value string
+	// Unchanged is set when the row still holds the version and key the
+	// caller gave: its ciphertext was neither read nor opened.
+	Unchanged bool
+}
+
+// OpenSecrets opens the secrets refs name, and only those: what the
+// converger resolves the pipelines it builds with, so each convergence
+// reads and decrypts what the pipelines reference and what changed since
+// it last read them, not every tenant's every secret. A ref the store
+// holds no secret for is left out (it was deleted, or never set). A
+// secret that does not open is left out and reported in problems, by
+// tenant and name. No value it returns may reach a response, a log or an
+// error.
+func (s *Store) OpenSecrets(ctx context.Context, refs []SecretRef) (opened []OpenedSecret, problems []error, err error) {
+	if len(refs) == 0 {
+		return nil, nil, nil
+	}
+	tenants, names, versions, keys := make([]string, len(refs)), make([]string, len(refs)), make([]int64, len(refs)), make([]string, len(refs))
+	for i, r := range refs {
+		tenants[i], names[i], versions[i], keys[i] = r.Tenant, r.Name, r.Version, r.KeyID
+	}
+	// The ciphertext of a row the caller holds at its version and key is
+	// not sent: an unchanged 64 KiB secret costs a few bytes per read.
+	rows, err := s.pool.Query(ctx, `SELECT s.tenant, s.name, s.version, s.key_id,
+		  CASE WHEN s.version = r.version AND s.key_id = r.key_id THEN NULL ELSE s.ciphertext END
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS r(tenant, name, version, key_id)
+		JOIN ferry_secrets s ON s.tenant = r.tenant AND s.name = r.name
+		ORDER BY s.tenant, s.name`, tenants, names, versions, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	type sealedRow struct {
+		ref    SecretRef
+		sealed []byte
+	}
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sealedRow, error) {
+		var x sealedRow
+		return x, r.Scan(&x.ref.Tenant, &x.ref.Name, &x.ref.Version, &x.ref.KeyID, &x.sealed)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, x := range list {
+		if x.sealed == nil {
+			opened = append(opened, OpenedSecret{SecretRef: x.ref, Unchanged: true})
+			continue
+		}
+		if s.keyring == nil {
+			problems = append(problems, fmt.Errorf("secret %s/%s: this instance cannot open it: %w", x.ref.Tenant, x.ref.Name, ErrNoKey))
+			continue
+		}
+		plain, err := s.keyring.Open(x.ref.KeyID, x.sealed, secretAAD(x.ref.Tenant, x.ref.Name))
+		if err != nil {
+			problems = append(problems, fmt.Errorf("secret %s/%s: %w", x.ref.Tenant, x.ref.Name, err))
+			continue
+		}
+		opened = append(opened, OpenedSecret{SecretRef: x.ref, Value: string(plain)})
+	}
+	return opened, problems, nil
 }
 
 // HasKeyring reports whether this instance can seal and open tenants'

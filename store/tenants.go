@@ -15,7 +15,10 @@ import (
 	"github.com/ferryhq/ferry/policy"
 )
 
-// TenantLimits are a tenant's limits. Zero means no cap.
+// TenantLimits are a tenant's limits. Zero means no cap, except for the
+// secret quotas, where zero means the default (DefaultMaxSecrets,
+// DefaultMaxSecretBytes): every secret is read and held by every instance
+// that runs a pipeline using it, so there is always a cap.
 type TenantLimits struct {
 	// MaxInFlight is the most events of all the tenant's pipelines being
 	// transformed and published at once.
@@ -26,6 +29,32 @@ type TenantLimits struct {
 	MaxConnections int `json:"max_connections" yaml:"max_connections"`
 	// MaxPipelines caps how many pipelines the tenant may have in the store.
 	MaxPipelines int `json:"max_pipelines" yaml:"max_pipelines"`
+	// MaxSecrets caps how many secrets the tenant may have; 0 is
+	// DefaultMaxSecrets.
+	MaxSecrets int `json:"max_secrets" yaml:"max_secrets"`
+	// MaxSecretBytes caps the bytes of all the tenant's secret values
+	// together; 0 is DefaultMaxSecretBytes.
+	MaxSecretBytes int `json:"max_secret_bytes" yaml:"max_secret_bytes"`
+}
+
+// DefaultMaxSecrets is a tenant's max_secrets when its limits leave it 0.
+const DefaultMaxSecrets = 100
+
+// DefaultMaxSecretBytes is a tenant's max_secret_bytes, in bytes, when its
+// limits leave it 0: 1 MiB.
+const DefaultMaxSecretBytes = 1 << 20
+
+// SecretQuota is the tenant's max_secrets and max_secret_bytes in force:
+// the defaults where the limits leave them 0.
+func (l TenantLimits) SecretQuota() (maxSecrets, maxBytes int) {
+	maxSecrets, maxBytes = l.MaxSecrets, l.MaxSecretBytes
+	if maxSecrets <= 0 {
+		maxSecrets = DefaultMaxSecrets
+	}
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxSecretBytes
+	}
+	return maxSecrets, maxBytes
 }
 
 // Validate reports negative limits, naming each key.
@@ -34,8 +63,13 @@ func (l TenantLimits) Validate() []FieldProblem {
 	for _, f := range []struct {
 		key string
 		v   int
-	}{{"max_in_flight", l.MaxInFlight}, {"rate", l.Rate}, {"max_connections", l.MaxConnections}, {"max_pipelines", l.MaxPipelines}} {
-		if f.v < 0 {
+	}{{"max_in_flight", l.MaxInFlight}, {"rate", l.Rate}, {"max_connections", l.MaxConnections}, {"max_pipelines", l.MaxPipelines},
+		{"max_secrets", l.MaxSecrets}, {"max_secret_bytes", l.MaxSecretBytes}} {
+		switch {
+		case f.v >= 0:
+		case strings.HasPrefix(f.key, "max_secret"):
+			p = append(p, FieldProblem{Path: "limits." + f.key, Message: "must not be negative (0 is the default)"})
+		default:
 			p = append(p, FieldProblem{Path: "limits." + f.key, Message: "must not be negative (0 is no cap)"})
 		}
 	}
@@ -89,13 +123,10 @@ func ensureTenant(ctx context.Context, tx pgx.Tx, tenant string, actor Actor) er
 	if tenant == "" {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO ferry_tenants (name, updated_by) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`, tenant, actor.String()); err != nil {
-		return err
-	}
 	// The tenant row's lock serialises its creators, so two creates cannot
 	// both pass the count.
-	var limits TenantLimits
-	if err := tx.QueryRow(ctx, `SELECT limits FROM ferry_tenants WHERE name = $1 FOR UPDATE`, tenant).Scan(&limits); err != nil {
+	limits, err := lockTenantLimits(ctx, tx, tenant, actor)
+	if err != nil {
 		return err
 	}
 	if limits.MaxPipelines <= 0 {
@@ -109,6 +140,19 @@ func ensureTenant(ctx context.Context, tx pgx.Tx, tenant string, actor Actor) er
 		return fmt.Errorf("%w: tenant %s has %d of its max_pipelines %d", ErrLimit, tenant, n, limits.MaxPipelines)
 	}
 	return nil
+}
+
+// lockTenantLimits creates the tenant's record with no caps when it has
+// none, locks it until tx ends and returns its limits. Writes checked
+// against a tenant's quota take this lock first: the count they read
+// then stays true until they commit.
+func lockTenantLimits(ctx context.Context, tx pgx.Tx, tenant string, actor Actor) (TenantLimits, error) {
+	var limits TenantLimits
+	if _, err := tx.Exec(ctx, `INSERT INTO ferry_tenants (name, updated_by) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`, tenant, actor.String()); err != nil {
+		return limits, err
+	}
+	err := tx.QueryRow(ctx, `SELECT limits FROM ferry_tenants WHERE name = $1 FOR UPDATE`, tenant).Scan(&limits)
+	return limits, err
 }
 
 const tenantColumns = `name, limits, policy, version, updated_by, updated_at`

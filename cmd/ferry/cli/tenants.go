@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 )
 
-const tenantsUsage = `list | get NAME | delete NAME | create NAME [the flags of set] | set NAME [--max-pipelines N] [--rate N] [--max-in-flight N] [--max-connections N] [--allow-database HOST:PORT/DB[/USER]]… [--allow-broker HOST:PORT]… [--allow-destination PREFIX]… [--allow-files=true|false] [--shared-databases=true|false]`
+const tenantsUsage = `list | get NAME | delete NAME | create NAME [the flags of set] | set NAME [--max-pipelines N] [--rate N] [--max-in-flight N] [--max-connections N] [--max-secrets N] [--max-secret-bytes N] [--allow-database HOST:PORT/DB[/USER]]… [--allow-broker HOST:PORT]… [--allow-destination PREFIX]… [--allow-files=true|false] [--shared-databases=true|false]`
 
 // tenantRecord is a tenant as the API shows and takes it.
 type tenantRecord struct {
@@ -22,6 +22,8 @@ type tenantRecord struct {
 		Rate           int `json:"rate"`
 		MaxConnections int `json:"max_connections"`
 		MaxPipelines   int `json:"max_pipelines"`
+		MaxSecrets     int `json:"max_secrets"`
+		MaxSecretBytes int `json:"max_secret_bytes"`
 	} `json:"limits"`
 	Policy struct {
 		Databases       []string `json:"databases,omitempty"`
@@ -57,6 +59,8 @@ func tenantsCmd(args []string, stdout, stderr io.Writer) int {
 	for _, l := range []string{"max-pipelines", "rate", "max-in-flight", "max-connections"} {
 		r.limits[l] = all.Int(l, 0, "set, create: limits."+strings.ReplaceAll(l, "-", "_")+" (0: no cap)")
 	}
+	r.limits["max-secrets"] = all.Int("max-secrets", 0, "set, create: limits.max_secrets, how many secrets the tenant may hold (0: the default, 100)")
+	r.limits["max-secret-bytes"] = all.Int("max-secret-bytes", 0, "set, create: limits.max_secret_bytes, the bytes of all its secret values together (0: the default, 1048576)")
 	scopeFlags(fs, all, sub, subcommands(tenantsUsage))
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		r.name, args = args[0], args[1:]
@@ -190,7 +194,8 @@ func (r tenantsRun) apply(t *tenantRecord) {
 	set := map[string]bool{}
 	r.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for flagName, dst := range map[string]*int{"max-pipelines": &t.Limits.MaxPipelines, "rate": &t.Limits.Rate,
-		"max-in-flight": &t.Limits.MaxInFlight, "max-connections": &t.Limits.MaxConnections} {
+		"max-in-flight": &t.Limits.MaxInFlight, "max-connections": &t.Limits.MaxConnections,
+		"max-secrets": &t.Limits.MaxSecrets, "max-secret-bytes": &t.Limits.MaxSecretBytes} {
 		if set[flagName] {
 			*dst = *r.limits[flagName]
 		}
