@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"context"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/policy"
@@ -24,7 +26,17 @@ var xid8Harness = plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema}
 // refills, but never for a valid one — behind an ingress every client
 // shares that address. A token revoked since it was last read is refused.
 func TestFailedAuthThrottled(t *testing.T) {
-	f := startControlOn(t, adminToken, false, nil, xid8Harness, func(f *controlFixture) {
+	var storeProxy *faultproxy.Proxy
+	viaProxy := func(dsn string) string {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storeProxy = faultproxy.Start(t, u.Host)
+		u.Host = storeProxy.Addr()
+		return u.String()
+	}
+	f := startControlOn(t, adminToken, false, viaProxy, xid8Harness, func(f *controlFixture) {
 		f.throttle = httpapi.Throttle{Burst: 10, Every: 500 * time.Millisecond}
 	})
 	ctx := context.Background()
@@ -70,6 +82,14 @@ func TestFailedAuthThrottled(t *testing.T) {
 	if r := f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong-after", "", ""); r.code != 429 || r.hdr.Get("Retry-After") == "" {
 		t.Errorf("a wrong token after the valid ones: %d (Retry-After %q), want 429 with Retry-After", r.code, r.hdr.Get("Retry-After"))
 	}
+	// A wrong token from the throttled address is refused without asking
+	// the store: with the store gone it is still 429, not the 503 of a
+	// token that cannot be checked.
+	storeProxy.Cut()
+	if r := f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong-cut", "", ""); r.code != 429 {
+		t.Errorf("a wrong token from the throttled address, the store down: %d %s, want 429", r.code, r.raw)
+	}
+	storeProxy.Heal()
 	testenv.Eventually(t, 60*time.Second, "the budget refills: a wrong token answered 401", func() bool {
 		return f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong-later", "", "").code == 401
 	})
