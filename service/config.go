@@ -136,6 +136,12 @@ func (c Config) withDefaults() (Config, error) {
 	case c.DBMaxConnections == 0:
 		c.DBMaxConnections = DefaultDBMaxConnections
 	}
+	for i, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			// Only an embedder can set one: the flag parses what it takes.
+			errs = append(errs, fmt.Errorf("--trusted-proxies: entry %d is not a valid CIDR", i+1))
+		}
+	}
 	if c.InstanceID == "" {
 		c.InstanceID = DefaultInstanceID()
 	}

@@ -3,6 +3,7 @@ package service_test
 import (
 	"flag"
 	"io"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -50,5 +51,14 @@ func TestTrustedProxiesFlag(t *testing.T) {
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%v: %v, want %v", c.args, got, c.want)
 		}
+	}
+}
+
+// An embedder's Config with a zero prefix is refused by New, naming the
+// flag's setting.
+func TestTrustedProxiesConfigChecked(t *testing.T) {
+	_, err := service.New(service.Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), {}}}, nil)
+	if err == nil || !strings.Contains(err.Error(), "--trusted-proxies: entry 2") {
+		t.Fatalf("a zero prefix: %v, want an error naming --trusted-proxies entry 2", err)
 	}
 }
