@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"time"
 )
@@ -36,6 +37,12 @@ type Config struct {
 	MetricsTokenFile string
 	// MetricsToken is that token itself. Neither set: /metrics is open.
 	MetricsToken string
+	// TrustedProxies are the proxies in front of HTTPAddr — an ingress
+	// controller, a load balancer — whose X-Forwarded-For (or Forwarded)
+	// header names the client (--trusted-proxies): the address the API's
+	// failed-authentication throttle counts and its audit log records.
+	// From any other peer those headers are ignored. Default: none.
+	TrustedProxies []netip.Prefix
 	// DisableUI turns off the web console at /ui/ (--ui=false).
 	DisableUI bool
 	// UISampleInterval is the gap between two samples of the console's lag
@@ -128,6 +135,12 @@ func (c Config) withDefaults() (Config, error) {
 		errs = append(errs, errors.New("--db-max-connections must be at least 1"))
 	case c.DBMaxConnections == 0:
 		c.DBMaxConnections = DefaultDBMaxConnections
+	}
+	for i, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			// Only an embedder can set one: the flag parses what it takes.
+			errs = append(errs, fmt.Errorf("--trusted-proxies: entry %d is not a valid CIDR", i+1))
+		}
 	}
 	if c.InstanceID == "" {
 		c.InstanceID = DefaultInstanceID()

@@ -49,11 +49,12 @@ const (
 	teamBPW = "team-b-pw-Wq44"
 )
 
-func startHostile(t *testing.T) *hostile { return startHostileWith(t, child) }
+// startHostile starts the shared instance, with extra flags of ferry run.
+func startHostile(t *testing.T, extra ...string) *hostile { return startHostileWith(t, child, extra...) }
 
 // startHostileWith is startHostile with the instance started by launch
 // (child, or boundedFerry for a memory bound).
-func startHostileWith(t *testing.T, launch func(args []string, env ...string) *exec.Cmd) *hostile {
+func startHostileWith(t *testing.T, launch func(args []string, env ...string) *exec.Cmd, extra ...string) *hostile {
 	t.Helper()
 	h := &hostile{a: relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema}), logs: &safeBuffer{},
 		tokens: map[string]string{"admin": cpAdmin, "none": "", "bad": "ferry_" + strings.Repeat("1", 64)}}
@@ -78,6 +79,7 @@ func startHostileWith(t *testing.T, launch func(args []string, env ...string) *e
 	h.in = &instance{name: "shared", addr: freeAddr(t)}
 	args := []string{"--http", h.in.addr, "--instance-id", "shared", "--log-level", "debug", "--store-interval", "1s",
 		"--secrets-key-file", keyFile, "--secrets-dir", secretsDir, "--metrics-token-file", metricsFile, "--shutdown-timeout", "3s"}
+	args = append(args, extra...)
 	// What a careless server's environment holds: the admin token, the
 	// store's DSN, another tenant's database.
 	h.in.cmd = launch(args, "FERRY_ADMIN_TOKEN="+cpAdmin,
@@ -394,8 +396,10 @@ func (h *hostile) authHygiene(t *testing.T) {
 		t.Errorf("40 wrong tokens from one address: %v (Retry-After %q), want at most 12 answered 401 and the rest 429", codes, retry)
 	}
 	t.Logf("40 wrong tokens from one address: %v, %s", codes, retry)
-	if code, _ := h.callFrom(flood, "GET", "/api/v1/pipelines", cpAdmin, ""); code != 429 {
-		t.Errorf("the admin token from the throttled address: %d, want 429", code)
+	// A valid token is served whatever its address's failures
+	// (hostile_throttle_test.go tests the throttle further).
+	if code, _ := h.callFrom(flood, "GET", "/api/v1/pipelines", cpAdmin, ""); code != 200 {
+		t.Errorf("the admin token from the throttled address: %d, want 200", code)
 	}
 	var audit struct {
 		Entries []struct {

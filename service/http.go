@@ -40,7 +40,8 @@ func (s *Service) buildHandler(sup *engine.Supervisor, cp *controlPlane, tok tok
 		ui = console.New(console.Options{Statuses: sup.Statuses, Gatherer: s.metrics, Interval: s.cfg.UISampleInterval})
 	}
 	h := httpapi.New(httpapi.Options{Supervisor: sup, Registry: s.metrics, AdminToken: tok.admin, Reload: s.reloadNow, Logger: s.log,
-		Control: cp.api(s), Console: ui, MetricsToken: tok.metrics})
+		Control: cp.api(s), Console: ui, MetricsToken: tok.metrics,
+		TrustedProxies: s.cfg.TrustedProxies})
 	s.handler.Store(&h)
 	return ui
 }

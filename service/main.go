@@ -145,6 +145,7 @@ func Flags(fs *flag.FlagSet) *RunFlags {
 	fs.StringVar(&c.HTTPAddr, "http", "", "serve /metrics, /healthz, /readyz and /api/v1 on this address; a bare port binds 127.0.0.1 (write 0.0.0.0:PORT for every interface)")
 	fs.StringVar(&c.AdminTokenFile, "admin-token-file", "", "file holding the API's bootstrap admin token (else $FERRY_ADMIN_TOKEN; neither, and no token in the store: reads are open, changes refused)")
 	fs.StringVar(&c.MetricsTokenFile, "metrics-token-file", "", "file holding the bearer token /metrics requires (an admin or read token works too); unset: /metrics is open")
+	fs.Var((*prefixList)(&c.TrustedProxies), "trusted-proxies", "CIDR (or address) of a proxy in front of --http whose X-Forwarded-For or Forwarded header names the client, for the failed-authentication throttle and the audit log: an ingress controller's or load balancer's (repeatable, or comma-separated); from any other peer those headers are ignored. Default: none")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout, "on SIGINT/SIGTERM, how long pipelines may take to drain in-flight events")
 	fs.IntVar(&c.DBMaxConnections, "db-max-connections", DefaultDBMaxConnections, "connections the xid8 and poll pipelines on one database share (one pool per database; wal pipelines and the LISTEN session count apart)")
 	fs.BoolVar(&c.Watch, "watch", false, "reload when the pipeline files change (SIGHUP and POST /api/v1/reload always do)")

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -55,6 +56,12 @@ type Options struct {
 	// Throttle bounds failed authentications per client address; the zero
 	// value is 10 at once, then one a second.
 	Throttle Throttle
+	// TrustedProxies are the proxies (an ingress, a load balancer) whose
+	// X-Forwarded-For or Forwarded header names the client: the address
+	// the throttle counts and the audit log records. A request from any
+	// other peer is its own client, whatever headers it sends. Empty: no
+	// proxy is trusted.
+	TrustedProxies []netip.Prefix
 }
 
 // New returns the API's handler. It panics without Options.Control and
@@ -63,7 +70,7 @@ func New(o Options) http.Handler {
 	if o.Control == nil || o.Control.Converger == nil {
 		panic("httpapi: Options.Control with a Converger is required")
 	}
-	a := &api{o: o, throttle: newAuthThrottle(o.Throttle), auditSlots: make(chan struct{}, 4), started: time.Now().UTC()}
+	a := &api{o: o, throttle: newAuthThrottle(o.Throttle), clients: clientAddresses{trusted: o.TrustedProxies}, auditSlots: make(chan struct{}, 4), started: time.Now().UTC()}
 	a.deniedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_api_refused_total",
 		Help: "API requests refused, by status: 401 (no or unknown token), 403 (scope), 404 (another tenant's resource, answered as missing), 429 (throttled)."}, []string{"code"})
 	a.deniedDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_api_refusals_unaudited_total",
@@ -85,6 +92,9 @@ type api struct {
 	o        Options
 	started  time.Time // when New ran: the bootstrap admin token's record says so
 	throttle *authThrottle
+	clients  clientAddresses
+	// tokens are the token records authenticate last read from the store.
+	tokens   tokenRecords
 	refusals refusalLog
 	// auditSlots bounds the background writes of tokens' last use.
 	auditSlots    chan struct{}
@@ -110,8 +120,8 @@ func register[C prometheus.Collector](reg *prometheus.Registry, c C) C {
 // token holder (/readyz, and /metrics when it needs a token): the token's
 // scope, or a 401 written (and the address's budget drawn on).
 func (a *api) caller(w http.ResponseWriter, r *http.Request) (store.Scope, bool) {
-	addr := clientAddress(r)
-	if wait := a.throttle.retryAfter(addr); wait > 0 {
+	addr := a.clients.of(r)
+	if wait := a.throttledWait(r, addr, a.o.MetricsToken); wait > 0 {
 		throttled(w, wait)
 		return "", false
 	}

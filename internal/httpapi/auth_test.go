@@ -2,6 +2,8 @@ package httpapi_test
 
 import (
 	"context"
+	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/ferryhq/ferry/engine"
 	"github.com/ferryhq/ferry/internal/httpapi"
+	"github.com/ferryhq/ferry/lab/faultproxy"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins/plugintest"
 	"github.com/ferryhq/ferry/policy"
@@ -19,46 +22,34 @@ import (
 var xid8Harness = plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema}
 
 // A flood of wrong tokens from one address is throttled after the burst:
-// 429 with Retry-After for every request from it, the right token too
-// (else the one guess that gets through would say it was right), until the
-// budget refills.
+// 429 with Retry-After for every wrong token from it until the budget
+// refills, but never for a valid one — behind an ingress every client
+// shares that address. A token revoked since it was last read is refused.
 func TestFailedAuthThrottled(t *testing.T) {
-	f := startControlOn(t, adminToken, false, nil, xid8Harness, func(f *controlFixture) {
+	var storeProxy *faultproxy.Proxy
+	viaProxy := func(dsn string) string {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		storeProxy = faultproxy.Start(t, u.Host)
+		u.Host = storeProxy.Addr()
+		return u.String()
+	}
+	f := startControlOn(t, adminToken, false, viaProxy, xid8Harness, func(f *controlFixture) {
 		f.throttle = httpapi.Throttle{Burst: 10, Every: 500 * time.Millisecond}
 	})
-	began := time.Now()
-	counts := map[int]int{}
-	retryAfter := ""
-	for i := range 200 {
-		r := f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong"+strconv.Itoa(i), "", "")
-		counts[r.code]++
-		if r.code == 429 {
-			retryAfter = r.hdr.Get("Retry-After")
-		}
+	ctx := context.Background()
+	admin := store.Actor{TokenID: "test", Scope: store.ScopeAdmin}
+	// Made after the converger's one read: only the flood's own reads of
+	// the store have seen them.
+	_, tenantTok, err := f.st.CreateToken(ctx, admin, "tenant:team-a", "")
+	if err != nil {
+		t.Fatal(err)
 	}
-	elapsed := time.Since(began)
-	// The budget refills one attempt per 500 ms while the flood runs.
-	maxThrough := 10 + int(elapsed/(500*time.Millisecond)) + 1
-	if counts[401] > maxThrough || counts[429] < 200-maxThrough || counts[401]+counts[429] != 200 {
-		t.Fatalf("200 wrong tokens in %s: %v, want at most %d answered 401 and the rest 429", elapsed.Round(time.Millisecond), counts, maxThrough)
-	}
-	if s, err := strconv.Atoi(retryAfter); err != nil || s < 1 {
-		t.Fatalf("Retry-After %q, want whole seconds >= 1", retryAfter)
-	}
-	if r := f.do(t, "GET", "/api/v1/pipelines", adminToken, "", ""); r.code != 429 {
-		t.Fatalf("the right token from a throttled address: %d, want 429", r.code)
-	}
-	t.Logf("200 wrong tokens in %s: %d answered 401, %d answered 429 (Retry-After: %s)", elapsed.Round(time.Millisecond), counts[401], counts[429], retryAfter)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r := f.do(t, "GET", "/api/v1/pipelines", adminToken, "", "")
-		if r.code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still %d 10 s after the flood: the budget never refills", r.code)
-		}
-		time.Sleep(100 * time.Millisecond)
+	revoked, revokedTok, err := f.st.CreateToken(ctx, admin, "tenant:team-b", "")
+	if err != nil {
+		t.Fatal(err)
 	}
 	// A missing header is not a guess: it does not draw on the budget.
 	for range 30 {
@@ -66,6 +57,101 @@ func TestFailedAuthThrottled(t *testing.T) {
 			t.Fatalf("no token: %d, want 401", r.code)
 		}
 	}
+	counts, retryAfter, elapsed := floodWrongTokens(t, f, 200)
+	// The budget refills one attempt per 500 ms while the flood runs.
+	maxThrough := 10 + int(elapsed/(500*time.Millisecond)) + 1
+	if counts[401] < 10 || counts[401] > maxThrough || counts[429] < 200-maxThrough || counts[401]+counts[429] != 200 {
+		t.Fatalf("200 wrong tokens in %s: %v, want 10 to %d answered 401 and the rest 429", elapsed.Round(time.Millisecond), counts, maxThrough)
+	}
+	if s, err := strconv.Atoi(retryAfter); err != nil || s < 1 {
+		t.Fatalf("Retry-After %q, want whole seconds >= 1", retryAfter)
+	}
+	t.Logf("200 wrong tokens in %s: %d answered 401, %d answered 429 (Retry-After: %s)", elapsed.Round(time.Millisecond), counts[401], counts[429], retryAfter)
+	for who, tok := range map[string]string{"the admin token": adminToken, "a tenant's token": tenantTok} {
+		r := f.do(t, "GET", "/api/v1/pipelines", tok, "", "")
+		if r.code != 200 {
+			t.Errorf("%s from the throttled address: %d %s, want 200", who, r.code, r.raw)
+		}
+	}
+	if _, err := f.st.DeleteToken(ctx, admin, revoked.ID); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do(t, "GET", "/api/v1/pipelines", revokedTok, "", ""); r.code == 200 {
+		t.Errorf("a token revoked since it was read, from the throttled address: 200, want a refusal")
+	}
+	if r := f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong-after", "", ""); r.code != 429 || r.hdr.Get("Retry-After") == "" {
+		t.Errorf("a wrong token after the valid ones: %d (Retry-After %q), want 429 with Retry-After", r.code, r.hdr.Get("Retry-After"))
+	}
+	// A wrong token from the throttled address is refused without asking
+	// the store: with the store gone it is still 429, not the 503 of a
+	// token that cannot be checked.
+	storeProxy.Cut()
+	if r := f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong-cut", "", ""); r.code != 429 {
+		t.Errorf("a wrong token from the throttled address, the store down: %d %s, want 429", r.code, r.raw)
+	}
+	storeProxy.Heal()
+	testenv.Eventually(t, 60*time.Second, "the budget refills: a wrong token answered 401", func() bool {
+		return f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong-later", "", "").code == 401
+	})
+}
+
+// floodWrongTokens sends n wrong tokens from the fixture's client, with
+// hdr, and counts the answers.
+func floodWrongTokens(t *testing.T, f *controlFixture, n int, hdr ...string) (counts map[int]int, retryAfter string, elapsed time.Duration) {
+	t.Helper()
+	began := time.Now()
+	counts = map[int]int{}
+	for i := range n {
+		r := f.do(t, "GET", "/api/v1/pipelines", "ferry_wrong"+strconv.Itoa(i), "", "", hdr...)
+		counts[r.code]++
+		if r.code == 429 {
+			retryAfter = r.hdr.Get("Retry-After")
+		}
+	}
+	return counts, retryAfter, time.Since(began)
+}
+
+// Behind a trusted proxy, clients with different X-Forwarded-For addresses
+// are throttled apart, and the audit log names the client; from a peer not
+// trusted, the header changes nothing: a client can neither dodge the
+// throttle nor have another address throttled in its place.
+func TestTrustedProxyClientAddress(t *testing.T) {
+	const flooder, other = "203.0.113.7", "198.51.100.4"
+	slow := httpapi.Throttle{Burst: 10, Every: time.Hour}
+	t.Run("trusted", func(t *testing.T) {
+		f := startControlOn(t, adminToken, false, nil, xid8Harness, func(f *controlFixture) {
+			f.throttle, f.trusted = slow, []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+		})
+		counts, _, _ := floodWrongTokens(t, f, 30, "X-Forwarded-For", "10.9.9.9, "+flooder)
+		if counts[401] != 10 || counts[429] != 20 {
+			t.Fatalf("30 wrong tokens forwarded for %s: %v, want 10 answered 401, 20 429", flooder, counts)
+		}
+		if r := f.do(t, "GET", "/api/v1/pipelines", "ferry_other", "", "", "X-Forwarded-For", other); r.code != 401 {
+			t.Errorf("a wrong token forwarded for another client: %d, want 401 (not throttled)", r.code)
+		}
+		if r := f.do(t, "GET", "/api/v1/pipelines", "ferry_other", "", "", "Forwarded", `for="`+other+`:4711";proto=http`); r.code != 401 {
+			t.Errorf("a wrong token with Forwarded: for=another client: %d, want 401 (not throttled)", r.code)
+		}
+		testenv.Eventually(t, 60*time.Second, "the refusals audited under the client's address", func() bool {
+			r := f.do(t, "GET", "/api/v1/audit?action=denied&limit=1000", adminToken, "", "")
+			return strings.Contains(string(r.raw), "from "+flooder) && strings.Contains(string(r.raw), "from "+other) &&
+				!strings.Contains(string(r.raw), "from 127.0.0.1")
+		})
+	})
+	t.Run("not trusted", func(t *testing.T) {
+		f := startControlOn(t, adminToken, false, nil, xid8Harness, func(f *controlFixture) { f.throttle = slow })
+		counts, _, _ := floodWrongTokens(t, f, 30, "X-Forwarded-For", flooder)
+		if counts[401] != 10 || counts[429] != 20 {
+			t.Fatalf("30 wrong tokens: %v, want 10 answered 401, 20 429", counts)
+		}
+		if r := f.do(t, "GET", "/api/v1/pipelines", "ferry_other", "", "", "X-Forwarded-For", other); r.code != 429 {
+			t.Errorf("a wrong token claiming another address: %d, want 429 (the header is not believed)", r.code)
+		}
+		testenv.Eventually(t, 60*time.Second, "the refusals audited under the peer's address", func() bool {
+			r := f.do(t, "GET", "/api/v1/audit?action=denied&limit=1000", adminToken, "", "")
+			return strings.Contains(string(r.raw), "from 127.0.0.1") && !strings.Contains(string(r.raw), flooder)
+		})
+	})
 }
 
 // Another tenant's pipeline is answered exactly as a missing one: the

@@ -119,11 +119,12 @@ func (c *api) registerControl(mux *http.ServeMux) {
 // guard authenticates the caller and checks the route's access. Once any
 // token exists (the admin token, or one in the store) every route needs
 // one, reads included. An address that keeps failing authentication is
-// throttled; every refusal (401, 403, 429) is audited.
+// throttled, for wrong tokens only (throttledWait); every refusal (401,
+// 403, 429) is audited.
 func (c *api) guard(rt route) http.HandlerFunc {
 	pattern := rt.method + " /api/v1" + rt.path
 	return func(w http.ResponseWriter, r *http.Request) {
-		addr := clientAddress(r)
+		addr := c.clients.of(r)
 		rec := &statusRecorder{ResponseWriter: w}
 		var p principal
 		defer func() { c.auditRefusal(r, pattern, addr, p, rec) }()
@@ -136,7 +137,7 @@ func (c *api) guard(rt route) http.HandlerFunc {
 				}
 			}
 		}()
-		if wait := c.throttle.retryAfter(addr); wait > 0 {
+		if wait := c.throttledWait(r, addr); wait > 0 {
 			throttled(rec, wait)
 			return
 		}
@@ -190,6 +191,7 @@ func (c *api) authenticate(r *http.Request) (principal, *problem) {
 		fresh, err := ctl.Store.Tokens(ctx)
 		cancel()
 		if err == nil {
+			c.tokens.remember(fresh)
 			toks, known, current = fresh, true, true // else the store is unreachable: the tokens it last held still count
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -49,8 +50,10 @@ type controlFixture struct {
 	// throttle is the API's failed-authentication budget; startControl*
 	// lift it unless a test sets opts.
 	throttle httpapi.Throttle
-	metrics  string // the API's metrics token
-	dir      string // startFiles: the pipeline files' directory
+	// trusted are the proxies whose X-Forwarded-For the API believes.
+	trusted []netip.Prefix
+	metrics string // the API's metrics token
+	dir     string // startFiles: the pipeline files' directory
 }
 
 func startControl(t *testing.T, admin string) *controlFixture {
@@ -119,7 +122,8 @@ func startControlOn(t *testing.T, admin string, converge bool, storeDSN func(str
 	// The tables below send many wrong tokens from one address on purpose:
 	// the throttle has its own test (TestFailedAuthThrottled).
 	f.srv = httptest.NewServer(httpapi.New(httpapi.Options{Supervisor: f.sup, Registry: reg, AdminToken: admin, Logger: log,
-		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui, Throttle: f.throttle, MetricsToken: f.metrics}))
+		Reload: f.conv.ReloadFiles, Control: &httpapi.Control{Store: f.st, Converger: f.conv}, Console: f.ui, Throttle: f.throttle, MetricsToken: f.metrics,
+		TrustedProxies: f.trusted}))
 	t.Cleanup(f.srv.Close)
 	return f
 }

@@ -2,19 +2,24 @@ package httpapi
 
 import (
 	"math"
-	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/ferryhq/ferry/store"
 )
 
 // Throttle bounds how fast one client address may fail authentication. A
 // token is 256 random bits, so guessing one is hopeless; the throttle is
-// for the noise and the cost of a flood (every attempt hashes and compares
-// against every stored token), and it makes a leaked-token scanner slow.
+// for the noise and the cost of a flood (every attempt that reaches the
+// store reads every token's record and writes audit rows). It never
+// refuses a valid token: a throttled address's requests are checked
+// against the tokens held in memory, and only a wrong one is refused.
 type Throttle struct {
 	// Burst is how many failed attempts an address may make at once before
 	// it is throttled. Default 10.
@@ -28,9 +33,10 @@ type Throttle struct {
 
 // authThrottle is Throttle at work: a token bucket per client address,
 // drawn on by each failed authentication. While an address's bucket is
-// empty every request from it is refused with 429, a right token too:
-// otherwise a guesser would learn which guess was right from the one that
-// got through.
+// empty a request from it is refused with 429 unless its token is one
+// this instance already knows to be valid (api.throttledWait): behind an
+// ingress every client shares an address, and a flood of wrong tokens
+// from anyone must not lock the right ones out.
 type authThrottle struct {
 	cfg Throttle
 	mu  sync.Mutex
@@ -48,17 +54,6 @@ func newAuthThrottle(cfg Throttle) *authThrottle {
 		cfg.MaxAddresses = 10_000
 	}
 	return &authThrottle{cfg: cfg, by: map[string]*rate.Limiter{}}
-}
-
-// clientAddress is the TCP peer's address. X-Forwarded-For is not trusted:
-// any client can write it. Behind a proxy every client shares the proxy's
-// budget (docs/security.md says so).
-func clientAddress(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
 }
 
 // retryAfter is how long addr must wait before its next attempt; 0 when it
@@ -112,4 +107,54 @@ func (t *authThrottle) evict() {
 func throttled(w http.ResponseWriter, wait time.Duration) {
 	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
 	writeProblem(w, &problem{code: http.StatusTooManyRequests, msg: "too many failed authentications from this address; retry later"})
+}
+
+// throttledWait is how long a request from addr must wait before it is
+// authenticated: 0 unless addr is throttled and the request's bearer token
+// is not one known valid. The check is in memory and in constant time —
+// SHA-256 of the token against every token record this instance holds
+// (the converger's last read and authenticate's) — so a flood costs no
+// store read. A token found there still goes through authenticate, which
+// asks the store: one revoked since is refused (and drawn on the budget)
+// as anywhere else. The answer tells a throttled guesser no more than an
+// unthrottled one learns (a right token is served either way); what the
+// throttle takes away is the store's and the audit log's cost of each
+// wrong guess. A token made in the last seconds that neither read has
+// seen yet waits out the throttle as a wrong one does. extra are tokens
+// the route accepts beside the admin token (the metrics token).
+func (a *api) throttledWait(r *http.Request, addr string, extra ...string) time.Duration {
+	wait := a.throttle.retryAfter(addr)
+	if wait <= 0 {
+		return 0
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || got == "" {
+		return wait
+	}
+	known := a.o.AdminToken != "" && constantTimeEqual(got, a.o.AdminToken)
+	for _, tok := range extra {
+		// Every comparison runs, whichever matched.
+		known = tok != "" && constantTimeEqual(got, tok) || known
+	}
+	now := time.Now()
+	_, inSnapshot := store.MatchTokenAt(a.o.Control.Converger.Snapshot().Tokens, got, now)
+	_, inLastRead := store.MatchTokenAt(a.tokens.last(), got, now)
+	if known || inSnapshot == store.TokenValid || inLastRead == store.TokenValid {
+		return 0
+	}
+	return wait
+}
+
+// tokenRecords holds the token records authenticate last read from the
+// store, for throttledWait: fresher than the converger's when a token was
+// just made and already used.
+type tokenRecords struct{ p atomic.Pointer[[]store.Token] }
+
+func (t *tokenRecords) remember(toks []store.Token) { t.p.Store(&toks) }
+
+func (t *tokenRecords) last() []store.Token {
+	if p := t.p.Load(); p != nil {
+		return *p
+	}
+	return nil
 }

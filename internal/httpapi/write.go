@@ -523,7 +523,7 @@ func (c *api) reloadFiles(w http.ResponseWriter, r *http.Request, p principal) {
 		return
 	}
 	c.log().Info("reloaded", "started", res.Started, "restarted", res.Restarted, "stopped", res.Stopped,
-		"paused", res.Paused, "token_id", p.actor.TokenID, "remote", r.RemoteAddr)
+		"paused", res.Paused, "token_id", p.actor.TokenID, "remote", c.clients.of(r))
 	writeJSON(w, http.StatusOK, res)
 }
 
