@@ -1,0 +1,40 @@
+package policy
+
+import "fmt"
+
+// A tenant's pipeline names its brokers, and Check allows them before it
+// runs; but a broker names other hosts once connected (Kafka's advertised
+// listeners, NATS's connect_urls), and the client dials those too. So the
+// policy is asked again at each dial (engine.Options.Brokers): the address
+// a client is about to dial must be one of the tenant's brokers, whoever
+// named it.
+
+// AllowsBroker reports whether addr ("host:port", as a client dials it)
+// is one of the allowed brokers, compared as Check compares a pipeline's
+// brokers: host names lowercased, the loopback names one, the port equal.
+// It is called for every connection a tenant's pipeline opens.
+func (p Policy) AllowsBroker(addr string) bool {
+	host, port, err := splitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	host = NormalHost(host)
+	for _, b := range p.Brokers {
+		if h, bp, err := splitHostPort(b); err == nil && bp == port && NormalHost(h) == host {
+			return true
+		}
+	}
+	return false
+}
+
+// DialRefusedError is a connection a tenant's pipeline was about to open
+// to an address its policy does not allow. It names only the address the
+// client dialled and the pipeline's own tenant.
+type DialRefusedError struct {
+	Addr   string
+	Tenant string
+}
+
+func (e *DialRefusedError) Error() string {
+	return fmt.Sprintf("dial %s: not an allowed broker of tenant %s (policy.brokers)", e.Addr, e.Tenant)
+}
