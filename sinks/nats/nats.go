@@ -109,8 +109,8 @@ func (s *Sink) Start(ctx context.Context) error {
 		return errors.New("nats sink: closed")
 	}
 	if s.lease == nil {
-		lease, err := conns.Acquire(ctx, brokerconn.Want{Key: s.cfg.connKey(), Endpoint: s.cfg.endpointLabel()},
-			func() (*sharedConn, error) { return dial(s.cfg) })
+		lease, err := conns.Acquire(ctx, brokerconn.Want{Key: s.cfg.connKey(dialScope(s.env.Dial, s.env.Tenant)), Endpoint: s.cfg.endpointLabel()},
+			func() (*sharedConn, error) { return dial(s.cfg, s.env.Dial) })
 		if err != nil {
 			return err
 		}
