@@ -113,12 +113,12 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.producer != nil {
 		return nil
 	}
-	sc, err := s.cfg.sarama()
+	sc, err := s.sarama()
 	if err != nil {
 		return fmt.Errorf("kafka config: %w", err)
 	}
 	if s.cfg.CreateTopics != nil {
-		lease, err := admins.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(), Endpoint: s.cfg.endpointLabel()},
+		lease, err := admins.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(s.dialScope()), Endpoint: s.cfg.endpointLabel()},
 			func() (sarama.ClusterAdmin, error) { return openAdmin(s.cfg.brokers(), sc) })
 		if err != nil {
 			return err
@@ -133,7 +133,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		s.closeAdmin()
 		return err
 	}
-	lease, err := producers.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(), Endpoint: s.cfg.endpointLabel()},
+	lease, err := producers.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(s.dialScope()), Endpoint: s.cfg.endpointLabel()},
 		func() (*sharedProducer, error) { return openProducer(s.cfg.brokers(), sc) })
 	if err != nil {
 		s.closeAdmin()
