@@ -1,6 +1,10 @@
 package policy
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"net"
+)
 
 // A tenant's pipeline names its brokers, and Check allows them before it
 // runs; but a broker names other hosts once connected (Kafka's advertised
@@ -37,4 +41,20 @@ type DialRefusedError struct {
 
 func (e *DialRefusedError) Error() string {
 	return fmt.Sprintf("dial %s: not an allowed broker of tenant %s (policy.brokers)", e.Addr, e.Tenant)
+}
+
+// Dialer is a dialer for tenant's connections under p as it stands: it
+// refuses every address AllowsBroker does not allow, with a
+// *DialRefusedError, and dials the rest. For what acts for a tenant's
+// pipeline once (the API's connect check, a dead-letter replay); the
+// running pipeline's dialer asks the policy as it stands at each dial
+// (engine.Options.Brokers).
+func (p Policy) Dialer(tenant string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if !p.AllowsBroker(addr) {
+			return nil, &DialRefusedError{Addr: addr, Tenant: tenant}
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
 }

@@ -50,7 +50,7 @@ func (c *api) diagnose(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, readProblem(prob, v.Name))
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(c.tenantDial(r.Context(), tenantPipeline(v)), 30*time.Second)
 	defer cancel()
 	rep := doctor.Run(ctx, []*pipelines.Spec{spec}, doctor.Options{Timeout: 5 * time.Second, Sample: time.Second, Local: c.o.Supervisor.Status})
 	writeJSON(w, http.StatusOK, rep.Pipelines[0])

@@ -123,3 +123,38 @@ func TestAdvertisedBrokerOutsidePolicyIsNeverDialled(t *testing.T) {
 		}
 	}
 }
+
+// The API counts a tenant pipeline's dead letters with the dialer of the
+// tenant's policy on the request's context (plugins.WithDial): a dead-letter
+// topic led by a broker outside the policy is refused at dial, never
+// reached.
+func TestDeadLetterCountDialsThroughTheRequestsDialer(t *testing.T) {
+	topic := testenv.Name("dial-dlq")
+	counts := &acceptCounter{n: map[string]int{}}
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(1, topic), kfake.ListenFn(counts.listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	addrs := c.ListenAddrs()
+	if err := c.MoveTopicPartition(topic, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	cfg := kafka.DefaultConfig()
+	cfg.Brokers, cfg.Topic = []string{addrs[0]}, topic
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	pol := policy.Policy{Brokers: []string{addrs[0]}}
+	ctx := plugins.WithDial(context.Background(), pol.Dialer("team-b"))
+	_, err = cfg.CountDeadLetterTopic(ctx, "dial", topic)
+	want := "dial " + addrs[2] + ": not an allowed broker of tenant team-b (policy.brokers)"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("count: %v; want an error containing %q", err, want)
+	}
+	for _, addr := range addrs[1:] {
+		if n := counts.of(addr); n != 0 {
+			t.Errorf("broker %s, outside the policy, accepted %d connections, want 0", addr, n)
+		}
+	}
+}

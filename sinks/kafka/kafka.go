@@ -113,6 +113,11 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.producer != nil {
 		return nil
 	}
+	if s.env.Dial == nil {
+		// A request acting for a tenant's pipeline (the API's connect
+		// check) dials as the pipeline would.
+		s.env.Dial = plugins.DialFrom(ctx)
+	}
 	sc, err := s.sarama()
 	if err != nil {
 		return fmt.Errorf("kafka config: %w", err)

@@ -24,7 +24,15 @@ import (
 // client tries the advertised server on every reconnect, and each attempt
 // goes through the pipeline's dialer, which refuses it; the publishes say
 // why. The advertised server never sees a connection.
+//
+// The dialer comes from the pipeline's Env, or, for a request acting for
+// the pipeline (the API's connect check), from the context Start gets.
 func TestAdvertisedServerOutsidePolicyIsNeverDialled(t *testing.T) {
+	t.Run("env", func(t *testing.T) { advertisedOutsidePolicy(t, false) })
+	t.Run("request", func(t *testing.T) { advertisedOutsidePolicy(t, true) })
+}
+
+func advertisedOutsidePolicy(t *testing.T, fromContext bool) {
 	forbidden, err := fakenats.Start("127.0.0.1:0", fakenats.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -53,9 +61,13 @@ func TestAdvertisedServerOutsidePolicyIsNeverDialled(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	s := natssink.New(cfg, plugins.Env{Pipeline: "dial", Tenant: "team-b", Logger: plugintest.Logger(), Dial: dial})
+	env, ctx := plugins.Env{Pipeline: "dial", Tenant: "team-b", Logger: plugintest.Logger(), Dial: dial}, context.Background()
+	if fromContext {
+		env.Dial, ctx = nil, plugins.WithDial(ctx, dial)
+	}
+	s := natssink.New(cfg, env)
 	defer s.Close()
-	if err := s.Start(context.Background()); err != nil {
+	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 

@@ -113,6 +113,11 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.started {
 		return nil
 	}
+	if s.env.Dial == nil {
+		// A request acting for a tenant's pipeline (the API's connect
+		// check) dials as the pipeline would.
+		s.env.Dial = plugins.DialFrom(ctx)
+	}
 	tc, err := s.cfg.TLS.Build()
 	if err != nil {
 		return err
