@@ -33,4 +33,3 @@ func DialFrom(ctx context.Context) func(ctx context.Context, network, addr strin
 	d, _ := ctx.Value(dialKey{}).(func(ctx context.Context, network, addr string) (net.Conn, error))
 	return d
 }
-
