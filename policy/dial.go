@@ -39,6 +39,7 @@ type DialRefusedError struct {
 	Tenant string
 }
 
+// Error names the address and the policy that refused it.
 func (e *DialRefusedError) Error() string {
 	return fmt.Sprintf("dial %s: not an allowed broker of tenant %s (policy.brokers)", e.Addr, e.Tenant)
 }

@@ -6,8 +6,7 @@
 // pool. It counts the connections it accepts. Tests use it to see which
 // addresses a client dials when a server advertises others.
 //
-// It is lab code: tests import it, no product package does
-// (internal/layout's test checks it); it imports no Ferry package.
+// It is lab code: only tests import it, and it imports no Ferry package.
 package fakenats
 
 import (
