@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/ferryhq/ferry/internal/natsserver"
 	"github.com/ferryhq/ferry/lab/fakenats"
 	"github.com/ferryhq/ferry/lab/testenv"
 	"github.com/ferryhq/ferry/plugins"
@@ -87,5 +88,47 @@ func advertisedOutsidePolicy(t *testing.T, fromContext bool) {
 	})
 	if n := forbidden.Accepted(); n != 0 {
 		t.Fatalf("the advertised server outside the policy accepted %d connections, want 0", n)
+	}
+}
+
+// Restricted connections are never shared across tenants or with the
+// admin's pipelines; two pipelines of one tenant share theirs.
+func TestRestrictedConnectionsAreTheTenants(t *testing.T) {
+	srv, err := natsserver.Start(0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", srv.Port())
+	endpoint := "nats://" + addr
+	pol := policy.Policy{Brokers: []string{addr}}
+	for _, tc := range []struct {
+		tenant     string
+		restricted bool
+		want       int
+	}{
+		{"", false, 1},
+		{"team-a", true, 2},
+		{"team-a", true, 2},
+		{"team-b", true, 3},
+		{"team-b", false, 3},
+	} {
+		env := plugins.Env{Pipeline: testenv.Name("p"), Tenant: tc.tenant, Logger: plugintest.Logger()}
+		if tc.restricted {
+			env.Dial = pol.Dialer(tc.tenant)
+		}
+		cfg := natssink.DefaultConfig()
+		cfg.URL, cfg.Subject = "nats://"+addr, "ferry.dial"
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		s := natssink.New(cfg, env)
+		defer s.Close()
+		if err := s.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if n := natssink.Connections(endpoint); n != tc.want {
+			t.Fatalf("after a sink of tenant %q (restricted %v): %d connections, want %d", tc.tenant, tc.restricted, n, tc.want)
+		}
 	}
 }
