@@ -107,8 +107,13 @@ func (l *lifecycle) start(e *entry) error {
 // incarnation.
 func (l *lifecycle) build(ctx context.Context, e *entry) (*incarnation, error) {
 	spec, rep := e.spec, e.rep
-	p, err := Build(spec, plugins.Env{Logger: l.log, Metrics: l.metricsFor(spec), DrainTimeout: l.opts.DrainTimeout, Report: rep,
-		DatabaseConnections: l.opts.DatabaseConnections})
+	env := plugins.Env{Logger: l.log, Metrics: l.metricsFor(spec), DrainTimeout: l.opts.DrainTimeout, Report: rep,
+		DatabaseConnections: l.opts.DatabaseConnections}
+	if l.opts.Brokers != nil {
+		log := l.log.With("pipeline", spec.Name, "tenant", spec.Tenant)
+		env.Dial = restrictDial(l.opts.Brokers(spec), log)
+	}
+	p, err := Build(spec, env)
 	if err != nil {
 		return nil, err
 	}

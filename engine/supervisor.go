@@ -44,6 +44,15 @@ type Options struct {
 	// tenant policy's AllowsDestination); nil for a pipeline whose topics
 	// are not restricted, such as the admin's.
 	Destinations func(spec *pipelines.Spec) func(topic string) bool
+	// Brokers, when set, gives each pipeline, every time it starts, the
+	// check of each broker address ("host:port") its components are about
+	// to dial: nil for a pipeline whose connections are not restricted,
+	// such as the admin's; else a function returning why addr is not
+	// allowed (a tenant policy's AllowsBroker), or nil. It is called at
+	// every dial, from the clients' goroutines: safe for concurrent use.
+	// The pipeline's components get the dialer as plugins.Env.Dial
+	// (dial.go).
+	Brokers func(spec *pipelines.Spec) func(addr string) error
 }
 
 // Supervisor runs every pipeline of the process as a handler in one

@@ -3,6 +3,7 @@ package plugins
 import (
 	"context"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -141,6 +142,19 @@ type Env struct {
 	// Tracer, set when the pipeline's tracing is on, starts a source's own
 	// spans (a span per read batch); nil when tracing is off.
 	Tracer trace.Tracer
+	// Dial, when set, opens every TCP connection the component makes to a
+	// broker: the seed servers it names and every server the broker
+	// itself names later (Kafka's advertised listeners, NATS's
+	// connect_urls), on first connect and on every reconnect, for its
+	// readers and probes too. The engine sets it for a tenant's pipeline
+	// to a dialer that refuses every address outside the tenant's policy
+	// (its error says so); a component must dial the address the broker
+	// or the config gave, host name unresolved, so the policy sees the
+	// name it allows. Nil means an ordinary net.Dialer. A component that
+	// shares connections among pipelines keys them by Tenant as well when
+	// Dial is set: a connection opened through one tenant's dialer is
+	// never another's.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Origin names the outbox table a pipeline reads, for components that say

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/ferryhq/ferry/internal/redact"
 	"github.com/ferryhq/ferry/pipelines"
 	"github.com/ferryhq/ferry/plugins"
+	"github.com/ferryhq/ferry/policy"
 )
 
 // ErrNotRunning is returned by Reload before Run has built the instance
@@ -126,11 +128,12 @@ func (s *Service) Run(ctx context.Context) error {
 
 // newSupervisor makes the engine's supervisor: with high availability
 // unless disabled — the status board on the coordination database with
-// it, closed by closeBoard — and the tenants' destination check.
+// it, closed by closeBoard — and the tenants' destination and broker
+// checks.
 func (s *Service) newSupervisor(specs []*pipelines.Spec) (sup *engine.Supervisor, coordDSN string, closeBoard func(), err error) {
 	closeBoard = func() {}
 	opts := engine.Options{Logger: s.log, Metrics: s.metrics, DrainTimeout: s.cfg.ShutdownTimeout, DatabaseConnections: s.cfg.DBMaxConnections,
-		Destinations: s.destinations}
+		Destinations: s.destinations, Brokers: s.brokers}
 	if !s.cfg.DisableHA {
 		dsn, from, ok := coordinationDSN(s.cfg.CoordinationDSN, s.cfg.StoreDSN, specs)
 		if !ok {
@@ -225,4 +228,22 @@ func (s *Service) reloadNow() (engine.ReloadResult, error) {
 		return engine.ReloadResult{}, ErrNotRunning
 	}
 	return s.inst.conv.ReloadFiles()
+}
+
+// brokers is the supervisor's check of the addresses a pipeline dials: a
+// tenant's store pipeline only its tenant's allowed brokers, whoever named
+// the address (a broker advertises others), as the policy says at the
+// moment of the dial — a broker an admin took away is refused from the
+// next reconnect on; the operator's own pipelines anywhere.
+func (s *Service) brokers(spec *pipelines.Spec) func(addr string) error {
+	if spec.Tenant == "" || !strings.HasPrefix(spec.File, "store:") {
+		return nil
+	}
+	tenant := spec.Tenant
+	return func(addr string) error {
+		if conv := s.conv.Load(); conv != nil && conv.TenantPolicy(tenant).AllowsBroker(addr) {
+			return nil
+		}
+		return &policy.DialRefusedError{Addr: addr, Tenant: tenant}
+	}
 }

@@ -51,7 +51,7 @@ func (c *api) diagnose(w http.ResponseWriter, r *http.Request, p principal) {
 		writeProblem(w, readProblem(prob, v.Name))
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(c.tenantDial(r.Context(), tenantPipeline(v)), 30*time.Second)
 	defer cancel()
 	// The walk asks the broker about every queue and group the pipeline
 	// names, and connects where it says: a tenant's pipeline is walked

@@ -364,7 +364,7 @@ func (c *api) getDeadLetters(w http.ResponseWriter, r *http.Request, p principal
 	out := DeadLettersView{Pipeline: v.Name, Source: spec.Source.Type, DeadLetters: []plugins.DeadLetter{}}
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
-	out.DeadLetterTopic = c.countDeadLetterTopic(ctx, v.Name, spec)
+	out.DeadLetterTopic = c.countDeadLetterTopic(c.tenantDial(ctx, tenantPipeline(v)), v.Name, spec)
 	k, ok := spec.Source.Config.(plugins.DeadLetterKeeper)
 	if !ok {
 		out.Note = "the " + spec.Source.Type + " source parks no events; failed deliveries go to the sink's dead-letter destination when one is configured"
@@ -449,7 +449,7 @@ func (c *api) replayDeadLetters(w http.ResponseWriter, r *http.Request, p princi
 			// is whatever the event carried).
 			f.Allowed = c.o.Control.Converger.TenantPolicy(v.Tenant).AllowsDestination
 		}
-		res, err := dlq.ReplayDeadLetterTopic(ctx, v.Name, spec.DeadLetter.Topic, f)
+		res, err := dlq.ReplayDeadLetterTopic(c.tenantDial(ctx, tenantPipeline(v)), v.Name, spec.DeadLetter.Topic, f)
 		if res.Replayed > 0 && !f.DryRun {
 			c.auditReplay(ctx, p, v, f, fmt.Sprintf("%d dead letters republished from topic %s (reason %q, limit %d)", res.Replayed, res.Topic, f.Reason, f.Limit))
 		}

@@ -73,7 +73,7 @@ func (c *api) writePipeline(w http.ResponseWriter, r *http.Request, p principal,
 	}
 	if connect {
 		// After the policy: the check reaches only hosts the tenant may name.
-		if prob := connectProblem(r.Context(), spec); prob != nil {
+		if prob := connectProblem(c.tenantDial(r.Context(), spec.Tenant), spec); prob != nil {
 			writeProblem(w, prob)
 			return
 		}
@@ -377,7 +377,7 @@ func (c *api) validate(w http.ResponseWriter, r *http.Request, p principal) {
 			continue // never connect where the policy forbids
 		}
 		if connect {
-			d, err := connectCheck(r.Context(), s)
+			d, err := connectCheck(c.tenantDial(r.Context(), s.Tenant), s)
 			if err != nil {
 				errs = append(errs, detail{Path: "", Message: "pipeline " + s.Name + ": " + err.Error()})
 				continue

@@ -123,6 +123,8 @@ var rules = []rule{
 		Only: []string{"plugins"}, Importers: []string{"sinks"}, Deny: []string{"sinks"}},
 	{Pkg: "lab/consumertest", Says: "It is lab code with no code of its own, only tests: nothing imports it, and its package imports nothing.",
 		Lab: true, Only: none, Libraries: none, Importers: none},
+	{Pkg: "lab/fakenats", Says: "It is lab code: only tests import it, and it imports no Ferry package.",
+		Lab: true, Only: none, Importers: labs},
 	{Pkg: "lab/faultproxy", Says: "It is lab code: only tests import it, and it imports no Ferry package.",
 		Lab: true, Only: none, Importers: labs}, // tests: the suites and harnesses
 	{Pkg: "lab/relaytest", Says: "It is lab code: no product package imports it.",

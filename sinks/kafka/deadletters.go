@@ -33,12 +33,14 @@ type dlqPartition struct {
 }
 
 // dlqOpen connects and finds, per partition of topic, where the replay
-// group stands and where the log ends.
-func (c *Config) dlqOpen(pipeline, topic string) (sarama.Client, []*dlqPartition, error) {
+// group stands and where the log ends. It dials through the dialer ctx
+// carries (plugins.WithDial: a request for a tenant's pipeline).
+func (c *Config) dlqOpen(ctx context.Context, pipeline, topic string) (sarama.Client, []*dlqPartition, error) {
 	sc, err := c.sarama()
 	if err != nil {
 		return nil, nil, err
 	}
+	dialThrough(sc, plugins.DialFrom(ctx))
 	sc.Metadata.Full = true
 	client, err := sarama.NewClient(c.brokers(), sc)
 	if err != nil {
@@ -114,9 +116,9 @@ func isUnknownTopic(err error) bool {
 }
 
 // CountDeadLetterTopic counts the records past the replay group's offsets.
-func (c *Config) CountDeadLetterTopic(_ context.Context, pipeline, topic string) (plugins.DeadLetterTopicCount, error) {
+func (c *Config) CountDeadLetterTopic(ctx context.Context, pipeline, topic string) (plugins.DeadLetterTopicCount, error) {
 	out := plugins.DeadLetterTopicCount{Topic: topic}
-	client, parts, err := c.dlqOpen(pipeline, topic)
+	client, parts, err := c.dlqOpen(ctx, pipeline, topic)
 	if client != nil {
 		defer client.Close()
 	}
@@ -146,7 +148,7 @@ func (c *Config) CountDeadLetterTopic(_ context.Context, pipeline, topic string)
 // are then sent once more (at least once, as everywhere in Ferry).
 func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic string, f plugins.DeadLetterFilter) (plugins.DeadLetterTopicReplay, error) {
 	out := plugins.DeadLetterTopicReplay{Topic: topic, EventIDs: []string{}}
-	client, parts, err := c.dlqOpen(pipeline, topic)
+	client, parts, err := c.dlqOpen(ctx, pipeline, topic)
 	if client != nil {
 		defer client.Close()
 	}

@@ -133,12 +133,17 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.producer != nil {
 		return nil
 	}
-	sc, err := s.cfg.sarama()
+	if s.env.Dial == nil {
+		// A request acting for a tenant's pipeline (the API's connect
+		// check) dials as the pipeline would.
+		s.env.Dial = plugins.DialFrom(ctx)
+	}
+	sc, err := s.sarama()
 	if err != nil {
 		return fmt.Errorf("kafka config: %w", err)
 	}
 	if s.cfg.CreateTopics != nil {
-		lease, err := admins.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(), Endpoint: s.cfg.endpointLabel()},
+		lease, err := admins.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(s.dialScope()), Endpoint: s.cfg.endpointLabel()},
 			func() (sarama.ClusterAdmin, error) { return openAdmin(s.cfg.brokers(), sc) })
 		if err != nil {
 			return err
@@ -153,7 +158,7 @@ func (s *Sink) Start(ctx context.Context) error {
 		s.closeAdmin()
 		return err
 	}
-	lease, err := producers.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(), Endpoint: s.cfg.endpointLabel()},
+	lease, err := producers.Acquire(ctx, brokerconn.Want{Key: s.cfg.producerKey(s.dialScope()), Endpoint: s.cfg.endpointLabel()},
 		func() (*sharedProducer, error) { return openProducer(s.cfg.brokers(), sc) })
 	if err != nil {
 		s.closeAdmin()

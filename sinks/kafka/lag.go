@@ -26,7 +26,7 @@ func (s *Sink) ConsumerLag(ctx context.Context) ([]plugins.GroupLag, error) {
 	if !started {
 		return nil, errors.New("kafka sink: not started")
 	}
-	sc, err := s.cfg.sarama()
+	sc, err := s.sarama()
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,7 @@ func (s *Sink) Read(ctx context.Context, topic string, handle func(*message.Mess
 	if !started {
 		return errors.New("kafka sink: not started")
 	}
-	sc, err := s.cfg.sarama()
+	sc, err := s.sarama()
 	if err != nil {
 		return err
 	}
@@ -103,7 +103,7 @@ func (s *Sink) Ping(ctx context.Context) error {
 	if !started {
 		return errors.New("kafka sink: not started")
 	}
-	sc, err := s.cfg.sarama()
+	sc, err := s.sarama()
 	if err != nil {
 		return err
 	}

@@ -42,12 +42,14 @@ type sharedProducer struct {
 // producerKey is what makes two sinks use different producers: every
 // setting but the per-pipeline ones (topic, create_topics,
 // consumer_groups, the format). Hashed, so no SASL password sits in a map
-// key.
-func (c *Config) producerKey() string {
+// key. scope (Sink.dialScope) keeps a tenant's restricted clients its
+// own: two tenants naming the same brokers, or a tenant and the admin,
+// never share a client whose dialer applies another's policy.
+func (c *Config) producerKey(scope string) string {
 	k := *c
 	k.Brokers = slices.Sorted(slices.Values(c.brokers()))
 	k.Topic, k.CreateTopics, k.ConsumerGroups, k.Encoding = "", nil, nil, format.Config{}
-	h := sha256.Sum256([]byte(fmt.Sprintf("%#v", k)))
+	h := sha256.Sum256([]byte(fmt.Sprintf("%#v\x00%s", k, scope)))
 	return hex.EncodeToString(h[:])
 }
 

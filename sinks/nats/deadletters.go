@@ -24,7 +24,7 @@ import (
 // (waiting for the PubAck) and deletes it from the stream.
 
 func (c *Config) connectDeadLetters(ctx context.Context, pipeline string) (*nats.Conn, jetstream.JetStream, error) {
-	opts, err := c.options("ferry:" + pipeline + ":dead-letters")
+	opts, err := c.options("ferry:"+pipeline+":dead-letters", plugins.DialFrom(ctx))
 	if err != nil {
 		return nil, nil, err
 	}

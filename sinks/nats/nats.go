@@ -112,9 +112,14 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.closed {
 		return errors.New("nats sink: closed")
 	}
+	if s.env.Dial == nil {
+		// A request acting for a tenant's pipeline (the API's connect
+		// check) dials as the pipeline would.
+		s.env.Dial = plugins.DialFrom(ctx)
+	}
 	if s.lease == nil {
-		lease, err := conns.Acquire(ctx, brokerconn.Want{Key: s.cfg.connKey(), Endpoint: s.cfg.endpointLabel()},
-			func() (*sharedConn, error) { return dial(s.cfg) })
+		lease, err := conns.Acquire(ctx, brokerconn.Want{Key: s.cfg.connKey(dialScope(s.env.Dial, s.env.Tenant)), Endpoint: s.cfg.endpointLabel()},
+			func() (*sharedConn, error) { return dial(s.cfg, s.env.Dial) })
 		if err != nil {
 			return err
 		}

@@ -31,6 +31,7 @@ var conns = brokerconn.New(Name, (*sharedConn).close, nil)
 // logs them for its pipeline, and every publish reads why it is down.
 type sharedConn struct {
 	conn *nats.Conn
+	dial dialFunc // how it dials (nil: the client's own); dialError probes with it
 
 	mu    sync.Mutex
 	users map[*Sink]struct{}
@@ -40,10 +41,14 @@ type sharedConn struct {
 // connKey is what makes two sinks use different connections: the servers
 // as written, the credentials, TLS and the ping interval. Hashed, so no
 // secret sits in a map key a debugger or dump would show.
-func (c *Config) connKey() string {
+//
+// scope (dialScope) keeps a tenant's restricted connections its own: two
+// tenants naming the same server, or a tenant and the admin, never share
+// a connection whose dialer applies another's policy.
+func (c *Config) connKey(scope string) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s\x00%#v\x00%d",
-		c.URL, c.User, c.Password, c.Token, c.CredentialsFile, c.TLS, c.PingInterval)
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s\x00%#v\x00%d\x00%s",
+		c.URL, c.User, c.Password, c.Token, c.CredentialsFile, c.TLS, c.PingInterval, scope)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -61,11 +66,12 @@ func (c *Config) endpointLabel() string {
 	return strings.Join(parts, ",")
 }
 
-// dial opens the shared connection of cfg. It reconnects forever on its
-// own, so it succeeds with the server down, unless the options are wrong.
-func dial(cfg *Config) (*sharedConn, error) {
-	sc := &sharedConn{users: map[*Sink]struct{}{}}
-	opts, err := cfg.options("ferry")
+// dial opens the shared connection of cfg, dialling through dialer (nil:
+// the client's own). It reconnects forever on its own, so it succeeds with
+// the server down, unless the options are wrong.
+func dial(cfg *Config, dialer dialFunc) (*sharedConn, error) {
+	sc := &sharedConn{users: map[*Sink]struct{}{}, dial: dialer}
+	opts, err := cfg.options("ferry", dialer)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +102,8 @@ func dial(cfg *Config) (*sharedConn, error) {
 // options are the connection's settings: reconnect forever, and while
 // disconnected fail publishes at once (no reconnect buffer) — a buffered
 // publish would time out here yet reach the stream later, a silent re-send.
-func (c *Config) options(name string) ([]nats.Option, error) {
+// Every server is dialled through dialer when set (dial.go).
+func (c *Config) options(name string, dialer dialFunc) ([]nats.Option, error) {
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.RetryOnFailedConnect(true),
@@ -108,6 +115,7 @@ func (c *Config) options(name string) ([]nats.Option, error) {
 		// meanwhile.
 		nats.PingInterval(c.PingInterval),
 	}
+	opts = append(opts, dialOptions(dialer)...)
 	switch {
 	case c.CredentialsFile != "":
 		opts = append(opts, nats.UserCredentials(c.CredentialsFile))

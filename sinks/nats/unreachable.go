@@ -50,7 +50,7 @@ func (s *Sink) rootCause(conn *nats.Conn, err error) error {
 	if cause == nil || errors.Is(cause, nats.ErrNoServers) {
 		// No attempt reported its own error yet (the first connection's
 		// failure is not): dial once to learn it.
-		if cause = dialError(conn); cause != nil {
+		if cause = dialError(conn, shared.dial); cause != nil {
 			shared.noteErr(cause)
 		}
 	}
@@ -58,8 +58,9 @@ func (s *Sink) rootCause(conn *nats.Conn, err error) error {
 }
 
 // dialError is why a TCP connection to the server the client tries cannot
-// be made; nil if it can.
-func dialError(conn *nats.Conn) error {
+// be made; nil if it can. It dials as the client does (through dial, when
+// set), so a probe never reaches what the pipeline may not.
+func dialError(conn *nats.Conn, dial dialFunc) error {
 	servers := conn.Servers()
 	if len(servers) == 0 {
 		return nil
@@ -72,7 +73,12 @@ func dialError(conn *nats.Conn) error {
 	if u.Port() == "" {
 		host = net.JoinHostPort(u.Hostname(), "4222")
 	}
-	c, err := net.DialTimeout("tcp", host, 2*time.Second)
+	var c net.Conn
+	if dial != nil {
+		c, err = customDialer{dial}.Dial("tcp", host)
+	} else {
+		c, err = net.DialTimeout("tcp", host, 2*time.Second)
+	}
 	if err != nil {
 		return err
 	}

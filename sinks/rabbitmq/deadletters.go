@@ -20,7 +20,9 @@ import (
 // reads the queue named like the dead-letter topic, the convention its
 // docs give (bind a durable queue named <topic> with routing key <topic>).
 
-func (c *Config) dialDeadLetters(pipeline string) (*amqp.Connection, error) {
+// dialDeadLetters connects for a count or replay, through the dialer ctx
+// carries (plugins.WithDial: a request for a tenant's pipeline).
+func (c *Config) dialDeadLetters(ctx context.Context, pipeline string) (*amqp.Connection, error) {
 	tc, err := c.TLS.Build()
 	if err != nil {
 		return nil, err
@@ -28,7 +30,7 @@ func (c *Config) dialDeadLetters(pipeline string) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("ferry:" + pipeline + ":dead-letters")
 	conn, err := amqp.DialConfig(c.URL, amqp.Config{Heartbeat: dialHeartbeat, Locale: "en_US", Properties: props,
-		TLSClientConfig: tc, Dial: amqp.DefaultDial(dialTimeout)})
+		TLSClientConfig: tc, Dial: amqpDial(plugins.DialFrom(ctx), dialTimeout)})
 	if err != nil {
 		return nil, redact.Error(fmt.Errorf("connect rabbitmq: %w (url %s)", err, redact.String(c.URL)))
 	}
@@ -59,9 +61,9 @@ func deadLetterQueue(conn *amqp.Connection, topic string) (*amqp.Queue, *amqp.Ch
 }
 
 // CountDeadLetterTopic counts the messages ready in the queue named topic.
-func (c *Config) CountDeadLetterTopic(_ context.Context, pipeline, topic string) (plugins.DeadLetterTopicCount, error) {
+func (c *Config) CountDeadLetterTopic(ctx context.Context, pipeline, topic string) (plugins.DeadLetterTopicCount, error) {
 	out := plugins.DeadLetterTopicCount{Topic: topic}
-	conn, err := c.dialDeadLetters(pipeline)
+	conn, err := c.dialDeadLetters(ctx, pipeline)
 	if err != nil {
 		return out, err
 	}
@@ -91,7 +93,7 @@ func (c *Config) ReplayDeadLetterTopic(ctx context.Context, pipeline, topic stri
 	if err != nil {
 		return out, fmt.Errorf("routing_key: %w", err)
 	}
-	conn, err := c.dialDeadLetters(pipeline)
+	conn, err := c.dialDeadLetters(ctx, pipeline)
 	if err != nil {
 		return out, err
 	}

@@ -117,6 +117,11 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.started {
 		return nil
 	}
+	if s.env.Dial == nil {
+		// A request acting for a tenant's pipeline (the API's connect
+		// check) dials as the pipeline would.
+		s.env.Dial = plugins.DialFrom(ctx)
+	}
 	tc, err := s.cfg.TLS.Build()
 	if err != nil {
 		return err
@@ -127,8 +132,8 @@ func (s *Sink) Start(ctx context.Context) error {
 	}
 	// The pool's channels and the throwaway one declare uses count
 	// against the shared connection's channel_max.
-	lease, err := conns.Acquire(ctx, brokerconn.Want{Key: s.cfg.connKey(), Endpoint: s.cfg.endpointLabel(), Weight: s.cfg.Channels + 1},
-		func() (*sharedConn, error) { return dialShared(s.cfg.URL, tc) })
+	lease, err := conns.Acquire(ctx, brokerconn.Want{Key: s.cfg.connKey(dialScope(s.env.Dial, s.env.Tenant)), Endpoint: s.cfg.endpointLabel(), Weight: s.cfg.Channels + 1},
+		func() (*sharedConn, error) { return dialShared(s.cfg.URL, tc, s.env.Dial) })
 	if err != nil {
 		return err
 	}

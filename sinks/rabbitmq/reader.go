@@ -26,7 +26,7 @@ func (s *Sink) Read(ctx context.Context, topic string, handle func(*message.Mess
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("ferry-reader:" + s.env.Pipeline)
 	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{Heartbeat: dialHeartbeat, Locale: "en_US", Properties: props,
-		TLSClientConfig: tc, Dial: amqp.DefaultDial(dialTimeout)})
+		TLSClientConfig: tc, Dial: amqpDial(s.env.Dial, dialTimeout)})
 	if err != nil {
 		return redact.Error(fmt.Errorf("connect rabbitmq: %w", err))
 	}

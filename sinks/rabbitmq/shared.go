@@ -32,8 +32,9 @@ var conns = brokerconn.New(Name, (*sharedConn).close, (*sharedConn).channelMax)
 // using it. Its events (lost, blocked) concern every one of them: each
 // logs them for its pipeline.
 type sharedConn struct {
-	url string
-	tls *tls.Config
+	url    string
+	tls    *tls.Config
+	dialer dialFunc // the pipelines' dialer (dial.go); nil: an ordinary dial
 
 	mu          sync.Mutex // held while dialling: one dial for all sinks
 	conn        *amqp.Connection
@@ -47,10 +48,13 @@ type sharedConn struct {
 
 // connKey is what makes two sinks use different connections: the URL
 // (host, port, vhost, user, password and its TLS parameters) and the tls
-// block. Hashed, so no password sits in a map key.
-func (c *Config) connKey() string {
+// block. Hashed, so no password sits in a map key. scope (dialScope)
+// keeps a tenant's restricted connections its own: two tenants naming the
+// same broker, or a tenant and the admin, never share a connection whose
+// dialer applies another's policy.
+func (c *Config) connKey(scope string) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%#v", c.URL, c.TLS)
+	fmt.Fprintf(h, "%s\x00%#v\x00%s", c.URL, c.TLS, scope)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -65,9 +69,10 @@ func (c *Config) endpointLabel() string {
 }
 
 // dialShared opens the shared connection for url; it fails, as a sink's
-// Start does, when the broker cannot be reached.
-func dialShared(url string, tc *tls.Config) (*sharedConn, error) {
-	sc := &sharedConn{url: url, tls: tc, users: map[*Sink]struct{}{}}
+// Start does, when the broker cannot be reached. It and its reconnects
+// dial through dial (nil: an ordinary dial).
+func dialShared(url string, tc *tls.Config, dial dialFunc) (*sharedConn, error) {
+	sc := &sharedConn{url: url, tls: tc, dialer: dial, users: map[*Sink]struct{}{}}
 	conn, err := sc.dial()
 	if err != nil {
 		return nil, err
@@ -84,7 +89,7 @@ func (sc *sharedConn) dial() (*amqp.Connection, error) {
 		Locale:          "en_US",
 		Properties:      props,
 		TLSClientConfig: sc.tls,
-		Dial:            amqp.DefaultDial(dialTimeout),
+		Dial:            amqpDial(sc.dialer, dialTimeout),
 	})
 	if err != nil {
 		return nil, redact.Error(fmt.Errorf("connect rabbitmq: %w (url %s)", err, redact.String(sc.url)))
