@@ -30,10 +30,10 @@ func TestDefaultClientID(t *testing.T) {
 			t.Errorf("client id %q, want %q", sc.ClientID, c.want)
 		}
 	}
-	if a.cfg.producerKey() == b.cfg.producerKey() {
+	if a.cfg.producerKey("") == b.cfg.producerKey("") {
 		t.Error("two tenants' pipelines share a producer, and so a client id")
 	}
-	if b.cfg.producerKey() != b2.cfg.producerKey() {
+	if b.cfg.producerKey("") != b2.cfg.producerKey("") {
 		t.Error("one tenant's pipelines do not share a producer")
 	}
 	if c := cfg(""); New(c, plugins.Env{Tenant: "team-a"}) != nil && c.ClientID != "" {
