@@ -266,47 +266,10 @@ func TestFailureIsolationAcrossTenants(t *testing.T) {
 // process: its pipeline backs off and redelivers it, the other pipeline
 // does not notice, and once the transform stops panicking the event goes.
 func TestPanickingTransformIsContained(t *testing.T) {
-	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
-	ctx := context.Background()
 	var panics atomic.Int32
-	r := plugins.NewRegistry()
-	xid8.Register(r)
-	natssink.Register(r)
-	plugins.RegisterTransform(r, "boom", func() *slowConfig { return &slowConfig{} }, func(*slowConfig, plugins.Env) (plugins.Transform, error) {
-		return plugins.TransformFunc(func(m *message.Message) ([]*message.Message, error) {
-			// Fewer panics in a row than park a pipeline (TestPanicLoopIsParked).
-			if strings.Contains(string(m.Payload), "boom") && panics.Add(1) <= 3 {
-				panic("the custom transform has a bug")
-			}
-			return []*message.Message{m}, nil
-		}), nil
-	})
-	ddl, _ := xid8.Schema("outbox_b")
-	if _, err := e.Pool.Exec(ctx, ddl); err != nil {
-		t.Fatal(err)
-	}
-	specs, err := pipelines.Loader{Registry: r}.LoadBytes("boom.yaml", []byte(fmt.Sprintf(`name: buggy
-source: {type: xid8, dsn: %[1]q, poll_interval: 20ms}
-transforms: [{type: boom}]
-sink: {type: nats, url: %[2]q, subject: %[3]s.buggy}
----
-name: fine
-source: {type: xid8, dsn: %[1]q, table: outbox_b, poll_interval: 20ms}
-sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
-`, e.DSN, e.NATS, e.Subject)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_BOOM", 0, e.Subject+".>")
-	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 1}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- sup.Run(runCtx, specs) }()
-	defer func() { cancel(); <-done }()
-
+	// Fewer panics in a row than park a pipeline (TestPanicLoopIsParked).
+	e, sup, coll := startBuggyAndFine(t, "_BOOM", func() bool { return panics.Add(1) <= 3 })
+	ctx := context.Background()
 	if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('o', 'x', 'T', '{"what": "boom"}'), ('o', 'x', 'T', '{"what": "after"}')`); err != nil {
 		t.Fatal(err)
 	}
@@ -339,48 +302,16 @@ sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
 // a redelivery loop for ever; the other pipeline delivers throughout, and
 // a restart once the code is fixed delivers the event, nothing skipped.
 func TestPanicLoopIsParked(t *testing.T) {
-	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
-	ctx := context.Background()
 	var panics atomic.Int32
 	var fixed atomic.Bool
-	r := plugins.NewRegistry()
-	xid8.Register(r)
-	natssink.Register(r)
-	plugins.RegisterTransform(r, "boom", func() *slowConfig { return &slowConfig{} }, func(*slowConfig, plugins.Env) (plugins.Transform, error) {
-		return plugins.TransformFunc(func(m *message.Message) ([]*message.Message, error) {
-			if strings.Contains(string(m.Payload), "boom") && !fixed.Load() {
-				panics.Add(1)
-				panic("the custom transform has a bug")
-			}
-			return []*message.Message{m}, nil
-		}), nil
+	e, sup, coll := startBuggyAndFine(t, "_PARK", func() bool {
+		if fixed.Load() {
+			return false
+		}
+		panics.Add(1)
+		return true
 	})
-	ddl, _ := xid8.Schema("outbox_b")
-	if _, err := e.Pool.Exec(ctx, ddl); err != nil {
-		t.Fatal(err)
-	}
-	specs, err := pipelines.Loader{Registry: r}.LoadBytes("boom.yaml", []byte(fmt.Sprintf(`name: buggy
-source: {type: xid8, dsn: %[1]q, poll_interval: 20ms}
-transforms: [{type: boom}]
-sink: {type: nats, url: %[2]q, subject: %[3]s.buggy}
----
-name: fine
-source: {type: xid8, dsn: %[1]q, table: outbox_b, poll_interval: 20ms}
-sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
-`, e.DSN, e.NATS, e.Subject)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	coll := testenv.CollectStream(t, e.NATS, e.Stream+"_PARK", 0, e.Subject+".>")
-	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 1}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- sup.Run(runCtx, specs) }()
-	defer func() { cancel(); <-done }()
-
+	ctx := context.Background()
 	if _, err := e.Pool.Exec(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('o', 'x', 'T', '{"what": "boom"}'), ('o', 'x', 'T', '{"what": "after"}')`); err != nil {
 		t.Fatal(err)
 	}
@@ -421,4 +352,50 @@ sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
 	if strings.Join(buggy, " ") != `{"what": "boom"} {"what": "after"}` {
 		t.Fatalf("buggy pipeline delivered %v after its restart; want the event it was parked on, then the one behind it", buggy)
 	}
+}
+
+// startBuggyAndFine runs two xid8 → NATS pipelines in one supervisor:
+// "buggy", whose custom transform panics on an event with "boom" in its
+// payload whenever panics says so, and "fine", on table outbox_b. The
+// collector reads both subjects from a stream named with suffix.
+func startBuggyAndFine(t *testing.T, suffix string, panics func() bool) (*relaytest.Env, *engine.Supervisor, *testenv.Collector) {
+	t.Helper()
+	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
+	r := plugins.NewRegistry()
+	xid8.Register(r)
+	natssink.Register(r)
+	plugins.RegisterTransform(r, "boom", func() *slowConfig { return &slowConfig{} }, func(*slowConfig, plugins.Env) (plugins.Transform, error) {
+		return plugins.TransformFunc(func(m *message.Message) ([]*message.Message, error) {
+			if strings.Contains(string(m.Payload), "boom") && panics() {
+				panic("the custom transform has a bug")
+			}
+			return []*message.Message{m}, nil
+		}), nil
+	})
+	ddl, _ := xid8.Schema("outbox_b")
+	if _, err := e.Pool.Exec(context.Background(), ddl); err != nil {
+		t.Fatal(err)
+	}
+	specs, err := pipelines.Loader{Registry: r}.LoadBytes("boom.yaml", []byte(fmt.Sprintf(`name: buggy
+source: {type: xid8, dsn: %[1]q, poll_interval: 20ms}
+transforms: [{type: boom}]
+sink: {type: nats, url: %[2]q, subject: %[3]s.buggy}
+---
+name: fine
+source: {type: xid8, dsn: %[1]q, table: outbox_b, poll_interval: 20ms}
+sink: {type: nats, url: %[2]q, subject: %[3]s.fine}
+`, e.DSN, e.NATS, e.Subject)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	coll := testenv.CollectStream(t, e.NATS, e.Stream+suffix, 0, e.Subject+".>")
+	sup, err := engine.NewSupervisor(engine.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError + 1}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sup.Run(runCtx, specs) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return e, sup, coll
 }
