@@ -251,3 +251,16 @@ func HostPortEndpoint(path, hostport, scheme string) (Endpoint, error) {
 	}
 	return e, nil
 }
+
+// ControlCharacter is the index of the first control character (a byte
+// below 0x20, or 0x7f) in name, -1 when there is none. A CR or LF in a
+// NATS subject ends the protocol line it is sent on and starts another
+// command; no broker's names need one, so none is accepted anywhere.
+func ControlCharacter(name string) int {
+	for i := 0; i < len(name); i++ {
+		if name[i] < 0x20 || name[i] == 0x7f {
+			return i
+		}
+	}
+	return -1
+}

@@ -44,25 +44,12 @@ var reservedPrefixes = []reservedPrefix{
 	{"_confluent", false, "Confluent Platform's internal topics"},
 }
 
-// ControlCharacter is the index of the first control character (a byte
-// below 0x20, or 0x7f) in name, -1 when there is none. A CR or LF in a
-// NATS subject ends the protocol line it is sent on and starts another
-// command; no broker's names need one, so none is accepted anywhere.
-func ControlCharacter(name string) int {
-	for i := 0; i < len(name); i++ {
-		if name[i] < 0x20 || name[i] == 0x7f {
-			return i
-		}
-	}
-	return -1
-}
-
 // ForbiddenName says why no pipeline, the admin's included, may publish
 // to name — a control character, or a broker namespace whose messages are
 // commands to the broker — and "" when it may. It allocates nothing
 // unless it refuses: the engine calls it for every event it publishes.
 func ForbiddenName(name string) string {
-	if i := ControlCharacter(name); i >= 0 {
+	if i := plugins.ControlCharacter(name); i >= 0 {
 		return fmt.Sprintf("has a control character (byte 0x%02x at %d), which no destination may have", name[i], i)
 	}
 	for _, r := range reservedPrefixes {
@@ -90,7 +77,7 @@ func reservedForTenants(name string) string {
 // tenantMayName reports whether a tenant's pipeline may name name at all;
 // AllowsDestination calls it for every event, so it allocates nothing.
 func tenantMayName(name string) bool {
-	if ControlCharacter(name) >= 0 {
+	if plugins.ControlCharacter(name) >= 0 {
 		return false
 	}
 	for _, r := range reservedPrefixes {
@@ -107,7 +94,7 @@ func tenantMayName(name string) bool {
 // its fixed part for namespaces (the rest is judged per event, at
 // publish).
 func (c *checker) reservedName(path string, d plugins.Destination) bool {
-	if i := ControlCharacter(d.Name); i >= 0 {
+	if i := plugins.ControlCharacter(d.Name); i >= 0 {
 		c.fail(path, "%q has a control character (byte 0x%02x at %d), which no destination may have", d.Name, d.Name[i], i)
 		return true
 	}

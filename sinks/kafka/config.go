@@ -134,7 +134,7 @@ func (c *Config) Validate() error {
 	} else if why := internalTopic(c.Topic); why != "" {
 		p.Add("topic", "%q is %s: no pipeline may publish to it", c.Topic, why)
 	}
-	if i := controlCharacter(c.ClientID); i >= 0 {
+	if i := plugins.ControlCharacter(c.ClientID); i >= 0 {
 		p.Add("client_id", "has a control character (byte 0x%02x at %d)", c.ClientID[i], i)
 	}
 	v, err := parseVersion(c.Version)
@@ -181,7 +181,7 @@ func (c *Config) Validate() error {
 		path := fmt.Sprintf("consumer_groups[%d]", i)
 		if g == "" {
 			p.Add(path, "must not be empty")
-		} else if j := controlCharacter(g); j >= 0 {
+		} else if j := plugins.ControlCharacter(g); j >= 0 {
 			p.Add(path, "has a control character (byte 0x%02x at %d)", g[j], j)
 		}
 	}
@@ -235,18 +235,6 @@ func internalTopic(s string) string {
 		return "the schema registry's own topic"
 	}
 	return ""
-}
-
-// controlCharacter is the index of the first control character (below
-// 0x20, or 0x7f) in s, -1 when there is none: no name Ferry sends a
-// broker needs one.
-func controlCharacter(s string) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] == 0x7f {
-			return i
-		}
-	}
-	return -1
 }
 
 // ValidTopic reports whether s is a legal Kafka topic name.

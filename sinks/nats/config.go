@@ -118,7 +118,7 @@ func (c *Config) Validate() error {
 	}
 	if c.Subject == "" {
 		p.Add("subject", "must not be empty")
-	} else if i := controlCharacter(c.Subject); i >= 0 {
+	} else if i := plugins.ControlCharacter(c.Subject); i >= 0 {
 		p.Add("subject", "has a control character (byte 0x%02x at %d): a CR or LF would end the protocol line it is sent on", c.Subject[i], i)
 	} else if !validSubject(c.Subject, false) {
 		p.Add("subject", "%q is not a NATS subject (dot-separated tokens, no spaces or wildcards)", c.Subject)
@@ -163,7 +163,7 @@ func (s *StreamConfig) validate() error {
 	for i, subj := range s.Subjects {
 		path := fmt.Sprintf("subjects[%d]", i)
 		switch {
-		case controlCharacter(subj) >= 0:
+		case plugins.ControlCharacter(subj) >= 0:
 			p.Add(path, "has a control character")
 		case !validSubject(subj, true):
 			p.Add(path, "%q is not a subject", subj)
@@ -217,17 +217,6 @@ func serverSubject(s string) string {
 		return "the system account's"
 	}
 	return ""
-}
-
-// controlCharacter is the index of the first control character (below
-// 0x20, or 0x7f) in s, -1 when there is none.
-func controlCharacter(s string) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] == 0x7f {
-			return i
-		}
-	}
-	return -1
 }
 
 // validSubject checks NATS subject syntax; wildcards only where allowed.

@@ -81,7 +81,7 @@ func (c *Config) Validate() error {
 		p.Add("exchange", "must not be empty")
 	} else if len(c.Exchange) > 255 {
 		p.Add("exchange", "must be at most 255 bytes")
-	} else if i := controlCharacter(c.Exchange); i >= 0 {
+	} else if i := plugins.ControlCharacter(c.Exchange); i >= 0 {
 		p.Add("exchange", "has a control character (byte 0x%02x at %d)", c.Exchange[i], i)
 	}
 	switch c.ExchangeType {
@@ -93,7 +93,7 @@ func (c *Config) Validate() error {
 		p.Add("routing_key", "must not be empty")
 	} else if _, err := parseTemplate(c.RoutingKey); err != nil {
 		p.Add("routing_key", "%v", err)
-	} else if i := controlCharacter(c.RoutingKey); i >= 0 {
+	} else if i := plugins.ControlCharacter(c.RoutingKey); i >= 0 {
 		p.Add("routing_key", "has a control character (byte 0x%02x at %d)", c.RoutingKey[i], i)
 	}
 	if c.Channels < 1 || c.Channels > 1000 {
@@ -115,26 +115,12 @@ func (c *Config) Validate() error {
 		case len(q) > 255:
 			p.Add(path, "must be at most 255 bytes")
 		default:
-			if j := controlCharacter(q); j >= 0 {
+			if j := plugins.ControlCharacter(q); j >= 0 {
 				p.Add(path, "has a control character (byte 0x%02x at %d)", q[j], j)
 			}
 		}
 	}
 	return p.Err()
-}
-
-// controlCharacter is the index of the first control character (below
-// 0x20, or 0x7f) in s, -1 when there is none. AMQP carries names as
-// length-prefixed strings, so the broker would accept a CR or LF; but a
-// name with one shows in its logs, the management UI and every tool as
-// something else, and no name needs one.
-func controlCharacter(s string) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] == 0x7f {
-			return i
-		}
-	}
-	return -1
 }
 
 // template is a routing key with ${metadata_key} placeholders; $$ is a
@@ -204,7 +190,7 @@ func (t template) render(md map[string]string) (string, error) {
 		}
 		// The engine checks the topics it is given; a key rendered here
 		// from the row is seen by no one else.
-		if controlCharacter(v) >= 0 {
+		if plugins.ControlCharacter(v) >= 0 {
 			return "", fmt.Errorf("routing_key: the message's %q metadata has a control character", p.text)
 		}
 		b.WriteString(v)
