@@ -37,7 +37,7 @@ func TestFailingPipelineDoesNotStopOthers(t *testing.T) {
 	e := relaytest.Setup(t, plugintest.SourceHarness{Type: xid8.Name, Schema: xid8.Schema})
 	good := e.YAML("good", 100)
 	bad := strings.Replace(e.YAML("bad", 100), "url: "+e.NATS, "url: nats://127.0.0.1:1", 1) +
-		"  # the stream cannot be created while the broker is unreachable\n"
+		"  # the stream cannot be looked up while the broker is unreachable\n"
 	bad = strings.Replace(bad, "  subject: "+e.Subject+"\n", "  subject: "+e.Subject+".bad\n  create_stream: {name: BAD}\n", 1)
 	specs, err := pipelines.Loader{}.LoadBytes("two.yaml", []byte(good+"---\n"+bad))
 	if err != nil {
@@ -60,7 +60,7 @@ func TestFailingPipelineDoesNotStopOthers(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, "bad pipeline backing off", func() bool {
 		for _, s := range sup.Statuses() {
 			if s.Name == "bad" {
-				return s.State == engine.StateBackingOff && strings.Contains(s.LastError, "create stream BAD")
+				return s.State == engine.StateBackingOff && strings.Contains(s.LastError, "look up stream BAD")
 			}
 		}
 		return false
