@@ -94,6 +94,15 @@ type Config struct {
 	// redelivery: what a delivery occupied before nacking anyway. Default
 	// 1s.
 	HoldDelay time.Duration
+	// ParkedNacks says the broker keeps a nacked event away for a while
+	// and then redelivers it behind the events that came meanwhile (the
+	// parking queue amqpopts.SubscriberConfig sets up on RabbitMQ). An
+	// early event that is not one of the MaxHeld is then nacked at once
+	// instead of waiting HoldDelay in memory first, where it would occupy
+	// a delivery the missing event may need. Leave it false where a nack
+	// is redelivered at once (NATS, Kafka): the wait in memory is what
+	// keeps that from a hot loop. Default false.
+	ParkedNacks bool
 	// GapTimeout is how long an aggregate may wait for a missing version
 	// before the gap is reported (log, metric, DeadLetter). Default 1m.
 	GapTimeout time.Duration

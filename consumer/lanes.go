@@ -163,6 +163,9 @@ func (c *Consumer) processOrdered(ctx context.Context, msg *message.Message, ev 
 				if c.lanes.hold(c.cfg.MaxHeld) {
 					counted = true
 					c.metrics.HeldInMemory.Inc()
+				} else if c.cfg.ParkedNacks {
+					// The broker parks it: nothing to gain here.
+					deadline = time.Now()
 				} else if d := time.Now().Add(c.cfg.HoldDelay); d.Before(deadline) {
 					deadline = d
 				}
