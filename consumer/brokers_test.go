@@ -94,10 +94,10 @@ func newNATSTopic(t testing.TB) *natsTopic {
 	return n
 }
 
-func (n *natsTopic) name() string  { return "nats" }
+func (n *natsTopic) name() string { return "nats" }
 
 func (n *natsTopic) tune(cfg consumer.Config) consumer.Config { return cfg }
-func (n *natsTopic) topic() string { return n.subject }
+func (n *natsTopic) topic() string                            { return n.subject }
 
 func (n *natsTopic) publish(t testing.TB, msgs ...*message.Message) {
 	t.Helper()
@@ -184,7 +184,7 @@ func newAMQPQueue(t testing.TB) *amqpQueue {
 	return q
 }
 
-func (q *amqpQueue) name() string  { return "rabbitmq" }
+func (q *amqpQueue) name() string { return "rabbitmq" }
 
 // tune: amqpopts parks nacked events, so the consumer nacks early ones at
 // once.
