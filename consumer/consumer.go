@@ -295,7 +295,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	}
 	cfg.defaults()
 	c := &Consumer{pool: pool, cfg: cfg, metrics: newMetrics(), lanes: newLanes()}
-	c.gaps = &gaps{open: map[aggregate]*gap{}, metrics: c.metrics}
+	c.gaps = newGaps(c.metrics)
+	c.metrics.Waiting = newWaitCollector(c.gaps, cfg)
 	c.sql = newStatements(cfg.Table)
 	c.retry = middleware.Retry{
 		MaxRetries:      cfg.Attempts - 1,
@@ -421,6 +422,7 @@ func (c *Consumer) transact(ctx context.Context, msg *message.Message, ev event,
 		return 0, 0, fmt.Errorf("commit: %w", err)
 	}
 	c.metrics.Applied.Inc()
+	c.gaps.lastApplied.Store(time.Now().UnixNano())
 	return Applied, ev.version, nil
 }
 

@@ -103,6 +103,26 @@ func unserialisedOverRabbitMQ(t *testing.T, subscriptions int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The queue and its binding exist before the relay publishes; the
+	// consumer service starts once the backlog is on the queue (it was
+	// down, or deploying): what is ahead of a missing version is then
+	// whatever the writers made, not what a consumer keeping up leaves.
+	if err := sub.SubscribeInitialize("accounts"); err != nil {
+		t.Fatal(err)
+	}
+	y := e.YAML("accounts", 100)
+	y = y[:strings.Index(y, "sink:")] + fmt.Sprintf("sink:\n  type: rabbitmq\n  url: %s\n  exchange: %s\n  declare: true\n  routing_key: accounts\nlimits:\n  max_in_flight: 100\n", url, exchange)
+	path := filepath.Join(t.TempDir(), "pipeline.yaml")
+	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	relay := plugintest.StartChild(t, path)
+	ws := writeUnserialised(ctx, t, e.Pool, 8, events, aggregates)
+	testenv.Eventually(t, 3*time.Minute, fmt.Sprintf("all %d events on the queue", len(ws)), func() bool { return queued(t, url, queue) >= len(ws) })
+	if err := relay.Stop(); err != nil {
+		t.Errorf("relay did not exit cleanly: %v", err)
+	}
+
 	arrivals := &arrivalOrder{newest: map[string]int64{}, seen: map[string]bool{}}
 	handler := c.HandlerFunc(apply)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
@@ -119,29 +139,12 @@ func unserialisedOverRabbitMQ(t *testing.T, subscriptions int) {
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- router.Run(rctx) }()
 	t.Cleanup(func() { stopRouter(); <-routerDone; sub.Close() })
-	select {
-	case <-router.Running():
-	case err := <-routerDone:
-		t.Fatalf("router: %v", err)
-	}
-
-	y := e.YAML("accounts", 100)
-	y = y[:strings.Index(y, "sink:")] + fmt.Sprintf("sink:\n  type: rabbitmq\n  url: %s\n  exchange: %s\n  declare: true\n  routing_key: accounts\nlimits:\n  max_in_flight: 100\n", url, exchange)
-	path := filepath.Join(t.TempDir(), "pipeline.yaml")
-	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	relay := plugintest.StartChild(t, path)
-	ws := writeUnserialised(ctx, t, e.Pool, 8, events, aggregates)
 	applied := func() int {
 		var n int
 		app.QueryRow(ctx, `SELECT count(*) FROM ferry_inbox`).Scan(&n)
 		return n
 	}
 	testenv.Eventually(t, 3*time.Minute, fmt.Sprintf("all %d events applied", len(ws)), func() bool { return applied() >= len(ws) })
-	if err := relay.Stop(); err != nil {
-		t.Errorf("relay did not exit cleanly: %v", err)
-	}
 
 	checkState(t, app, ws)
 	inversions, pairs := arrivals.inversions()
@@ -196,6 +199,25 @@ func writeUnserialised(ctx context.Context, t *testing.T, pool *pgxpool.Pool, se
 	}
 	wg.Wait()
 	return out
+}
+
+// queued is how many messages wait in queue, ready.
+func queued(t *testing.T, url, queue string) int {
+	t.Helper()
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q.Messages
 }
 
 // arrivalOrder records each event's first delivery, per aggregate.
