@@ -179,8 +179,12 @@ func writeUnserialised(ctx context.Context, t *testing.T, pool *pgxpool.Pool, se
 						return err
 					}
 					// The service's own work between taking the id and
-					// inserting the event.
-					if _, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, float64(rng.IntN(3))/1000); err != nil {
+					// inserting the event; now and then a slow one.
+					work := time.Duration(rng.IntN(3)) * time.Millisecond
+					if rng.IntN(10) == 0 {
+						work = time.Duration(20+rng.IntN(80)) * time.Millisecond
+					}
+					if _, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, work.Seconds()); err != nil {
 						return err
 					}
 					return tx.QueryRow(ctx, `INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
