@@ -2,8 +2,9 @@
 // consumer.Consumer needs on RabbitMQ, so that no option combination loses
 // an event or stalls the order guard. It owns no connection and starts
 // nothing of its own: what it declares, watermill-amqp's subscriber
-// declares through the topology builder it sets. It imports the consumer
-// package, watermill-amqp and amqp091, and nothing of Ferry's relay.
+// declares through the topology builder it sets; it imports the consumer
+// package and watermill-amqp, and nothing of Ferry's relay (amqp091-go
+// too, the client watermill-amqp's types are made of).
 //
 // Why it parks: watermill-amqp hands over the next message of a
 // subscription (a router handler: one channel, one AMQP consumer) only
