@@ -137,14 +137,23 @@ func unserialisedOverRabbitMQ(t *testing.T, subscriptions int) {
 	}
 	rctx, stopRouter := context.WithCancel(ctx)
 	routerDone := make(chan error, 1)
+	start := time.Now()
 	go func() { routerDone <- router.Run(rctx) }()
 	t.Cleanup(func() { stopRouter(); <-routerDone; sub.Close() })
+	var last int
 	applied := func() int {
-		var n int
-		app.QueryRow(ctx, `SELECT count(*) FROM ferry_inbox`).Scan(&n)
-		return n
+		app.QueryRow(ctx, `SELECT count(*) FROM ferry_inbox`).Scan(&last)
+		return last
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			m := c.Metrics()
+			t.Logf("applied %d of %d; held %v, nacked %v, stalls reported %v", last, len(ws),
+				testutil.ToFloat64(m.Held), testutil.ToFloat64(m.HeldNacked), testutil.ToFloat64(m.Stalls))
+		}
+	})
 	testenv.Eventually(t, 3*time.Minute, fmt.Sprintf("all %d events applied", len(ws)), func() bool { return applied() >= len(ws) })
+	drained := time.Since(start)
 
 	checkState(t, app, ws)
 	inversions, pairs := arrivals.inversions()
@@ -152,9 +161,9 @@ func unserialisedOverRabbitMQ(t *testing.T, subscriptions int) {
 		t.Errorf("no aggregate's versions arrived out of order (%d consecutive pairs): the writers did not produce what this test is about", pairs)
 	}
 	m := c.Metrics()
-	t.Logf("%d events over %d aggregates, %d subscriptions: %d inversions in %d consecutive pairs of first arrivals; held %v, held and parked %v, stale %v, duplicates %v",
-		len(ws), aggregates, subscriptions, inversions, pairs, testutil.ToFloat64(m.Held), testutil.ToFloat64(m.HeldNacked),
-		testutil.ToFloat64(m.Stale), testutil.ToFloat64(m.Duplicates))
+	t.Logf("%d events over %d aggregates, %d subscriptions, drained in %s: %d inversions in %d consecutive pairs of first arrivals; held %v, held and parked %v, stalls reported %v, stale %v, duplicates %v",
+		len(ws), aggregates, subscriptions, drained.Round(100*time.Millisecond), inversions, pairs, testutil.ToFloat64(m.Held),
+		testutil.ToFloat64(m.HeldNacked), testutil.ToFloat64(m.Stalls), testutil.ToFloat64(m.Stale), testutil.ToFloat64(m.Duplicates))
 }
 
 // writeUnserialised commits n events from sessions concurrent sessions
