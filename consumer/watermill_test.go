@@ -158,6 +158,11 @@ func TestSubscriberChecksNameTheOption(t *testing.T) {
 	if _, unchanged := amqpBase.TopologyBuilder.(*wmamqp.DefaultTopologyBuilder); amqpBase.Consume.NoRequeueOnNack || !unchanged {
 		t.Errorf("SubscriberConfig changed the caller's configuration")
 	}
+	own := amqpBase
+	own.Queue.Arguments = map[string]any{"x-dead-letter-exchange": "parking"}
+	if cfg, err := amqpopts.SubscriberConfig(parked, own, 4); err != nil || cfg.TopologyBuilder != own.TopologyBuilder {
+		t.Errorf("amqpopts.SubscriberConfig over the queue's own parking: %v; its topology replaced", err)
+	}
 	if cfg, _ := amqpopts.SubscriberConfig(parked, amqpBase, 1); cfg.Consume.Qos.PrefetchCount != amqpopts.DefaultPrefetch {
 		t.Errorf("amqpopts.SubscriberConfig(1 subscription): prefetch %d", cfg.Consume.Qos.PrefetchCount)
 	}

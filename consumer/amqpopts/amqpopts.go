@@ -59,6 +59,9 @@ func ParkingQueue(queue string) string { return queue + ParkingSuffix }
 //   - with one subscription the prefetch count becomes DefaultPrefetch if
 //     it is below 2.
 //
+// A queue whose Queue.Arguments name an x-dead-letter-exchange already
+// parks its own way: the topology is left as it is.
+//
 // RabbitMQ refuses to declare an existing queue with other arguments: a
 // queue created without them must be drained and deleted first (or given
 // the same dead-lettering by a policy and checked with Check).
@@ -67,7 +70,8 @@ func SubscriberConfig(c *consumer.Consumer, cfg wmamqp.Config, subscriptions int
 		cfg.Consume.Qos.PrefetchCount = DefaultPrefetch
 	}
 	cfg.Consume.NoRequeueOnNack = true
-	if _, ok := cfg.TopologyBuilder.(*parkingTopology); !ok {
+	_, ownParking := cfg.Queue.Arguments["x-dead-letter-exchange"]
+	if _, ok := cfg.TopologyBuilder.(*parkingTopology); !ok && !ownParking {
 		inner := cfg.TopologyBuilder
 		if inner == nil {
 			inner = &wmamqp.DefaultTopologyBuilder{}
