@@ -123,6 +123,18 @@ func TestSubscriberChecksNameTheOption(t *testing.T) {
 	}
 
 	parked, _ := consumer.New(nil, consumer.Config{MaxHeld: 3, ParkedNacks: true})
+	if cfg, err := natsopts.SubscriberConfig(parked, base); err == nil || !strings.Contains(err.Error(), "ParkedNacks: true without NakDelay") {
+		t.Errorf("natsopts with a consumer that nacks early events at once: %v", err)
+	} else if cfg.NakDelay = wmnats.NewStaticDelay(time.Second); natsopts.Check(parked, cfg) != nil {
+		t.Errorf("natsopts with NakDelay: %v", natsopts.Check(parked, cfg))
+	}
+}
+
+// Issue 51: every option amqpopts refuses, each named — requeueing above
+// all; what it sets (parking) passes.
+func TestAMQPChecksNameTheOption(t *testing.T) {
+	c, _ := consumer.New(nil, consumer.Config{MaxHeld: 3})
+	parked, _ := consumer.New(nil, consumer.Config{MaxHeld: 3, ParkedNacks: true})
 	amqpBase := wmamqp.NewDurableQueueConfig("amqp://x")
 	amqpSafe, err := amqpopts.SubscriberConfig(parked, amqpBase, 4)
 	if err != nil {
@@ -165,11 +177,6 @@ func TestSubscriberChecksNameTheOption(t *testing.T) {
 	}
 	if cfg, _ := amqpopts.SubscriberConfig(parked, amqpBase, 1); cfg.Consume.Qos.PrefetchCount != amqpopts.DefaultPrefetch {
 		t.Errorf("amqpopts.SubscriberConfig(1 subscription): prefetch %d", cfg.Consume.Qos.PrefetchCount)
-	}
-	if cfg, err := natsopts.SubscriberConfig(parked, base); err == nil || !strings.Contains(err.Error(), "ParkedNacks: true without NakDelay") {
-		t.Errorf("natsopts with a consumer that nacks early events at once: %v", err)
-	} else if cfg.NakDelay = wmnats.NewStaticDelay(time.Second); natsopts.Check(parked, cfg) != nil {
-		t.Errorf("natsopts with NakDelay: %v", natsopts.Check(parked, cfg))
 	}
 }
 

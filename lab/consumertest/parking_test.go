@@ -65,18 +65,7 @@ func unserialisedOverRabbitMQ(t *testing.T, subscriptions int) {
 	e := relaytest.Setup(t, xid8Harness)
 	url := testenv.AMQPURL(t)
 	exchange, queue := "ferry.test."+strings.ToLower(e.Stream), "accounts."+strings.ToLower(e.Stream)
-	t.Cleanup(func() {
-		conn, err := amqp091.Dial(url)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		if ch, err := conn.Channel(); err == nil {
-			ch.QueueDelete(queue, false, false, false)
-			ch.QueueDelete(amqpopts.ParkingQueue(queue), false, false, false)
-			ch.ExchangeDelete(exchange, false, false)
-		}
-	})
+	t.Cleanup(func() { deleteQueue(url, exchange, queue) })
 
 	app, err := pgxpool.New(ctx, testenv.Postgres(t))
 	if err != nil {
@@ -110,36 +99,14 @@ func unserialisedOverRabbitMQ(t *testing.T, subscriptions int) {
 	if err := sub.SubscribeInitialize("accounts"); err != nil {
 		t.Fatal(err)
 	}
-	y := e.YAML("accounts", 100)
-	y = y[:strings.Index(y, "sink:")] + fmt.Sprintf("sink:\n  type: rabbitmq\n  url: %s\n  exchange: %s\n  declare: true\n  routing_key: accounts\nlimits:\n  max_in_flight: 100\n", url, exchange)
-	path := filepath.Join(t.TempDir(), "pipeline.yaml")
-	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	relay := plugintest.StartChild(t, path)
-	ws := writeUnserialised(ctx, t, e.Pool, 8, events, aggregates)
-	testenv.Eventually(t, 3*time.Minute, fmt.Sprintf("all %d events on the queue", len(ws)), func() bool { return queued(t, url, queue) >= len(ws) })
-	if err := relay.Stop(); err != nil {
-		t.Errorf("relay did not exit cleanly: %v", err)
-	}
-
+	ws := relayBacklog(t, e, url, exchange, queue, events, aggregates)
 	arrivals := &arrivalOrder{newest: map[string]int64{}, seen: map[string]bool{}}
 	handler := c.HandlerFunc(apply)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range subscriptions {
-		router.AddConsumerHandler(fmt.Sprintf("accounts-%d", i), "accounts", sub, func(msg *message.Message) error {
-			arrivals.note(msg)
-			return handler(msg)
-		})
-	}
-	rctx, stopRouter := context.WithCancel(ctx)
-	routerDone := make(chan error, 1)
 	start := time.Now()
-	go func() { routerDone <- router.Run(rctx) }()
-	t.Cleanup(func() { stopRouter(); <-routerDone; sub.Close() })
+	serve(t, sub, subscriptions, func(msg *message.Message) error {
+		arrivals.note(msg)
+		return handler(msg)
+	})
 	var last int
 	applied := func() int {
 		app.QueryRow(ctx, `SELECT count(*) FROM ferry_inbox`).Scan(&last)
@@ -164,6 +131,54 @@ func unserialisedOverRabbitMQ(t *testing.T, subscriptions int) {
 	t.Logf("%d events over %d aggregates, %d subscriptions, drained in %s: %d inversions in %d consecutive pairs of first arrivals; held %v, held and parked %v, stalls reported %v, stale %v, duplicates %v",
 		len(ws), aggregates, subscriptions, drained.Round(100*time.Millisecond), inversions, pairs, testutil.ToFloat64(m.Held),
 		testutil.ToFloat64(m.HeldNacked), testutil.ToFloat64(m.Stalls), testutil.ToFloat64(m.Stale), testutil.ToFloat64(m.Duplicates))
+}
+
+// deleteQueue deletes the queue, its parking queue and the exchange.
+func deleteQueue(url, exchange, queue string) {
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	if ch, err := conn.Channel(); err == nil {
+		ch.QueueDelete(queue, false, false, false)
+		ch.QueueDelete(amqpopts.ParkingQueue(queue), false, false, false)
+		ch.ExchangeDelete(exchange, false, false)
+	}
+}
+
+// relayBacklog runs the xid8 relay to RabbitMQ while unserialised writers
+// commit events, until all of them are on the queue.
+func relayBacklog(t *testing.T, e *relaytest.Env, url, exchange, queue string, events, aggregates int) []written {
+	y := e.YAML("accounts", 100)
+	y = y[:strings.Index(y, "sink:")] + fmt.Sprintf("sink:\n  type: rabbitmq\n  url: %s\n  exchange: %s\n  declare: true\n  routing_key: accounts\nlimits:\n  max_in_flight: 100\n", url, exchange)
+	path := filepath.Join(t.TempDir(), "pipeline.yaml")
+	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	relay := plugintest.StartChild(t, path)
+	ws := writeUnserialised(context.Background(), t, e.Pool, 8, events, aggregates)
+	testenv.Eventually(t, 3*time.Minute, fmt.Sprintf("all %d events on the queue", len(ws)), func() bool { return queued(t, url, queue) >= len(ws) })
+	if err := relay.Stop(); err != nil {
+		t.Errorf("relay did not exit cleanly: %v", err)
+	}
+	return ws
+}
+
+// serve runs the consumer service, subscriptions router handlers of h on
+// sub, until the test ends.
+func serve(t *testing.T, sub message.Subscriber, subscriptions int, h message.NoPublishHandlerFunc) {
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range subscriptions {
+		router.AddConsumerHandler(fmt.Sprintf("accounts-%d", i), "accounts", sub, h)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	t.Cleanup(func() { stop(); <-done; sub.Close() })
 }
 
 // writeUnserialised commits n events from sessions concurrent sessions
