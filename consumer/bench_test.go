@@ -74,7 +74,8 @@ const benchEvents, benchAggregates = 2000, 50
 func drain(b *testing.B, newBroker func(testing.TB) broker, subscriptions int, mode string) (float64, *consumer.Metrics) {
 	b.StopTimer()
 	defer b.StartTimer()
-	c, pool := setup(b, consumer.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	br := newBroker(b)
+	c, pool := setup(b, br.tune(consumer.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	msgs, want := deposits("bench", benchEvents, benchAggregates)
 	if mode != "guard" {
 		for _, m := range msgs {
@@ -110,7 +111,6 @@ func drain(b *testing.B, newBroker func(testing.TB) broker, subscriptions int, m
 			return err
 		}
 	}
-	br := newBroker(b)
 	sub, handlers := br.subscriber(b, c, subscriptions)
 	// The backlog is on the broker before the service starts: what is
 	// timed is the service, not the publisher.

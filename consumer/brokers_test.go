@@ -55,6 +55,8 @@ type broker interface {
 	// on it for subscriptions concurrent subscriptions.
 	subscriber(t testing.TB, c *consumer.Consumer, subscriptions int) (message.Subscriber, int)
 	topic() string
+	// tune sets in cfg what the broker's subscriber needs of the consumer.
+	tune(cfg consumer.Config) consumer.Config
 }
 
 // natsTopic is a JetStream stream of its own, with one durable consumer.
@@ -92,8 +94,10 @@ func newNATSTopic(t testing.TB) *natsTopic {
 	return n
 }
 
-func (n *natsTopic) name() string  { return "nats" }
-func (n *natsTopic) topic() string { return n.subject }
+func (n *natsTopic) name() string { return "nats" }
+
+func (n *natsTopic) tune(cfg consumer.Config) consumer.Config { return cfg }
+func (n *natsTopic) topic() string                            { return n.subject }
 
 func (n *natsTopic) publish(t testing.TB, msgs ...*message.Message) {
 	t.Helper()
@@ -153,6 +157,8 @@ type amqpQueue struct {
 	// prefetch, if set, is the prefetch count, unchecked; else amqpopts
 	// sets it.
 	prefetch int
+	// parkedPrefetch, if set, replaces the prefetch amqpopts set.
+	parkedPrefetch int
 }
 
 func newAMQPQueue(t testing.TB) *amqpQueue {
@@ -172,12 +178,20 @@ func newAMQPQueue(t testing.TB) *amqpQueue {
 		defer conn.Close()
 		if ch, err := conn.Channel(); err == nil {
 			ch.QueueDelete(q.queue, false, false, false)
+			ch.QueueDelete(amqpopts.ParkingQueue(q.queue), false, false, false)
 		}
 	})
 	return q
 }
 
-func (q *amqpQueue) name() string  { return "rabbitmq" }
+func (q *amqpQueue) name() string { return "rabbitmq" }
+
+// tune: amqpopts parks nacked events, so the consumer nacks early ones at
+// once.
+func (q *amqpQueue) tune(cfg consumer.Config) consumer.Config {
+	cfg.ParkedNacks = q.prefetch == 0
+	return cfg
+}
 func (q *amqpQueue) topic() string { return q.queue }
 
 func (q *amqpQueue) publish(t testing.TB, msgs ...*message.Message) {
@@ -198,6 +212,9 @@ func (q *amqpQueue) subscriber(t testing.TB, c *consumer.Consumer, subscriptions
 		var err error
 		if cfg, err = amqpopts.SubscriberConfig(c, cfg, subscriptions); err != nil {
 			t.Fatal(err)
+		}
+		if q.parkedPrefetch != 0 {
+			cfg.Consume.Qos.PrefetchCount = q.parkedPrefetch
 		}
 	}
 	sub, err := wmamqp.NewSubscriber(cfg, watermill.NopLogger{})

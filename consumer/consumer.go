@@ -16,9 +16,12 @@
 //     beyond applied+1 waits in memory, unacknowledged, and applies as soon
 //     as its predecessor does: up to HoldTimeout while the versions before
 //     it are in flight here (or it is one of Config.MaxHeld early events),
-//     up to HoldDelay otherwise; then it is nacked. A gap older
-//     than GapTimeout is reported — never applied out of order. An event
-//     without a version is applied without ordering, and counted.
+//     up to HoldDelay otherwise (not at all with Config.ParkedNacks, where
+//     the broker parks what is nacked); then it is nacked. An aggregate
+//     waiting past HoldTimeout is reported as stalled, a gap older than
+//     GapTimeout as a gap — never applied out of order — and the waits are
+//     metrics read when scraped. An event without a version is applied
+//     without ordering, and counted.
 //   - Poison: a message that can never be processed (no id, an id too long
 //     or not text, a malformed version) goes to Config.DeadLetter with its
 //     reason at once; a failing handler is retried with backoff, a bounded
@@ -27,9 +30,10 @@
 // It works as plain Go (Consumer.Process) and as a Watermill handler or
 // middleware with any subscriber (watermill-kafka, watermill-amqp,
 // watermill-nats): Ferry's sinks put the event id in Watermill's uuid
-// header, so message.UUID is the event id. NATSSubscriberConfig and
-// AMQPSubscriberConfig set, and their Check twins refuse, the subscriber
-// options that would lose or stall events.
+// header, so message.UUID is the event id. The subpackages natsopts and
+// amqpopts set (SubscriberConfig), and refuse (Check), the subscriber
+// options that would lose or stall events; on RabbitMQ they park nacked
+// events rather than requeue them at the head of the queue.
 //
 // The package owns the inbox and applied-version tables and nothing else.
 // It is a Go module of its own, github.com/ferryhq/ferry/consumer, whose
@@ -94,6 +98,15 @@ type Config struct {
 	// redelivery: what a delivery occupied before nacking anyway. Default
 	// 1s.
 	HoldDelay time.Duration
+	// ParkedNacks says the broker keeps a nacked event away for a while
+	// and then redelivers it behind the events that came meanwhile (the
+	// parking queue amqpopts.SubscriberConfig sets up on RabbitMQ). An
+	// early event that is not one of the MaxHeld is then nacked at once
+	// instead of waiting HoldDelay in memory first, where it would occupy
+	// a delivery the missing event may need. Leave it false where a nack
+	// is redelivered at once (NATS, Kafka): the wait in memory is what
+	// keeps that from a hot loop. Default false.
+	ParkedNacks bool
 	// GapTimeout is how long an aggregate may wait for a missing version
 	// before the gap is reported (log, metric, DeadLetter). Default 1m.
 	GapTimeout time.Duration
@@ -286,7 +299,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Consumer, error) {
 	}
 	cfg.defaults()
 	c := &Consumer{pool: pool, cfg: cfg, metrics: newMetrics(), lanes: newLanes()}
-	c.gaps = &gaps{open: map[aggregate]*gap{}, metrics: c.metrics}
+	c.gaps = newGaps(c.metrics)
+	c.metrics.Waiting = newWaitCollector(c.gaps, cfg)
 	c.sql = newStatements(cfg.Table)
 	c.retry = middleware.Retry{
 		MaxRetries:      cfg.Attempts - 1,
@@ -412,6 +426,7 @@ func (c *Consumer) transact(ctx context.Context, msg *message.Message, ev event,
 		return 0, 0, fmt.Errorf("commit: %w", err)
 	}
 	c.metrics.Applied.Inc()
+	c.gaps.lastApplied.Store(time.Now().UnixNano())
 	return Applied, ev.version, nil
 }
 

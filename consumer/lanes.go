@@ -163,6 +163,9 @@ func (c *Consumer) processOrdered(ctx context.Context, msg *message.Message, ev 
 				if c.lanes.hold(c.cfg.MaxHeld) {
 					counted = true
 					c.metrics.HeldInMemory.Inc()
+				} else if c.cfg.ParkedNacks {
+					// The broker parks it: nothing to gain here.
+					deadline = time.Now()
 				} else if d := time.Now().Add(c.cfg.HoldDelay); d.Before(deadline) {
 					deadline = d
 				}
@@ -221,60 +224,4 @@ func (c *Consumer) release(ctx context.Context, msg *message.Message, ev event, 
 	c.metrics.HeldNacked.Inc()
 	c.cfg.Logger.Debug("event held", "event_id", ev.id, "reason", reason)
 	return Held, fmt.Errorf("%w (%s)", ErrHeld, reason)
-}
-
-// gaps are the aggregates waiting for a missing version, for the report.
-type gaps struct {
-	mu      sync.Mutex
-	open    map[aggregate]*gap
-	metrics *Metrics
-}
-
-// gap is an aggregate's open wait for a missing version.
-type gap struct {
-	since    time.Time
-	applied  int64 // the aggregate's applied version when last seen
-	waiting  int64 // the lowest version seen waiting
-	reported bool
-}
-
-// note records that ev waits with applied applied, reports the gap once it
-// is older than GapTimeout, and says whether it is.
-func (gs *gaps) note(c *Consumer, ev event, applied int64) (expired bool, age time.Duration) {
-	now := time.Now()
-	gs.mu.Lock()
-	g := gs.open[ev.agg]
-	if g == nil || g.applied != applied {
-		// A new gap, or the aggregate moved on since: the wait starts now.
-		if g == nil {
-			gs.metrics.OpenGaps.Inc()
-		}
-		g = &gap{since: now, applied: applied, waiting: ev.version}
-		gs.open[ev.agg] = g
-	}
-	g.waiting = min(g.waiting, ev.version)
-	age = now.Sub(g.since)
-	expired = age >= c.cfg.GapTimeout
-	report := expired && !g.reported
-	if report {
-		g.reported = true
-	}
-	gs.mu.Unlock()
-	if report {
-		gs.metrics.Gaps.Inc()
-		c.cfg.Logger.Error("aggregate version gap older than the gap timeout: events held, not applied out of order",
-			"event_id", ev.id, "aggregate_type", ev.agg.typ, "aggregate_id", ev.agg.id, "version", ev.version,
-			"applied_version", applied, "gap_seconds", age.Seconds())
-	}
-	return expired, age
-}
-
-// close forgets an aggregate's gap once its waiting version is applied.
-func (gs *gaps) close(agg aggregate, applied int64) {
-	gs.mu.Lock()
-	defer gs.mu.Unlock()
-	if g := gs.open[agg]; g != nil && applied >= g.waiting {
-		delete(gs.open, agg)
-		gs.metrics.OpenGaps.Dec()
-	}
 }

@@ -44,6 +44,17 @@ type Metrics struct {
 	Pruned prometheus.Counter
 	// OpenGaps is the number of aggregates waiting for a missing version.
 	OpenGaps prometheus.Gauge
+	// Stalls counts aggregates that waited for a missing version past
+	// HoldTimeout (each logged once, with the versions applied and
+	// awaited).
+	Stalls prometheus.Counter
+	// Waiting reads the waits as they are when scraped:
+	// ferry_consumer_waiting_aggregates{state="held"|"stalled"|"gap"},
+	// ferry_consumer_oldest_wait_seconds and
+	// ferry_consumer_idle_while_waiting_seconds (how long nothing was
+	// applied while aggregates waited: a queue that applies nothing while
+	// events wait).
+	Waiting prometheus.Collector
 }
 
 func newMetrics() *Metrics {
@@ -68,12 +79,13 @@ func newMetrics() *Metrics {
 		Pruned:          c("ferry_consumer_inbox_pruned_total", "Inbox rows deleted by retention."),
 		OpenGaps: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_consumer_open_gaps",
 			Help: "Aggregates waiting for a missing version."}),
+		Stalls: c("ferry_consumer_stalls_reported_total", "Aggregates that waited for a missing version past the hold timeout."),
 	}
 }
 
 func (m *Metrics) register(r prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{m.Applied, m.Duplicates, m.Stale, m.Held, m.HeldNacked, m.HeldInMemory, m.Poisoned, m.HandlerFailures, m.Collisions, m.Gaps, m.Unordered, m.DeadLettered, m.Pruned, m.OpenGaps} {
+	for _, c := range []prometheus.Collector{m.Applied, m.Duplicates, m.Stale, m.Held, m.HeldNacked, m.HeldInMemory, m.Poisoned, m.HandlerFailures, m.Collisions, m.Gaps, m.Unordered, m.DeadLettered, m.Pruned, m.OpenGaps, m.Stalls, m.Waiting} {
 		if err := r.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -94,7 +94,7 @@ func TestPoisonMessagesAreDeadLetteredOnce(t *testing.T) {
 		t.Run(b.name(), func(t *testing.T) {
 			var dead deadLetters
 			var seen deliveries
-			c, pool := setup(t, consumer.Config{DeadLetter: dead.fn})
+			c, pool := setup(t, b.tune(consumer.Config{DeadLetter: dead.fn}))
 			sub, handlers := b.subscriber(t, c, 2)
 			runRouter(t, sub, b.topic(), handlers, c.HandlerFunc(apply), seen.middleware)
 			bad := poison()

@@ -122,34 +122,61 @@ func TestSubscriberChecksNameTheOption(t *testing.T) {
 		}
 	}
 
+	parked, _ := consumer.New(nil, consumer.Config{MaxHeld: 3, ParkedNacks: true})
+	if cfg, err := natsopts.SubscriberConfig(parked, base); err == nil || !strings.Contains(err.Error(), "ParkedNacks: true without NakDelay") {
+		t.Errorf("natsopts with a consumer that nacks early events at once: %v", err)
+	} else if cfg.NakDelay = wmnats.NewStaticDelay(time.Second); natsopts.Check(parked, cfg) != nil {
+		t.Errorf("natsopts with NakDelay: %v", natsopts.Check(parked, cfg))
+	}
+}
+
+// Issue 51: every option amqpopts refuses, each named — requeueing above
+// all; what it sets (parking) passes.
+func TestAMQPChecksNameTheOption(t *testing.T) {
+	c, _ := consumer.New(nil, consumer.Config{MaxHeld: 3})
+	parked, _ := consumer.New(nil, consumer.Config{MaxHeld: 3, ParkedNacks: true})
 	amqpBase := wmamqp.NewDurableQueueConfig("amqp://x")
+	amqpSafe, err := amqpopts.SubscriberConfig(parked, amqpBase, 4)
+	if err != nil {
+		t.Fatalf("amqpopts.SubscriberConfig: %v", err)
+	}
 	for _, tc := range []struct {
 		name          string
+		c             *consumer.Consumer
 		change        func(*wmamqp.Config)
 		subscriptions int
 		want          string
 	}{
-		{"one subscription, prefetch 1", func(c *wmamqp.Config) {}, 1, "Consume.Qos.PrefetchCount: 1 with one subscription"},
-		{"four subscriptions, prefetch 1", func(c *wmamqp.Config) {}, 4, ""},
-		{"no requeue", func(c *wmamqp.Config) { c.Consume.NoRequeueOnNack = true }, 4, "Consume.NoRequeueOnNack"},
-		{"no requeue, parked", func(c *wmamqp.Config) {
-			c.Consume.NoRequeueOnNack = true
+		{"as set", parked, func(c *wmamqp.Config) {}, 4, ""},
+		{"one subscription, prefetch 1", parked, func(c *wmamqp.Config) { c.Consume.Qos.PrefetchCount = 1 }, 1, "subscriptions: 1 is not more than the consumer's MaxHeld"},
+		{"requeued", parked, func(c *wmamqp.Config) { c.Consume.NoRequeueOnNack = false }, 4, "Consume.NoRequeueOnNack: false"},
+		{"dropped", parked, func(c *wmamqp.Config) { c.TopologyBuilder = nil }, 4, "would be dropped"},
+		{"parked by the queue's own arguments", parked, func(c *wmamqp.Config) {
+			c.TopologyBuilder = nil
 			c.Queue.Arguments = map[string]any{"x-dead-letter-exchange": "parking"}
 		}, 4, ""},
-		{"global prefetch", func(c *wmamqp.Config) { c.Consume.Qos.Global = true }, 4, "Consume.Qos.Global"},
-		{"held events fill the subscriptions", func(c *wmamqp.Config) {}, 3, "subscriptions: 3 is not more than the consumer's MaxHeld, 3"},
+		{"x-death unreadable", parked, func(c *wmamqp.Config) { c.Marshaler = wmamqp.DefaultMarshaler{} }, 4, "Marshaler: a parked event comes back with RabbitMQ's x-death header"},
+		{"consumer waits before nacking", c, func(c *wmamqp.Config) {}, 4, "consumer Config.ParkedNacks: false"},
+		{"global prefetch", parked, func(c *wmamqp.Config) { c.Consume.Qos.Global = true }, 4, "Consume.Qos.Global"},
+		{"held events fill the subscriptions", parked, func(c *wmamqp.Config) {}, 3, "subscriptions: 3 is not more than the consumer's MaxHeld, 3"},
 	} {
-		cfg := amqpBase
+		cfg := amqpSafe
 		tc.change(&cfg)
-		err := amqpopts.Check(c, cfg, tc.subscriptions)
+		err := amqpopts.Check(tc.c, cfg, tc.subscriptions)
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("amqp, %s: Check = %v, want %q", tc.name, err, tc.want)
 		}
 	}
-	if cfg, err := amqpopts.SubscriberConfig(c, amqpBase, 1); err == nil || cfg.Consume.Qos.PrefetchCount != amqpopts.DefaultPrefetch {
-		// MaxHeld 3 with one subscription is refused; the prefetch is
-		// still set.
-		t.Errorf("amqpopts.SubscriberConfig(1 subscription): prefetch %d, %v", cfg.Consume.Qos.PrefetchCount, err)
+	if _, unchanged := amqpBase.TopologyBuilder.(*wmamqp.DefaultTopologyBuilder); amqpBase.Consume.NoRequeueOnNack || !unchanged {
+		t.Errorf("SubscriberConfig changed the caller's configuration")
+	}
+	own := amqpBase
+	own.Queue.Arguments = map[string]any{"x-dead-letter-exchange": "parking"}
+	if cfg, err := amqpopts.SubscriberConfig(parked, own, 4); err != nil || cfg.TopologyBuilder != own.TopologyBuilder {
+		t.Errorf("amqpopts.SubscriberConfig over the queue's own parking: %v; its topology replaced", err)
+	}
+	if cfg, _ := amqpopts.SubscriberConfig(parked, amqpBase, 1); cfg.Consume.Qos.PrefetchCount != amqpopts.DefaultPrefetch {
+		t.Errorf("amqpopts.SubscriberConfig(1 subscription): prefetch %d", cfg.Consume.Qos.PrefetchCount)
 	}
 }
 
@@ -163,7 +190,7 @@ func TestGuardUnderConcurrentSubscriptions(t *testing.T) {
 		b := newBroker(t)
 		t.Run(b.name(), func(t *testing.T) {
 			const n, aggregates = 600, 20
-			c, pool := setup(t, consumer.Config{})
+			c, pool := setup(t, b.tune(consumer.Config{}))
 			msgs, want := deposits("conc", n, aggregates)
 			sub, handlers := b.subscriber(t, c, 4)
 			runRouter(t, sub, b.topic(), handlers, c.HandlerFunc(apply))
@@ -183,13 +210,15 @@ func TestGuardUnderConcurrentSubscriptions(t *testing.T) {
 // Issue 31, item 4: with one subscription of a RabbitMQ queue whose order
 // is v1, v3, v2, the held v3 — nacked, requeued at the head — came back
 // before v2 for ever with watermill-amqp's prefetch of 1. amqpopts refuses
-// that prefetch for one subscription and sets one that lets v2 through.
+// requeueing (issue 51) and parks v3 while v2 goes through, whatever the
+// prefetch.
 func TestRabbitMQOneSubscriptionV3BeforeV2(t *testing.T) {
-	c, pool := setup(t, consumer.Config{HoldDelay: 50 * time.Millisecond})
-	if err := amqpopts.Check(c, wmamqp.NewDurableQueueConfig(amqpURL()), 1); err == nil || !strings.Contains(err.Error(), "Consume.Qos.PrefetchCount") {
-		t.Fatalf("Check(prefetch 1, one subscription) = %v", err)
+	c, pool := setup(t, consumer.Config{HoldDelay: 50 * time.Millisecond, ParkedNacks: true})
+	if err := amqpopts.Check(c, wmamqp.NewDurableQueueConfig(amqpURL()), 1); err == nil || !strings.Contains(err.Error(), "Consume.NoRequeueOnNack: false") {
+		t.Fatalf("Check(requeue) = %v", err)
 	}
 	q := newAMQPQueue(t)
+	q.parkedPrefetch = 1
 	sub, handlers := q.subscriber(t, c, 1)
 	runRouter(t, sub, q.topic(), handlers, c.HandlerFunc(apply))
 	q.publish(t, event("e1", "a", "1", 1), event("e3", "a", "3", 3), event("e2", "a", "2", 2), event("f1", "b", "1", 4))
@@ -211,7 +240,7 @@ func TestEarlyEventsWaitInMemoryUntilTheGapFills(t *testing.T) {
 			if b.name() == "nats" {
 				hold = 3 * time.Second
 			}
-			c, pool := setup(t, consumer.Config{MaxHeld: 2, HoldTimeout: hold})
+			c, pool := setup(t, b.tune(consumer.Config{MaxHeld: 2, HoldTimeout: hold}))
 			sub, handlers := b.subscriber(t, c, 4)
 			runRouter(t, sub, b.topic(), handlers, c.HandlerFunc(apply))
 			b.publish(t, event("a1", "a", "1", 1), event("a3", "a", "3", 3), event("a4", "a", "4", 4))

@@ -9,16 +9,17 @@ import (
 	"github.com/ferryhq/ferry/consumer/amqpopts"
 )
 
-// watermill-amqp's durable queue configuration, consumed by one router
-// handler: its prefetch of 1 stalls on broker order v1, v3, v2. Check
-// refuses it; SubscriberConfig raises it.
+// watermill-amqp's durable queue configuration requeues a nacked event at
+// the head of the queue, where a held one comes back before the event it
+// waits for. Check refuses it; SubscriberConfig parks nacked events in
+// "<queue>.parked" for the consumer's HoldDelay instead.
 func ExampleCheck() {
-	c, _ := consumer.New(nil, consumer.Config{})
+	c, _ := consumer.New(nil, consumer.Config{ParkedNacks: true})
 	cfg := wmamqp.NewDurableQueueConfig("amqp://guest:guest@127.0.0.1:5672/")
 	fmt.Println(amqpopts.Check(c, cfg, 1))
 	cfg, err := amqpopts.SubscriberConfig(c, cfg, 1)
-	fmt.Println(err, cfg.Consume.Qos.PrefetchCount)
+	fmt.Println(err, cfg.Consume.NoRequeueOnNack, amqpopts.ParkingQueue("accounts"))
 	// Output:
-	// Consume.Qos.PrefetchCount: 1 with one subscription: an event nacked while its predecessor is missing is requeued at the head and comes back before it, for ever; set at least 2, more than the longest run of early events
-	// <nil> 16
+	// Consume.NoRequeueOnNack: false: a held event, nacked, is requeued at the head of the queue and comes back before the event it waits for; once such events fill the deliveries in flight the queue stalls for good: park nacked events (SubscriberConfig does)
+	// <nil> true accounts.parked
 }

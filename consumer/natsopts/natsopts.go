@@ -99,6 +99,9 @@ func Check(c *consumer.Consumer, cfg wmnats.SubscriberConfig) error {
 		errs = append(errs, fmt.Errorf("AckWaitTimeout: %s is not longer than the consumer's longest delivery, %s (HoldTimeout %s + HandlerTimeout %s + HoldDelay %s): watermill-nats would give up on events still being applied",
 			ackWait, longest, cc.HoldTimeout, cc.HandlerTimeout, cc.HoldDelay))
 	}
+	if cc.ParkedNacks && cfg.NakDelay == nil {
+		errs = append(errs, errors.New("consumer Config.ParkedNacks: true without NakDelay: JetStream redelivers a nacked event at once, and early events nacked without waiting HoldDelay would loop hot: set NakDelay, or leave ParkedNacks false"))
+	}
 	subscribers := max(cfg.SubscribersCount, 1)
 	if cc.MaxHeld > 0 && subscribers <= cc.MaxHeld {
 		errs = append(errs, fmt.Errorf("SubscribersCount: %d is not more than the consumer's MaxHeld, %d: events held in memory could occupy every subscriber, and the event they wait for could not arrive", subscribers, cc.MaxHeld))

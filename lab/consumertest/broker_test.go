@@ -121,8 +121,9 @@ func apply(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 // scenario runs a relay in a child process that is killed twice while 8
 // sessions write, and a consumer that fails deliveries at random (before and
 // after its commit) so the broker redelivers; it checks the consumer's
-// tables against the reference fold.
-func scenario(t *testing.T, e *relaytest.Env, pipeline string, sub func(t *testing.T, c *consumer.Consumer) (message.Subscriber, string)) {
+// tables against the reference fold. tune, if set, changes the consumer's
+// configuration for the broker.
+func scenario(t *testing.T, e *relaytest.Env, pipeline string, sub func(t *testing.T, c *consumer.Consumer) (message.Subscriber, string), tune ...func(*consumer.Config)) {
 	const events, aggregates = 1200, 40
 	ctx := context.Background()
 	app, err := pgxpool.New(ctx, testenv.Postgres(t))
@@ -135,7 +136,11 @@ func scenario(t *testing.T, e *relaytest.Env, pipeline string, sub func(t *testi
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	c, err := consumer.New(app, consumer.Config{HoldDelay: 20 * time.Millisecond, GapTimeout: time.Minute, Registerer: reg})
+	cfg := consumer.Config{HoldDelay: 20 * time.Millisecond, GapTimeout: time.Minute, Registerer: reg}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	c, err := consumer.New(app, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,6 +356,7 @@ func TestConsumerOverRabbitMQWhileRelayIsKilled(t *testing.T) {
 		defer conn.Close()
 		if ch, err := conn.Channel(); err == nil {
 			ch.QueueDelete(queue, false, false, false)
+			ch.QueueDelete(amqpopts.ParkingQueue(queue), false, false, false)
 			ch.ExchangeDelete(exchange, false, false)
 		}
 	})
@@ -359,9 +365,9 @@ func TestConsumerOverRabbitMQWhileRelayIsKilled(t *testing.T) {
 	scenario(t, e, y, func(t *testing.T, c *consumer.Consumer) (message.Subscriber, string) {
 		cfg := wmamqp.NewDurableTopicConfig(url, exchange, queue)
 		cfg.Exchange.Durable = true
-		// One subscription: amqpopts raises watermill-amqp's prefetch of 1,
-		// with which a held event, requeued at the head, comes back before
-		// the event it waits for.
+		// One subscription: amqpopts parks a nacked event in the queue's
+		// parking queue, from which it returns behind the event it waits
+		// for, instead of requeueing it at the head.
 		cfg, err := amqpopts.SubscriberConfig(c, cfg, 1)
 		if err != nil {
 			t.Fatal(err)
@@ -371,5 +377,5 @@ func TestConsumerOverRabbitMQWhileRelayIsKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 		return sub, "accounts"
-	})
+	}, func(cfg *consumer.Config) { cfg.ParkedNacks = true })
 }
