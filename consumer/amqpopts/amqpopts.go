@@ -109,7 +109,7 @@ func Check(c *consumer.Consumer, cfg wmamqp.Config, subscriptions int) error {
 			errs = append(errs, errors.New("consumer Config.ParkedNacks: false with parked nacks: every early event would occupy its subscription for HoldDelay before it is parked, and with one subscription the queue would crawl at one early event a HoldDelay: set ParkedNacks"))
 		}
 		if _, ok := cfg.Marshaler.(parkedMarshaler); !ok {
-			errs = append(errs, errors.New("Marshaler: a parked event comes back with RabbitMQ's x-death header, which watermill-amqp's DefaultMarshaler refuses (the event would be nacked and parked for ever): use SubscriberConfig's marshaler, or one that drops the header"))
+			errs = append(errs, errors.New("amqp.Config.Marshaler: a parked event comes back with RabbitMQ's x-death header, which watermill-amqp's DefaultMarshaler refuses (the event would be nacked and parked for ever): use SubscriberConfig's marshaler, or one that drops the header"))
 		}
 	}
 	if cfg.Consume.Qos.Global {
