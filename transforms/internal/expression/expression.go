@@ -161,6 +161,9 @@ func (p *Program) compile() (*instance, error) {
 	if names.found != "" {
 		return nil, fmt.Errorf("%s: names starting with %s are reserved", names.found, reserved)
 	}
+	if names.pattern != nil {
+		return nil, fmt.Errorf("matches: %w", names.pattern)
+	}
 	if _, err := checker.Check(tree, cfg); err != nil {
 		return nil, err
 	}
@@ -229,11 +232,23 @@ func limitOf(err error, l Limits) error {
 	return err
 }
 
-// reservedNames finds the first identifier using the reserved prefix.
-type reservedNames struct{ found string }
+// reservedNames finds the first identifier using the reserved prefix, and
+// the first constant pattern too large to compile (the checker compiles
+// constant patterns).
+type reservedNames struct {
+	found   string
+	pattern error
+}
 
 func (r *reservedNames) Visit(node *ast.Node) {
-	if id, ok := (*node).(*ast.IdentifierNode); ok && r.found == "" && strings.HasPrefix(id.Value, reserved) {
-		r.found = id.Value
+	switch n := (*node).(type) {
+	case *ast.IdentifierNode:
+		if r.found == "" && strings.HasPrefix(n.Value, reserved) {
+			r.found = n.Value
+		}
+	case *ast.BinaryNode:
+		if p, ok := n.Right.(*ast.StringNode); ok && n.Operator == "matches" && r.pattern == nil {
+			_, r.pattern = regexpInsts(p.Value)
+		}
 	}
 }

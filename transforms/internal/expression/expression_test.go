@@ -20,9 +20,19 @@ type event struct {
 	Payload any               `expr:"payload"`
 }
 
+// big is a payload array larger than a loop may iterate.
+var big = func() []any {
+	a := make([]any, 500_000)
+	for i := range a {
+		a[i] = 1.0
+	}
+	return a
+}()
+
 func sample() event {
 	return event{Type: "OrderPlaced", Headers: map[string]string{"region": "eu"},
-		Payload: map[string]any{"total": 120.0, "items": []any{"a", "b"}, "customer": map[string]any{"email": "x@y"}}}
+		Payload: map[string]any{"total": 120.0, "items": []any{"a", "b"}, "items2": []any{1.0, 2.0, 3.0}, "customer": map[string]any{"email": "x@y"},
+			"big": big}}
 }
 
 // TestMeaning: metering changes no result of an expression within its
@@ -56,6 +66,11 @@ func TestMeaning(t *testing.T) {
 		{`let x = type; x + x`, "OrderPlacedOrderPlaced"},
 		{`payload.customer?.email ?? "none"`, "x@y"},
 		{`{(type): 1}[type]`, 1},
+		{`type matches "^Order" && "x" + type matches "P"`, true},
+		{`len(uniq([1, 2, 2, "a", "a"]))`, 3},
+		{`fromJSON("{\"a\": [1, {\"b\": \"]\\\"\"}]}").a[1].b`, "]\""},
+		{`sum(payload.items2)`, 6.0},
+		{`count([true, false, true])`, 2},
 		{`toJSON(payload.items)`, "[\n  \"a\",\n  \"b\"\n]"},
 		{`split("a,b", ",")`, []string{"a", "b"}},
 		{`sortBy(["bb", "a"], len(#))`, []any{"a", "bb"}},
@@ -107,6 +122,12 @@ func TestBombs(t *testing.T) {
 		{`let s = repeat("x", 1000000); all(1..49999, headers[s] == "")`, "work"},
 		{`len(toJSON(map(1..40000, repeat("x", 1000)))) > 0`, "work"},
 		{`let s = repeat("x", 1000000); all(1..49999, len({(s): 1}) > 0)`, "work"},
+		{`len(toJSON(fromJSON(repeat("[", 2000) + repeat("0,", 35000) + "0" + repeat("]", 2000)))) > 0`, "max_value"},
+		{`len(toJSON(fromJSON(repeat("[", 60) + repeat("0,", 100000) + "0" + repeat("]", 60)))) > 0`, "max_value work"},
+		{`type matches repeat("[ab]{1000}", 3000)`, "max_value"},
+		{`repeat("a", 50000) matches repeat("[ab]{100}", 20) + "c"`, "work"},
+		{`len(uniq(1..20000)) > 0`, "work"},
+		{`all(1..99990, sum(payload.big) >= 0)`, "max_value work"},
 	} {
 		p, err := expression.Compile(c.src, event{}, expression.DefaultLimits, expr.AsBool())
 		if err != nil {
@@ -155,6 +176,7 @@ func TestCompileRefuses(t *testing.T) {
 		{`__ferry_v(type) != ""`, "reserved"},
 		{`type + 1`, "mismatched types"},
 		{`type ==`, "unexpected"},
+		{`type matches "` + strings.Repeat("[ab]{1000}", 30) + `"`, "instructions"},
 	} {
 		_, err := expression.Compile(c.src, event{}, expression.DefaultLimits, expr.AsBool())
 		if err == nil || !strings.Contains(err.Error(), c.want) {

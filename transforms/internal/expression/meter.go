@@ -3,6 +3,8 @@ package expression
 import (
 	"fmt"
 	"reflect"
+	"regexp"
+	"regexp/syntax"
 	"strings"
 	"time"
 
@@ -28,6 +30,7 @@ type meter struct {
 	left     int
 	calls    int
 	deadline time.Time
+	patterns map[string]compiledPattern // the instance's compiled patterns
 }
 
 func (m *meter) start() {
@@ -98,37 +101,63 @@ func (m *meter) options() []expr.Option {
 		c.Functions[meterFunc] = &builtin.Function{Name: meterFunc, Func: m.value}
 		c.Functions[predicateFunc] = &builtin.Function{Name: predicateFunc, Func: m.predicate}
 		for name, size := range growing {
-			orig, ok := c.Builtins[name]
-			if !ok {
-				continue // disabled by the caller
-			}
-			bounded := *orig
-			call := orig.Func
-			if call == nil {
-				safe := orig.Safe
-				call = func(args ...any) (any, error) { out, _, err := safe(args...); return out, err }
-			}
-			bounded.Fast, bounded.Safe = nil, nil
-			bounded.Func = func(args ...any) (any, error) {
+			m.bound(c, name, func(args []any) error {
 				n, err := size(args)
 				if err != nil {
-					return nil, err
+					return err
 				}
-				if err := m.reserve(name, n); err != nil {
-					return nil, err
-				}
-				return call(args...)
-			}
-			delete(c.Builtins, name)
-			c.Functions[name] = &bounded
+				return m.reserve(name, n)
+			})
 		}
+		for name, work := range superlinear {
+			m.bound(c, name, func(args []any) error {
+				n, err := work(args, m.limits)
+				if err != nil {
+					return err
+				}
+				m.charge(n)
+				return nil
+			})
+		}
+		c.Functions[matchFunc] = &builtin.Function{Name: matchFunc, Func: m.match}
 	}}
+}
+
+// bound replaces builtin name with a function that runs check on the
+// arguments before the builtin itself.
+func (m *meter) bound(c *conf.Config, name string, check func(args []any) error) {
+	orig, ok := c.Builtins[name]
+	if !ok {
+		return // disabled by the caller
+	}
+	bounded := *orig
+	call := orig.Func
+	switch {
+	case call == nil && orig.Safe != nil:
+		safe := orig.Safe
+		call = func(args ...any) (any, error) { out, _, err := safe(args...); return out, err }
+	case call == nil && orig.Fast != nil:
+		fast := orig.Fast
+		call = func(args ...any) (any, error) { return fast(args[0]), nil }
+	}
+	bounded.Fast, bounded.Safe = nil, nil
+	bounded.Func = func(args ...any) (any, error) {
+		if err := check(args); err != nil {
+			return nil, err
+		}
+		return call(args...)
+	}
+	delete(c.Builtins, name)
+	c.Functions[name] = &bounded
 }
 
 // growing are the builtins whose result may outgrow their arguments
 // without a bound, each with the size of its result computed from the
 // arguments before it is built (the argument types are the checked ones).
 var growing = map[string]func(args []any) (int, error){
+	"toJSON": func(args []any) (int, error) {
+		return jsonSize(args[0], 0, 1<<31), nil
+	},
 	"repeat": func(args []any) (int, error) {
 		s, _ := args[0].(string)
 		n := runtime.ToInt(args[1])
@@ -173,6 +202,154 @@ var growing = map[string]func(args []any) (int, error){
 	},
 }
 
+// superlinear are the builtins whose time grows faster than their
+// arguments' size, each with the work units it costs, charged before it
+// runs.
+var superlinear = map[string]func(args []any, l *Limits) (int, error){
+	// uniq compares every element with each one it kept.
+	"uniq": func(args []any, _ *Limits) (int, error) {
+		n := runtime.Len(args[0])
+		return n * n / 4, nil
+	},
+	// fromJSON of a deeply nested document builds a value toJSON and the
+	// meter then walk level by level: nesting is kept shallow.
+	"fromJSON": func(args []any, _ *Limits) (int, error) {
+		s, _ := args[0].(string)
+		if d := jsonDepth(s); d > maxJSONDepth {
+			return 0, &LimitError{Limit: "max_value", Msg: fmt.Sprintf("fromJSON's document nests %d levels deep; at most %d are allowed", d, maxJSONDepth)}
+		}
+		return 8 * len(s), nil
+	},
+}
+
+// maxJSONDepth is how deep a document fromJSON reads may nest.
+const maxJSONDepth = 64
+
+// jsonDepth is the deepest nesting of arrays and objects in s, outside
+// strings.
+func jsonDepth(s string) int {
+	depth, deepest, inString := 0, 0, false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '[' || c == '{':
+			depth++
+			deepest = max(deepest, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
+// jsonSize is at most how many bytes toJSON (indented by two spaces a
+// level) makes of v at depth: every element on a line of its own,
+// indented, strings escaped at worst six bytes a byte. It stops past limit.
+func jsonSize(v any, depth, limit int) int {
+	switch v := v.(type) {
+	case nil, bool:
+		return 5
+	case string:
+		return 6*len(v) + 2
+	case []any:
+		n := 2*depth + 4
+		for _, e := range v {
+			if n > limit {
+				return n
+			}
+			n += 2*(depth+1) + 2 + jsonSize(e, depth+1, limit-n)
+		}
+		return n
+	case map[string]any:
+		n := 2*depth + 4
+		for k, e := range v {
+			if n > limit {
+				return n
+			}
+			n += 2*(depth+1) + 6*len(k) + 6 + jsonSize(e, depth+1, limit-n)
+		}
+		return n
+	}
+	// Numbers, times, typed values: their size, escaped, at their depth.
+	return 6*sizeOf(v, limit) + 2*depth + 32
+}
+
+// matchFunc is what the rewrite calls for `matches`.
+const matchFunc = reserved + "match"
+
+// maxRegexpInsts bounds a pattern's compiled program: matching costs up
+// to the input's length times it.
+const maxRegexpInsts = 10_000
+
+// match is the `matches` operator, metered: the pattern's program is
+// refused past maxRegexpInsts, and a match costs the input's length times
+// the program's size (in 16-instruction units) before it runs. Compiled
+// patterns are kept for the instance's next evaluations.
+func (m *meter) match(args ...any) (any, error) {
+	s, ok1 := args[0].(string)
+	pattern, ok2 := args[1].(string)
+	if args[0] == nil || args[1] == nil {
+		return false, nil // expr-lang's own answer for a nil operand
+	}
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("invalid operation: %T matches %T", args[0], args[1])
+	}
+	re, insts, err := m.regexp(pattern)
+	if err != nil {
+		return nil, err
+	}
+	m.charge(len(pattern) + len(s)*max(1, insts/16))
+	return re.MatchString(s), nil
+}
+
+func (m *meter) regexp(pattern string) (*regexp.Regexp, int, error) {
+	if c, ok := m.patterns[pattern]; ok {
+		return c.re, c.insts, nil
+	}
+	insts, err := regexpInsts(pattern)
+	if err != nil {
+		return nil, 0, err
+	}
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return nil, 0, err
+	}
+	if m.patterns == nil || len(m.patterns) >= 64 {
+		m.patterns = map[string]compiledPattern{}
+	}
+	m.patterns[pattern] = compiledPattern{re, insts}
+	return re, insts, nil
+}
+
+type compiledPattern struct {
+	re    *regexp.Regexp
+	insts int
+}
+
+// regexpInsts is the size of pattern's compiled program, or an error
+// when it is past maxRegexpInsts (or no pattern).
+func regexpInsts(pattern string) (int, error) {
+	if len(pattern) > 4<<10 {
+		return 0, &LimitError{Limit: "max_value", Msg: fmt.Sprintf("a pattern of %d bytes; at most 4096 are allowed", len(pattern))}
+	}
+	re, err := syntax.Parse(pattern, syntax.Perl)
+	if err != nil {
+		return 0, err
+	}
+	prog, err := syntax.Compile(re.Simplify())
+	if err != nil {
+		return 0, err
+	}
+	if n := len(prog.Inst); n > maxRegexpInsts {
+		return 0, &LimitError{Limit: "max_value", Msg: fmt.Sprintf("a pattern that compiles to %d instructions; at most %d are allowed", n, maxRegexpInsts)}
+	}
+	return len(prog.Inst), nil
+}
+
 // meterer rewrites a checked tree so every value whose cost depends on its
 // size passes through the meter (meterFunc). It visits children first
 // (ast.Walk), so a wrapper it adds is never visited again.
@@ -184,6 +361,11 @@ func (meterer) Visit(node *ast.Node) {
 		switch n.Operator {
 		case "and", "or", "&&", "||", "??", "..", "not":
 			return // cheap whatever their operands; a range is the VM's to count
+		case "matches":
+			c := &ast.CallNode{Callee: &ast.IdentifierNode{Value: matchFunc}, Arguments: []ast.Node{meterIfCostly(n.Left), meterIfCostly(n.Right)}}
+			c.SetLocation(n.Location())
+			*node = c
+			return
 		}
 		n.Left, n.Right = meterIfCostly(n.Left), meterIfCostly(n.Right)
 	case *ast.PairNode:
@@ -194,6 +376,14 @@ func (meterer) Visit(node *ast.Node) {
 		}
 	case *ast.BuiltinNode:
 		predicate := false
+		for _, arg := range n.Arguments {
+			if _, ok := arg.(*ast.PredicateNode); ok {
+				predicate = true
+			}
+		}
+		// A loop without a predicate (sum(xs), count(xs)) calls nothing
+		// per element: its collection is charged whole instead.
+		loopCharged := predicate && isLoop(n.Name)
 		for i, arg := range n.Arguments {
 			if p, ok := arg.(*ast.PredicateNode); ok {
 				// Every call of a predicate is charged (its body's size at
@@ -202,8 +392,8 @@ func (meterer) Visit(node *ast.Node) {
 				ast.Walk(&p.Node, &size)
 				c := &ast.CallNode{Callee: &ast.IdentifierNode{Value: predicateFunc}, Arguments: []ast.Node{p.Node, &ast.IntegerNode{Value: int(size)}}}
 				c.SetLocation(p.Node.Location())
-				p.Node, predicate = c, true
-			} else if i > 0 || !isLoop(n.Name) {
+				p.Node = c
+			} else if i > 0 || !loopCharged {
 				n.Arguments[i] = meterIfCostly(arg)
 			}
 		}
