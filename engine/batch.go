@@ -180,7 +180,7 @@ func (p *Pipeline) settleAll(h message.HandlerFunc) message.NoPublishHandlerFunc
 			var rp middleware.RecoveredPanicError
 			if errors.As(err, &rp) {
 				p.Log.Error("panic in the pipeline's middleware; the batch's unsettled events are redelivered", "events", len(d.events), "panic", rp.V, "stack", rp.Stacktrace)
-				p.crash.panicked(p, "the pipeline's middleware", rp.V)
+				d.panicked("the pipeline's middleware", rp.V)
 			}
 		}
 		for i := range d.state {

@@ -12,13 +12,14 @@ import (
 // fails the events it interrupted, never the process. But a panic that
 // comes back with every redelivery (a custom transform or sink broken for
 // some input) would otherwise be retried for ever, a stack trace a batch.
-// So a pipeline counts its panics; maxPanics in a row, with no event
-// confirmed or dropped between them, park it: it stops, its state is
+// So a pipeline counts the batches that panicked (once a batch, whatever
+// its events and retries did); maxPanics in a row, with no event
+// confirmed, dropped or dead-lettered between them, park it: it stops, its state is
 // failed with the last panic, and it stays so until an operator restarts
 // it or changes its configuration (the events it holds are redelivered
 // then, nothing is skipped).
 
-// maxPanics is how many panics in a row park a pipeline.
+// maxPanics is how many batches in a row that panicked park a pipeline.
 const maxPanics = 5
 
 // crashGuard is one pipeline's count of panics in a row.
@@ -53,8 +54,8 @@ func (g *crashGuard) panicked(p *Pipeline, where string, v any) bool {
 	return parked
 }
 
-// progressed is an event confirmed or dropped: the code works for some
-// input, so the count starts again.
+// progressed is an event confirmed, dropped or dead-lettered: the
+// pipeline moves past its input, so the count starts again.
 func (g *crashGuard) progressed() {
 	if g != nil && g.inARow.Load() != 0 {
 		g.inARow.Store(0)

@@ -79,6 +79,10 @@ type delivery struct {
 	// chunk); outside, all of them.
 	lo, hi int
 
+	// panic: a panic of this batch was counted (crashGuard): a batch
+	// counts once, however many events and retries it panicked in.
+	panic bool
+
 	// Scratch space of one attempt.
 	idx  []int
 	msgs []*message.Message
@@ -107,7 +111,7 @@ func newDelivery() *delivery {
 // dead-letter headers read.
 func (d *delivery) begin(p *Pipeline, ctx context.Context) {
 	n := len(d.events)
-	d.p, d.lo, d.hi = p, 0, n
+	d.p, d.lo, d.hi, d.panic = p, 0, n, false
 	d.state = slices.Grow(d.state[:0], n)[:n]
 	d.times = slices.Grow(d.times[:0], n*len(p.Stages))[:n*len(p.Stages)]
 	for _, m := range d.events {
@@ -202,7 +206,7 @@ func (p *Pipeline) transform(d *delivery, i int, now time.Time) {
 		switch {
 		case err != nil:
 			if tp := (*transformPanic)(nil); errors.As(err, &tp) {
-				p.crash.panicked(p, stage.Name, tp.v)
+				d.panicked(stage.Name, tp.v)
 			}
 			topic := out.Metadata.Get(plugins.MetaTopic)
 			if fan != nil {
@@ -362,13 +366,22 @@ func (d *delivery) fail(i, stage int, err error) {
 	st.final = deadLetterable(err)
 }
 
+// panicked counts a panic of d's batch with its pipeline's crash guard,
+// once per batch.
+func (d *delivery) panicked(where string, v any) {
+	if !d.panic {
+		d.panic = true
+		d.p.crash.panicked(d.p, where, v)
+	}
+}
+
 // interrupted fails the events a panic interrupted in the current attempt
 // (retryably: the panic may not recur, as a broker's hiccup).
 func (d *delivery) interrupted(err error) {
 	var rp middleware.RecoveredPanicError
 	if errors.As(err, &rp) {
 		d.p.Log.Error("panic while delivering a batch; its unsettled events are retried", "events", d.hi-d.lo, "panic", rp.V, "stack", rp.Stacktrace)
-		d.p.crash.panicked(d.p, "the delivery", rp.V)
+		d.panicked("the delivery", rp.V)
 		err = fmt.Errorf("delivery panicked: %v", rp.V)
 	}
 	for i := d.lo; i < d.hi; i++ {
@@ -400,7 +413,7 @@ func (d *delivery) settle(i int, f fate) {
 		return
 	}
 	st.settled, st.fate, st.busy = true, f, false
-	if f == confirmed || f == dropped {
+	if f != failed {
 		d.p.crash.progressed()
 	}
 	d.observe(i)
