@@ -18,6 +18,9 @@ func FuzzFilter(f *testing.F) {
 	f.Add(`headers["x"] matches "^a"`, `null`)
 	f.Add(`len(payload) / 0 > 1`, `"s"`)
 	f.Add(`type ==`, `{}`)
+	f.Add(`len(repeat(repeat("x", 999999), 999999)) > 0`, `{}`)
+	f.Add(`len(reduce(1..45, #acc + #acc, type)) > 0`, `{}`)
+	f.Add(`payload.s matches payload.p`, `{"s": "aaaa", "p": "[ab]{100}"}`)
 	f.Fuzz(func(t *testing.T, expr, payload string) {
 		cfg := filter.DefaultConfig()
 		cfg.Expr = expr
