@@ -41,7 +41,9 @@ func TestHostileNames(t *testing.T) {
 	mqSink := func(more string) string {
 		return fmt.Sprintf(`{type: rabbitmq, url: "${AMQP_URL}", exchange: team-b.lag, declare: true, routing_key: team-b.k%s}`, more)
 	}
-	natsSink := func(subject string) string { return fmt.Sprintf("{type: nats, url: %q, subject: %q}", h.a.NATS, subject) }
+	natsSink := func(subject string) string {
+		return fmt.Sprintf("{type: nats, url: %q, subject: %q}", h.a.NATS, subject)
+	}
 	for _, c := range []struct {
 		name, body, path, says string
 	}{

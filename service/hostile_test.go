@@ -50,7 +50,9 @@ const (
 )
 
 // startHostile starts the shared instance, with extra flags of ferry run.
-func startHostile(t *testing.T, extra ...string) *hostile { return startHostileWith(t, child, extra...) }
+func startHostile(t *testing.T, extra ...string) *hostile {
+	return startHostileWith(t, child, extra...)
+}
 
 // startHostileWith is startHostile with the instance started by launch
 // (child, or boundedFerry for a memory bound).
