@@ -323,10 +323,14 @@ func createOutbox(t testing.TB, pool *pgxpool.Pool) {
 // copying the slot holds it for a moment too).
 func waitStreaming(t testing.TB, pool *pgxpool.Pool, slot string) {
 	t.Helper()
+	// A walsender holds the slot while it creates it too, before the slot's
+	// consistent point: a row committed then is before the stream. Only
+	// once it replicates (pg_stat_replication: catchup or streaming) does
+	// every later commit reach it.
 	testenv.Eventually(t, 30*time.Second, "slot "+slot+" streamed", func() bool {
 		var streamed bool
-		_ = pool.QueryRow(context.Background(), `SELECT a.backend_type = 'walsender' FROM pg_replication_slots s
-			JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1`, slot).Scan(&streamed)
+		_ = pool.QueryRow(context.Background(), `SELECT r.state IN ('catchup', 'streaming') FROM pg_replication_slots s
+			JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1`, slot).Scan(&streamed)
 		return streamed
 	})
 }
